@@ -1,0 +1,66 @@
+//! The `loopx` command line: `serve` runs the broker; `openapi` prints the
+//! OpenAPI document.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::serve::{self, ServeArgs};
+
+/// LoopX attached session broker: lets people and bots talk to an
+/// already-running agent session through one ordered, duplicate-safe queue.
+#[derive(Debug, Parser)]
+#[command(name = "loopx", version, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the broker (embedded SQLite in the data dir).
+    ///
+    /// Example: loopx serve --listen 127.0.0.1:7317
+    Serve(ServeArgs),
+    /// Print the OpenAPI 3.1 document (the same as openapi/openapi.json).
+    ///
+    /// Example: loopx openapi > openapi/openapi.json
+    Openapi,
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            init_logging();
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(runtime) => runtime,
+                Err(e) => return fail(format!("cannot start the runtime: {e}")),
+            };
+            match runtime.block_on(serve::run(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(message) => fail(message),
+            }
+        }
+        Command::Openapi => {
+            print!("{}", crate::openapi::document_json());
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+fn fail(message: String) -> ExitCode {
+    eprintln!("loopx: error: {message}");
+    ExitCode::FAILURE
+}
+
+/// Logs to stderr; `LOOPX_LOG` (or `RUST_LOG`) filters, default `info`.
+fn init_logging() {
+    let filter = std::env::var("LOOPX_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -1,0 +1,92 @@
+//! Where the broker keeps its files and how the owner token is found: the same
+//! rules for `serve` and for the client commands.
+
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// `$XDG_DATA_HOME/loopx`, else `~/.local/share/loopx`.
+pub fn default_data_dir() -> PathBuf {
+    match std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        Some(xdg) => PathBuf::from(xdg).join("loopx"),
+        None => {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| ".".into());
+            PathBuf::from(home).join(".local/share/loopx")
+        }
+    }
+}
+
+/// Creates the data dir (mode 0700) if needed and tightens its mode.
+pub fn prepare_data_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Where a token came from, for messages (never the token itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    Env,
+    File(PathBuf),
+}
+
+impl std::fmt::Display for TokenSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TokenSource::Env => f.write_str("LOOPX_TOKEN"),
+            TokenSource::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// The owner token, in the contract's order: `LOOPX_TOKEN`; else the token
+/// file; else `<data dir>/owner.token`, created with a random token (mode
+/// 0600) when `create` is set and it does not exist.
+pub fn owner_token(
+    token_file: Option<&Path>,
+    data_dir: &Path,
+    create: bool,
+) -> Result<(String, TokenSource), String> {
+    if let Some(token) = std::env::var("LOOPX_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+    {
+        return Ok((token.trim().to_owned(), TokenSource::Env));
+    }
+    let path = match token_file {
+        Some(file) => file.to_owned(),
+        None => data_dir.join("owner.token"),
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(token) if !token.trim().is_empty() => {
+            Ok((token.trim().to_owned(), TokenSource::File(path)))
+        }
+        Ok(_) => Err(format!("the token file {} is empty", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && create && token_file.is_none() => {
+            let token = new_token();
+            write_private(&path, &token)
+                .map_err(|e| format!("cannot create the token file {}: {e}", path.display()))?;
+            Ok((token, TokenSource::File(path)))
+        }
+        Err(e) => Err(format!(
+            "cannot read the token file {}: {e}",
+            path.display()
+        )),
+    }
+}
+
+/// 32 random bytes, hex.
+fn new_token() -> String {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).expect("the operating system provides randomness");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    writeln!(file, "{contents}")?;
+    file.sync_all()
+}

@@ -1,0 +1,195 @@
+//! The one error of the broker: every failure, from a malformed body to a
+//! store outage, becomes `{"error": {"code", "message", ...details}}` with the
+//! contract's status. Store failures are logged here with context and answered
+//! without detail; nothing else in the crate builds an error body.
+
+use std::borrow::Cow;
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// Every error code the broker answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// 400: malformed JSON, a missing or mistyped field, an unknown field, a bad identifier or a value out of range.
+    InvalidRequest,
+    /// 400: `executor_endpoint_id` equals `agent_id`.
+    IdentityConflated,
+    /// 401: missing or wrong owner token (or, for the Lark webhook, a failed verification).
+    Unauthorized,
+    /// 403: the exact (goal, agent, host surface, host session) is not registered.
+    NotRegistered,
+    /// 403: the host identity differs from the session's binding.
+    HostMismatch,
+    /// 404: unknown route, session, turn or claim.
+    NotFound,
+    /// 405: the route exists but not with this method.
+    MethodNotAllowed,
+    /// 409: the tuple is bound to an open session with another executor endpoint.
+    SessionExists,
+    /// 409: the session is closed.
+    SessionClosed,
+    /// 409: live steering is not available; nothing was queued instead.
+    LiveSteeringUnavailable,
+    /// 409: another claim is active on the session.
+    ClaimActive,
+    /// 409: the claim id was used on another session.
+    ClaimIdReused,
+    /// 409: the claim id's turn was released; the claim id is spent.
+    ClaimReleased,
+    /// 409: the turn is already completed (by another completion id).
+    AlreadyCompleted,
+    /// 409: the turn is queued or cancelled, not claimed.
+    NotClaimed,
+    /// 409: the turn is held by another claim id.
+    ClaimMismatch,
+    /// 413: the request body is over 2 MiB.
+    PayloadTooLarge,
+    /// 415: the request body is not `application/json`.
+    UnsupportedMediaType,
+    /// 422: an idempotency key (client_message_id or completion_id) was reused with another body.
+    IdempotencyKeyReused,
+    /// 429: the session already has 10,000 queued turns.
+    QueueFull,
+    /// 503: the store did not answer; retry later.
+    StoreUnavailable,
+}
+
+impl ErrorCode {
+    pub fn status(self) -> StatusCode {
+        use ErrorCode::*;
+        match self {
+            InvalidRequest | IdentityConflated => StatusCode::BAD_REQUEST,
+            Unauthorized => StatusCode::UNAUTHORIZED,
+            NotRegistered | HostMismatch => StatusCode::FORBIDDEN,
+            NotFound => StatusCode::NOT_FOUND,
+            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            SessionExists
+            | SessionClosed
+            | LiveSteeringUnavailable
+            | ClaimActive
+            | ClaimIdReused
+            | ClaimReleased
+            | AlreadyCompleted
+            | NotClaimed
+            | ClaimMismatch => StatusCode::CONFLICT,
+            PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            QueueFull => StatusCode::TOO_MANY_REQUESTS,
+            StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+/// A failure with the contract's code, a human sentence and, for
+/// `claim_active`, the active claim's id and time.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{code:?}: {message}")]
+pub struct Error {
+    pub code: ErrorCode,
+    pub message: Cow<'static, str>,
+    pub active_claim: Option<ActiveClaim>,
+}
+
+/// The details of a `claim_active` conflict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActiveClaim {
+    pub claim_id: String,
+    pub claimed_at_ms: i64,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn new(code: ErrorCode, message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            active_claim: None,
+        }
+    }
+
+    pub fn invalid(message: impl Into<Cow<'static, str>>) -> Self {
+        Self::new(ErrorCode::InvalidRequest, message)
+    }
+
+    pub fn not_found(what: &'static str) -> Self {
+        Self::new(ErrorCode::NotFound, format!("No such {what}."))
+    }
+
+    pub fn claim_active(claim_id: String, claimed_at_ms: i64) -> Self {
+        Self {
+            active_claim: Some(ActiveClaim {
+                claim_id,
+                claimed_at_ms,
+            }),
+            ..Self::new(
+                ErrorCode::ClaimActive,
+                "Another claim is active on this session; complete or release it first.",
+            )
+        }
+    }
+
+    /// A store failure: logged with its cause, answered as 503 without detail.
+    pub fn store(context: &'static str, cause: impl std::fmt::Display) -> Self {
+        tracing::error!(%cause, "store failure: {context}");
+        Self::new(
+            ErrorCode::StoreUnavailable,
+            "The broker's store is unavailable; retry later.",
+        )
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.code.status()
+    }
+
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message: self.message.to_string(),
+                active_claim_id: self.active_claim.as_ref().map(|a| a.claim_id.clone()),
+                claimed_at: self
+                    .active_claim
+                    .as_ref()
+                    .map(|a| crate::time::rfc3339(a.claimed_at_ms)),
+            },
+        }
+    }
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Self {
+        Self::store("query failed", e)
+    }
+}
+
+/// The error body every failing route answers with.
+#[derive(Debug, Serialize, serde::Deserialize, ToSchema)]
+#[schema(example = json!({"error": {"code": "claim_active", "message": "Another claim is active on this session; complete or release it first.", "active_claim_id": "claim-1", "claimed_at": "2026-11-30T10:00:00.000Z"}}))]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// The code, a human sentence, and the details the code names.
+#[derive(Debug, Serialize, serde::Deserialize, ToSchema)]
+pub struct ErrorDetail {
+    pub code: ErrorCode,
+    pub message: String,
+    /// Only with `claim_active`: the claim that holds the session.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub active_claim_id: Option<String>,
+    /// Only with `claim_active`: when that claim was made.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub claimed_at: Option<String>,
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        (self.status(), axum::Json(self.body())).into_response()
+    }
+}

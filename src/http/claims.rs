@@ -1,0 +1,155 @@
+//! Claims: take the oldest queued turn (optionally parked, as long-poll or
+//! Server-Sent Events) and release it.
+
+use std::convert::Infallible;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use futures_util::stream::{self, BoxStream, StreamExt};
+
+use super::{AppJson, AppPath, AppState, replayed_header};
+use crate::broker::Answer;
+use crate::error::{Error, ErrorBody, Result};
+use crate::model::{ClaimAnswer, ClaimRequest, ReleaseRequest, Released};
+
+pub fn router() -> axum::Router<AppState> {
+    axum::Router::new()
+        .route("/v1/sessions/{session_id}/claims", post(claim))
+        .route(
+            "/v1/sessions/{session_id}/claims/{claim_id}/release",
+            post(release),
+        )
+}
+
+/// Claim the oldest queued turn.
+///
+/// Claims the oldest queued turn for `claim_id`. Duplicate-safe and durable: the
+/// same `claim_id` again on this session answers the same turn whatever its
+/// state now (`turn_state`), also after a restart, with `Idempotent-Replayed:
+/// true`; a claim id whose turn was released is spent (409 `claim_released`);
+/// one used on another session is 409 `claim_id_reused`. `attempt` counts the
+/// claims the turn has had.
+///
+/// `wait_seconds` (capped at 1800) parks the request while the queue is empty,
+/// spending no CPU, and wakes as soon as a turn is committed; on timeout (or
+/// broker shutdown) it answers `claimed: false` and stores nothing. A session
+/// closed while waiting answers 409 `session_closed`; a waiter beaten to the
+/// turn by another claim answers 409 `claim_active`. Long-poll clients must set
+/// their HTTP timeout above `wait_seconds`.
+///
+/// With `Accept: text/event-stream` the answer is a Server-Sent Events stream:
+/// a comment every 15 s while parked, then one `event: claim` whose data is the
+/// JSON answer (or one `event: error` with the error body if the session closes
+/// while parked), then the stream ends. Errors found before the stream starts
+/// are plain JSON errors. Order of checks: 404, 403 `host_mismatch`, a replay of
+/// this claim id, 409 `claim_id_reused`, 409 `session_closed`, 409 `claim_active`.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/claims", operation_id = "claimTurn", tag = "turns",
+    params(("session_id" = String, Path, description = "The session id.")),
+    request_body = ClaimRequest,
+    responses(
+        (status = 200, description = "The claimed turn, or `claimed: false` after a wait.",
+            content((ClaimAnswer = "application/json"), (String = "text/event-stream"))),
+        (status = 400, description = "`invalid_request`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`host_mismatch`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+        (status = 409, description = "`claim_released`, `claim_id_reused`, `session_closed` or `claim_active` (with `active_claim_id` and `claimed_at`).", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+    ))]
+pub async fn claim(
+    State(state): State<AppState>,
+    AppPath(session_id): AppPath<String>,
+    headers: HeaderMap,
+    AppJson(request): AppJson<ClaimRequest>,
+) -> Result<Response> {
+    if !wants_event_stream(&headers) {
+        let answer = state.broker.claim(&session_id, request).await?;
+        return Ok((replayed_header(answer.replayed), Json(answer.body)).into_response());
+    }
+    // Errors before the stream starts are plain JSON errors: try once without waiting.
+    let wait_seconds = request.wait_seconds;
+    let first = state
+        .broker
+        .claim(
+            &session_id,
+            ClaimRequest {
+                wait_seconds: 0,
+                ..request.clone()
+            },
+        )
+        .await?;
+    let replayed = first.replayed;
+    let events: BoxStream<'static, Result<Event, Infallible>> = match first.body {
+        ClaimAnswer::NotClaimed(_) if wait_seconds > 0 => {
+            let broker = state.broker.clone();
+            stream::once(async move { Ok(claim_event(broker.claim(&session_id, request).await)) })
+                .boxed()
+        }
+        _ => stream::once(async move { Ok(claim_event(Ok(first))) }).boxed(),
+    };
+    let sse = Sse::new(events).keep_alive(KeepAlive::new().interval(state.keep_alive));
+    Ok((
+        [(
+            HeaderName::from_static("x-accel-buffering"),
+            HeaderValue::from_static("no"),
+        )],
+        replayed_header(replayed),
+        sse,
+    )
+        .into_response())
+}
+
+fn wants_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/event-stream"))
+}
+
+fn claim_event(answer: Result<Answer<ClaimAnswer>, Error>) -> Event {
+    let (name, data) = match answer {
+        Ok(answer) => ("claim", serde_json::to_string(&answer.body)),
+        Err(error) => ("error", serde_json::to_string(&error.body())),
+    };
+    Event::default().event(name).data(data.unwrap_or_default())
+}
+
+/// Release a claim.
+///
+/// Returns a claimed, uncompleted turn to the head of the queue (same `seq`),
+/// so a host that cannot answer never strands it. The released claim id is
+/// spent: a late completion from it is refused (409 `not_claimed` or
+/// `claim_mismatch`). Idempotent: releasing a released claim answers the same.
+/// 409 `already_completed` for a completed turn; 404 for a claim id unknown on
+/// this session.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/claims/{claim_id}/release", operation_id = "releaseClaim", tag = "turns",
+    params(
+        ("session_id" = String, Path, description = "The session id."),
+        ("claim_id" = String, Path, description = "The claim to release."),
+    ),
+    request_body = ReleaseRequest,
+    responses(
+        (status = 200, description = "Released.", body = Released),
+        (status = 400, description = "`invalid_request`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`host_mismatch`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+        (status = 409, description = "`already_completed`.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+    ))]
+pub async fn release(
+    State(state): State<AppState>,
+    AppPath((session_id, claim_id)): AppPath<(String, String)>,
+    AppJson(host): AppJson<ReleaseRequest>,
+) -> Result<Json<Released>> {
+    Ok(Json(
+        state.broker.release(&session_id, &claim_id, host).await?,
+    ))
+}

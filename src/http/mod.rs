@@ -1,0 +1,273 @@
+//! The HTTP face of the broker: `router(state)` builds the app, `serve` runs
+//! it until the shutdown token fires. Handlers live one file per resource and
+//! hand their work to the [`Broker`]; this module owns what every route shares:
+//! the owner-token check, the JSON extractors whose rejections are the
+//! contract's errors, the fallbacks, and the request log.
+
+pub(crate) mod agent_threads;
+pub(crate) mod claims;
+pub(crate) mod sessions;
+pub(crate) mod turns;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use subtle::ConstantTimeEq;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use tracing::Level;
+
+use crate::broker::Broker;
+use crate::error::{Error, ErrorCode, Result};
+use crate::model::Health;
+
+/// The largest request body, in bytes.
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub broker: Arc<Broker>,
+    pub owner_token: Arc<OwnerToken>,
+    /// The comment interval on parked SSE claims (15 s; shorter in tests).
+    pub keep_alive: Duration,
+}
+
+/// The owner token; never printed.
+pub struct OwnerToken(String);
+
+impl OwnerToken {
+    pub fn new(token: String) -> Self {
+        Self(token)
+    }
+
+    /// Constant-time comparison with a presented bearer token.
+    pub fn admits(&self, presented: &str) -> bool {
+        self.0.as_bytes().ct_eq(presented.as_bytes()).into()
+    }
+}
+
+impl std::fmt::Debug for OwnerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OwnerToken(<redacted>)")
+    }
+}
+
+/// The whole application.
+pub fn router(state: AppState) -> Router {
+    let v1 = Router::new()
+        .merge(agent_threads::router())
+        .merge(sessions::router())
+        .merge(claims::router())
+        .merge(turns::router());
+    Router::new()
+        .merge(v1)
+        .route("/healthz", get(healthz))
+        .route("/openapi.json", get(openapi_json))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), require_owner))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|request: &Request| {
+                    // The matched route, never the raw path: no client value in logs.
+                    let route = request
+                        .extensions()
+                        .get::<MatchedPath>()
+                        .map_or("unmatched", MatchedPath::as_str);
+                    tracing::info_span!("request", method = %request.method(), route)
+                })
+                .on_response(
+                    DefaultOnResponse::new()
+                        .level(Level::INFO)
+                        .latency_unit(tower_http::LatencyUnit::Micros),
+                ),
+        )
+        .with_state(state)
+}
+
+/// Serves `app` on `listener` until `shutdown` fires, then finishes in-flight
+/// requests (parked claims answer `claimed: false`) and returns.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
+/// Every `/v1` route needs the owner token; `/healthz` and `/openapi.json` do not.
+async fn require_owner(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if request.uri().path().starts_with("/v1") {
+        let presented = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !presented.is_some_and(|t| state.owner_token.admits(t)) {
+            return Error::new(
+                ErrorCode::Unauthorized,
+                "A valid owner token is required: send `Authorization: Bearer <token>`.",
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Store health, without data.
+#[utoipa::path(get, path = "/healthz", operation_id = "healthz", tag = "operations",
+    responses(
+        (status = 200, description = "The store answers.", body = Health),
+        (status = 503, description = "`store_unavailable`.", body = crate::error::ErrorBody),
+    ))]
+pub async fn healthz(State(state): State<AppState>) -> Result<Json<Health>> {
+    state.broker.store().ping().await?;
+    Ok(Json(Health {
+        status: "ok".into(),
+    }))
+}
+
+/// This OpenAPI 3.1 document.
+#[utoipa::path(get, path = "/openapi.json", operation_id = "openapi", tag = "operations",
+    responses((status = 200, description = "The OpenAPI document.", content_type = "application/json", body = Object)))]
+pub async fn openapi_json() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::openapi::document_json(),
+    )
+        .into_response()
+}
+
+async fn not_found() -> Error {
+    Error::new(ErrorCode::NotFound, "No such route.")
+}
+
+async fn method_not_allowed() -> Error {
+    Error::new(
+        ErrorCode::MethodNotAllowed,
+        "This route does not take this method.",
+    )
+}
+
+/// `Idempotent-Replayed: true` on an answer that replays an earlier request.
+pub(crate) fn replayed_header(replayed: bool) -> Option<[(HeaderName, HeaderValue); 1]> {
+    replayed.then_some([(
+        HeaderName::from_static("idempotent-replayed"),
+        HeaderValue::from_static("true"),
+    )])
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|mime| {
+            let mime = mime.trim().to_ascii_lowercase();
+            mime == "application/json"
+                || (mime.starts_with("application/") && mime.ends_with("+json"))
+        })
+        .unwrap_or(false)
+}
+
+/// The body, read with the 2 MiB limit (413 beyond it).
+async fn read_body<S: Send + Sync>(request: Request, state: &S) -> Result<(HeaderMap, Bytes)> {
+    let headers = request.headers().clone();
+    let bytes = Bytes::from_request(request, state)
+        .await
+        .map_err(|rejection| {
+            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                Error::new(
+                    ErrorCode::PayloadTooLarge,
+                    format!("The request body is over {MAX_BODY_BYTES} bytes."),
+                )
+            } else {
+                Error::invalid("The request body could not be read.")
+            }
+        })?;
+    Ok((headers, bytes))
+}
+
+fn parse<T: DeserializeOwned>(headers: &HeaderMap, bytes: &[u8]) -> Result<T> {
+    if !is_json(headers) {
+        return Err(Error::new(
+            ErrorCode::UnsupportedMediaType,
+            "The request body must be `application/json`.",
+        ));
+    }
+    serde_json::from_slice(bytes).map_err(|e| Error::invalid(format!("Invalid JSON body: {e}.")))
+}
+
+/// A JSON body whose every rejection (size 413, type 415, shape 400) is the
+/// contract's error, in the contract's order.
+pub struct AppJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for AppJson<T> {
+    type Rejection = Error;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self> {
+        let (headers, bytes) = read_body(request, state).await?;
+        parse(&headers, &bytes).map(AppJson)
+    }
+}
+
+/// For routes that take no input: an empty body, or a JSON `{}`.
+pub struct NoInput;
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Empty {}
+
+impl<S: Send + Sync> FromRequest<S> for NoInput {
+    type Rejection = Error;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self> {
+        let (headers, bytes) = read_body(request, state).await?;
+        if !bytes.is_empty() {
+            parse::<Empty>(&headers, &bytes)?;
+        }
+        Ok(NoInput)
+    }
+}
+
+/// Path parameters; a rejection is 400 `invalid_request`.
+pub struct AppPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for AppPath<T> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| AppPath(p.0))
+            .map_err(|e| Error::invalid(format!("Invalid path: {}.", e.body_text())))
+    }
+}
+
+/// Query parameters (unknown ones rejected); a rejection is 400 `invalid_request`.
+pub struct AppQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for AppQuery<T> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| AppQuery(q.0))
+            .map_err(|e| Error::invalid(format!("Invalid query: {}.", e.body_text())))
+    }
+}

@@ -1,0 +1,170 @@
+//! Sessions: bind, list, read, enqueue and close.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use super::{AppJson, AppPath, AppQuery, AppState, NoInput, replayed_header};
+use crate::broker::BindAnswer;
+use crate::error::{ErrorBody, Result};
+use crate::model::{
+    BindPreview, BindRequest, EnqueueRequest, Enqueued, ListSessions, Session, SessionList,
+};
+
+pub fn router() -> axum::Router<AppState> {
+    axum::Router::new()
+        .route("/v1/sessions", post(bind).get(list))
+        .route("/v1/sessions/{session_id}", get(read))
+        .route("/v1/sessions/{session_id}/messages", post(enqueue))
+        .route("/v1/sessions/{session_id}/close", post(close))
+}
+
+/// Bind an attached session.
+///
+/// Binds a LoopX Chat session to a registered host session; it never starts,
+/// resumes or replaces an agent runtime. Nothing is inferred or auto-registered:
+/// the exact tuple must be registered (else 403 `not_registered`), and
+/// `executor_endpoint_id` must differ from `agent_id` (else 400
+/// `identity_conflated`). Binding the same tuple with the same executor
+/// endpoint while the session is open answers 200 with that session; another
+/// executor endpoint is 409 `session_exists`. After close, a bind makes a new
+/// session. `dry_run: true` validates everything, writes nothing, and answers
+/// 200 with a `BindPreview`.
+#[utoipa::path(post, path = "/v1/sessions", operation_id = "bindSession", tag = "sessions",
+    request_body = BindRequest,
+    responses(
+        (status = 201, description = "Bound: a new session.", body = Session),
+        (status = 200, description = "The open session of this exact binding (`Idempotent-Replayed: true`), or with `dry_run`, the preview.", body = inline(BindOrPreview)),
+        (status = 400, description = "`invalid_request` or `identity_conflated`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`not_registered`.", body = ErrorBody),
+        (status = 409, description = "`session_exists`.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+    ))]
+pub async fn bind(
+    State(state): State<AppState>,
+    AppJson(request): AppJson<BindRequest>,
+) -> Result<Response> {
+    Ok(match state.broker.bind(request).await? {
+        BindAnswer::Created(session) => (StatusCode::CREATED, Json(session)).into_response(),
+        BindAnswer::Existing(session) => (replayed_header(true), Json(session)).into_response(),
+        BindAnswer::Preview(preview) => Json(preview).into_response(),
+    })
+}
+
+/// The 200 answer of a bind: the existing session, or a dry run's preview.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+#[schema(as = BindOrPreview)]
+enum BindOrPreview {
+    Session(Session),
+    Preview(BindPreview),
+}
+
+/// List sessions.
+///
+/// Content-free projections, oldest first, filtered by `state`, `goal_id` and
+/// `agent_id`. Pass `next_cursor` back as `cursor` for the next page. No host
+/// session id, message text, claim or completion id appears here.
+#[utoipa::path(get, path = "/v1/sessions", operation_id = "listSessions", tag = "sessions",
+    params(ListSessions),
+    responses(
+        (status = 200, description = "A page of sessions.", body = SessionList),
+        (status = 400, description = "`invalid_request`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+    ))]
+pub async fn list(
+    State(state): State<AppState>,
+    AppQuery(filter): AppQuery<ListSessions>,
+) -> Result<Json<SessionList>> {
+    Ok(Json(state.broker.sessions(filter).await?))
+}
+
+/// Read a session.
+///
+/// The content-free projection of one session.
+#[utoipa::path(get, path = "/v1/sessions/{session_id}", operation_id = "getSession", tag = "sessions",
+    params(("session_id" = String, Path, description = "The session id (`ses_…`).")),
+    responses(
+        (status = 200, description = "The session.", body = Session),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+    ))]
+pub async fn read(
+    State(state): State<AppState>,
+    AppPath(session_id): AppPath<String>,
+) -> Result<Json<Session>> {
+    Ok(Json(state.broker.session(&session_id).await?))
+}
+
+/// Enqueue a message.
+///
+/// Appends a Web or Lark message to the session's one ordered queue; `seq` is
+/// 1, 2, 3, … in commit order. A 201 means the turn is committed.
+/// `client_message_id` makes the enqueue idempotent for the life of the
+/// session: the same id with the same body answers 200 with the same turn,
+/// `duplicate: true` and `Idempotent-Replayed: true` (the `state` is the turn's
+/// state now); with another body, 422 `idempotency_key_reused`. `text` is 1
+/// byte to 64 KiB (400 beyond). `lark` is only allowed with `origin: "lark"`.
+/// Conflicts, in this order: 409 `session_closed` (also for a replay), 422
+/// `idempotency_key_reused`, 409 `live_steering_unavailable` (never silently
+/// queued instead), 429 `queue_full` (10,000 queued turns).
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/messages", operation_id = "enqueueMessage", tag = "turns",
+    params(("session_id" = String, Path, description = "The session id.")),
+    request_body = EnqueueRequest,
+    responses(
+        (status = 201, description = "Queued.", body = Enqueued),
+        (status = 200, description = "A replay of the same `client_message_id` and body.", body = Enqueued),
+        (status = 400, description = "`invalid_request`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+        (status = 409, description = "`session_closed` or `live_steering_unavailable`.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+        (status = 422, description = "`idempotency_key_reused`.", body = ErrorBody),
+        (status = 429, description = "`queue_full`.", body = ErrorBody),
+    ))]
+pub async fn enqueue(
+    State(state): State<AppState>,
+    AppPath(session_id): AppPath<String>,
+    AppJson(message): AppJson<EnqueueRequest>,
+) -> Result<Response> {
+    let answer = state.broker.enqueue(&session_id, message).await?;
+    let status = if answer.replayed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((status, replayed_header(answer.replayed), Json(answer.body)).into_response())
+}
+
+/// Close a session.
+///
+/// Queued turns become `cancelled` (`cancel_reason: "session_closed"`); claims
+/// parked on the session answer 409 `session_closed`; enqueue and claim then
+/// answer 409 `session_closed`, and reads still work. A session with an active
+/// claim cannot be closed: 409 `claim_active` (complete or release it first).
+/// Closing a closed session answers the same projection. Takes an empty body
+/// or `{}`.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/close", operation_id = "closeSession", tag = "sessions",
+    params(("session_id" = String, Path, description = "The session id.")),
+    request_body(content = Object, description = "Empty, or `{}`.", content_type = "application/json"),
+    responses(
+        (status = 200, description = "The closed session.", body = Session),
+        (status = 400, description = "`invalid_request`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+        (status = 409, description = "`claim_active`, with `active_claim_id` and `claimed_at`.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+    ))]
+pub async fn close(
+    State(state): State<AppState>,
+    AppPath(session_id): AppPath<String>,
+    _: NoInput,
+) -> Result<Json<Session>> {
+    Ok(Json(state.broker.close(&session_id).await?))
+}

@@ -1,0 +1,31 @@
+//! LoopX attached session broker: an HTTP service that lets the people and
+//! bots around an already-running agent session talk to it through one
+//! ordered, duplicate-safe queue per session. It never starts or fakes an
+//! agent runtime.
+//!
+//! The map of the house:
+
+/// The broker core: validation, decisions handed to the store, parked claims.
+pub mod broker;
+/// The `loopx` command line.
+pub mod cli;
+/// The data dir and the owner token, for `serve` and the clients alike.
+pub mod config;
+/// The one error type and its JSON body.
+pub mod error;
+/// The HTTP routes, extractors, auth and fallbacks.
+pub mod http;
+/// Client-chosen identifier rules and minted ids.
+pub mod ids;
+/// The wire types of the contract.
+pub mod model;
+/// The generated OpenAPI document.
+pub mod openapi;
+/// `loopx serve`.
+pub mod serve;
+/// Durable state behind a trait; SQLite today.
+pub mod store;
+/// Timestamps as stored and as shown.
+pub mod time;
+/// Per-session wake-up signals for parked claims.
+pub mod wakeup;

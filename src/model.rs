@@ -1,0 +1,364 @@
+//! The wire types of the contract: request bodies (which reject unknown
+//! fields), answers and projections. A projection never carries a host session
+//! id or a message text; only the turn readback and a claim carry content.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+
+/// Where a message came from. Web and Lark share the one queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
+pub enum Origin {
+    Web,
+    Lark,
+}
+
+/// How a message wants to reach the agent. Only `session_queue` exists today;
+/// `live_steering` is refused with 409 `live_steering_unavailable`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Ingress {
+    #[default]
+    SessionQueue,
+    LiveSteering,
+}
+
+/// A session's lifecycle state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
+pub enum SessionState {
+    Open,
+    Closed,
+}
+
+/// A turn's lifecycle state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
+pub enum TurnState {
+    Queued,
+    Claimed,
+    Completed,
+    Cancelled,
+}
+
+/// Why a turn was cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
+pub enum CancelReason {
+    SessionClosed,
+}
+
+/// `POST /v1/agent-threads`: the exact tuple a host session registers.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"goal_id": "g-1", "agent_id": "agent-7", "host_surface": "codex-cli", "host_session_id": "host-abc"}))]
+pub struct RegisterAgentThread {
+    pub goal_id: String,
+    pub agent_id: String,
+    pub host_surface: String,
+    pub host_session_id: String,
+}
+
+/// The registration, without the host session id.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"registered": true, "goal_id": "g-1", "agent_id": "agent-7", "host_surface": "codex-cli"}))]
+pub struct Registered {
+    pub registered: bool,
+    pub goal_id: String,
+    pub agent_id: String,
+    pub host_surface: String,
+}
+
+/// `POST /v1/sessions`: bind an attached session to a registered host session.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"goal_id": "g-1", "agent_id": "agent-7", "host_surface": "codex-cli", "host_session_id": "host-abc", "executor_endpoint_id": "exec-laptop", "dry_run": false}))]
+pub struct BindRequest {
+    pub goal_id: String,
+    pub agent_id: String,
+    pub host_surface: String,
+    pub host_session_id: String,
+    /// The executor's label; must differ from `agent_id`.
+    pub executor_endpoint_id: String,
+    /// Validate everything and write nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// What an attached session can do. `live_steering` is false: requests that
+/// need it fail closed.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+pub struct Capabilities {
+    pub session_queue: bool,
+    pub bounded_claim_wait: bool,
+    pub reply_readback: bool,
+    pub live_steering: bool,
+}
+
+impl Capabilities {
+    pub const ATTACHED: Capabilities = Capabilities {
+        session_queue: true,
+        bounded_claim_wait: true,
+        reply_readback: true,
+        live_steering: false,
+    };
+}
+
+/// The content-free session projection: these are all its fields.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "goal_id": "g-1", "agent_id": "agent-7", "executor_endpoint_id": "exec-laptop", "host_surface": "codex-cli", "capabilities": {"session_queue": true, "bounded_claim_wait": true, "reply_readback": true, "live_steering": false}, "state": "open", "created_at": "2026-11-30T10:00:00.000Z", "closed_at": null}))]
+pub struct Session {
+    pub session_id: String,
+    pub goal_id: String,
+    pub agent_id: String,
+    pub executor_endpoint_id: String,
+    pub host_surface: String,
+    pub capabilities: Capabilities,
+    pub state: SessionState,
+    pub created_at: String,
+    pub closed_at: Option<String>,
+}
+
+/// A dry-run bind's preview: the existing session, or what a bind would
+/// create (with `session_id` and `created_at` null).
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct SessionPreview {
+    pub session_id: Option<String>,
+    pub goal_id: String,
+    pub agent_id: String,
+    pub executor_endpoint_id: String,
+    pub host_surface: String,
+    pub capabilities: Capabilities,
+    pub state: SessionState,
+    pub created_at: Option<String>,
+    pub closed_at: Option<String>,
+}
+
+/// The answer to a dry-run bind.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct BindPreview {
+    pub dry_run: bool,
+    pub would_create: bool,
+    pub session: SessionPreview,
+}
+
+/// `GET /v1/sessions` filters and paging.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListSessions {
+    /// Only sessions in this state.
+    pub state: Option<SessionState>,
+    /// Only sessions of this goal.
+    pub goal_id: Option<String>,
+    /// Only sessions of this agent.
+    pub agent_id: Option<String>,
+    /// Page size, 1 to 500 (default 100).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// A page of sessions, oldest first.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct SessionList {
+    pub sessions: Vec<Session>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// The Lark message a turn answers, for the reply path.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LarkRef {
+    pub chat_id: String,
+    pub message_id: String,
+}
+
+/// `POST /v1/sessions/{session_id}/messages`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"origin": "web", "text": "Please summarise the failing test.", "client_message_id": "web-1", "ingress": "session_queue"}))]
+pub struct EnqueueRequest {
+    pub origin: Origin,
+    /// 1 byte to 64 KiB of UTF-8.
+    pub text: String,
+    /// Makes the enqueue idempotent for the life of the session.
+    #[serde(default)]
+    pub client_message_id: Option<String>,
+    #[serde(default)]
+    pub ingress: Ingress,
+    /// Only with `origin: "lark"`.
+    #[serde(default)]
+    pub lark: Option<LarkRef>,
+}
+
+/// The queued turn (or, with `duplicate: true`, the turn an earlier request queued).
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"turn_id": "turn_01JD8X6A0B1C2D3E4F5G6H7J8K", "seq": 1, "state": "queued", "origin": "web", "enqueued_at": "2026-11-30T10:00:01.000Z", "duplicate": false}))]
+pub struct Enqueued {
+    pub turn_id: String,
+    pub seq: i64,
+    /// `queued` on a first enqueue; on a replay, the turn's state now.
+    pub state: TurnState,
+    pub origin: Origin,
+    pub enqueued_at: String,
+    pub duplicate: bool,
+}
+
+/// `POST /v1/sessions/{session_id}/claims`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"host_surface": "codex-cli", "host_session_id": "host-abc", "claim_id": "claim-1", "wait_seconds": 30}))]
+pub struct ClaimRequest {
+    pub host_surface: String,
+    pub host_session_id: String,
+    pub claim_id: String,
+    /// Seconds to park while the queue is empty; values above 1800 are capped at 1800.
+    #[serde(default)]
+    #[schema(minimum = 0)]
+    pub wait_seconds: u64,
+}
+
+/// The claimed turn, with its content.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct ClaimedTurn {
+    pub turn_id: String,
+    pub seq: i64,
+    pub origin: Origin,
+    pub text: String,
+    pub enqueued_at: String,
+    /// How many claims this turn has had: 1, then 2 after a release, …
+    pub attempt: i64,
+}
+
+/// A claim's answer: a turn, or (after a wait) nothing.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum ClaimAnswer {
+    Claimed(Claimed),
+    NotClaimed(NotClaimed),
+}
+
+/// The claim holds a turn.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"claimed": true, "session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "claim_id": "claim-1", "turn": {"turn_id": "turn_01JD8X6A0B1C2D3E4F5G6H7J8K", "seq": 1, "origin": "web", "text": "Please summarise the failing test.", "enqueued_at": "2026-11-30T10:00:01.000Z", "attempt": 1}, "turn_state": "claimed"}))]
+pub struct Claimed {
+    /// Always true.
+    pub claimed: bool,
+    pub session_id: String,
+    pub claim_id: String,
+    pub turn: ClaimedTurn,
+    /// The turn's state now: `claimed`, or on a replay `completed`.
+    pub turn_state: TurnState,
+}
+
+/// The wait ended with no turn queued; the claim id is still unused.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"claimed": false, "session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "waited_ms": 30000}))]
+pub struct NotClaimed {
+    /// Always false.
+    pub claimed: bool,
+    pub session_id: String,
+    pub waited_ms: u64,
+}
+
+/// `POST /v1/sessions/{session_id}/turns/{turn_id}/complete`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"host_surface": "codex-cli", "host_session_id": "host-abc", "claim_id": "claim-1", "completion_id": "done-1", "response": {"message": "The test fails because the fixture is stale."}}))]
+pub struct CompleteRequest {
+    pub host_surface: String,
+    pub host_session_id: String,
+    pub claim_id: String,
+    pub completion_id: String,
+    /// A JSON object with at least a non-empty string `message`; other fields
+    /// are kept as given. Up to 1 MiB.
+    #[schema(value_type = Object)]
+    pub response: serde_json::Map<String, Value>,
+}
+
+/// The completion receipt.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"completed": true, "session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "turn_id": "turn_01JD8X6A0B1C2D3E4F5G6H7J8K", "claim_id": "claim-1", "completion_id": "done-1", "completed_at": "2026-11-30T10:00:05.000Z", "replayed": false}))]
+pub struct Receipt {
+    pub completed: bool,
+    pub session_id: String,
+    pub turn_id: String,
+    pub claim_id: String,
+    pub completion_id: String,
+    pub completed_at: String,
+    pub replayed: bool,
+}
+
+/// `POST /v1/sessions/{session_id}/claims/{claim_id}/release`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"host_surface": "codex-cli", "host_session_id": "host-abc"}))]
+pub struct ReleaseRequest {
+    pub host_surface: String,
+    pub host_session_id: String,
+}
+
+/// The released turn is back at the head of the queue.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"released": true, "turn_id": "turn_01JD8X6A0B1C2D3E4F5G6H7J8K"}))]
+pub struct Released {
+    pub released: bool,
+    pub turn_id: String,
+}
+
+/// The content-bearing turn readback.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"turn_id": "turn_01JD8X6A0B1C2D3E4F5G6H7J8K", "session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "seq": 1, "origin": "web", "text": "Please summarise the failing test.", "state": "completed", "enqueued_at": "2026-11-30T10:00:01.000Z", "claimed_at": "2026-11-30T10:00:02.000Z", "completed_at": "2026-11-30T10:00:05.000Z", "response": {"message": "The test fails because the fixture is stale."}, "cancel_reason": null}))]
+pub struct Turn {
+    pub turn_id: String,
+    pub session_id: String,
+    pub seq: i64,
+    pub origin: Origin,
+    pub text: String,
+    pub state: TurnState,
+    pub enqueued_at: String,
+    pub claimed_at: Option<String>,
+    pub completed_at: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    pub response: Option<Value>,
+    pub cancel_reason: Option<CancelReason>,
+}
+
+/// `GET /v1/sessions/{session_id}/turns` paging.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListTurns {
+    /// Turns with a larger `seq` (oldest first).
+    #[param(minimum = 0)]
+    pub after_seq: Option<i64>,
+    /// Turns with a smaller `seq`: the page just before it, still oldest first.
+    #[param(minimum = 1)]
+    pub before_seq: Option<i64>,
+    /// Page size, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<u32>,
+}
+
+/// A page of turns in `seq` order.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct TurnList {
+    pub turns: Vec<Turn>,
+    /// More turns lie beyond the page (after it, or before it with `before_seq`).
+    pub has_more: bool,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"status": "ok"}))]
+pub struct Health {
+    pub status: String,
+}

@@ -1,0 +1,134 @@
+//! `loopx serve`: open the store, take the data dir's lock, serve until
+//! SIGINT/SIGTERM, then answer parked claims and exit cleanly.
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::Broker;
+use crate::config;
+use crate::http::{self, AppState, OwnerToken};
+use crate::store::Store;
+use crate::store::sqlite::{Durability, SqliteStore};
+
+/// Run the broker.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// The address to listen on. Non-loopback addresses need --allow-remote.
+    #[arg(long, env = "LOOPX_LISTEN", default_value = "127.0.0.1:7317")]
+    pub listen: SocketAddr,
+    /// Where the database, the owner token and the lock live
+    /// [default: $XDG_DATA_HOME/loopx, else ~/.local/share/loopx].
+    #[arg(long, env = "LOOPX_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// A PostgreSQL URL for replicas sharing one database (not available yet:
+    /// the embedded SQLite store is used when this is unset).
+    #[arg(long, env = "LOOPX_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Read the owner token from this file (LOOPX_TOKEN wins over it).
+    #[arg(long, env = "LOOPX_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Allow listening on a non-loopback address.
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// `full` survives power loss (synchronous=FULL); `relaxed` only process
+    /// crashes (synchronous=NORMAL), and is faster.
+    #[arg(long, env = "LOOPX_DURABILITY", value_enum, default_value_t = Durability::Full)]
+    pub durability: Durability,
+    /// Seconds between keep-alive comments on parked SSE claims.
+    #[arg(long, env = "LOOPX_SSE_KEEP_ALIVE", default_value_t = 15, hide = true)]
+    pub sse_keep_alive_seconds: u64,
+}
+
+/// Runs the broker until a signal; `Err` is a message for the operator.
+pub async fn run(args: ServeArgs) -> Result<(), String> {
+    if !args.allow_remote && !args.listen.ip().is_loopback() {
+        return Err(format!(
+            "refusing to listen on {}: it is not a loopback address; pass --allow-remote to expose the broker",
+            args.listen
+        ));
+    }
+    if args.database_url.is_some() {
+        return Err(
+            "--database-url (PostgreSQL) is not available in this build yet; unset it to use the embedded SQLite store"
+                .into(),
+        );
+    }
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(config::default_data_dir);
+    config::prepare_data_dir(&data_dir)
+        .map_err(|e| format!("cannot create the data dir {}: {e}", data_dir.display()))?;
+    let _lock = lock_data_dir(&data_dir)?;
+    let (token, source) = config::owner_token(args.token_file.as_deref(), &data_dir, true)?;
+    let store = SqliteStore::open(&data_dir.join("broker.db"), args.durability)
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot open the store in {}: {}",
+                data_dir.display(),
+                e.message
+            )
+        })?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let store: Arc<dyn Store> = Arc::new(store);
+    let state = AppState {
+        broker: Arc::new(Broker::new(store, shutdown.clone())),
+        owner_token: Arc::new(OwnerToken::new(token)),
+        keep_alive: Duration::from_secs(args.sse_keep_alive_seconds.max(1)),
+    };
+    tracing::info!(
+        listen = %listener.local_addr().map_err(|e| e.to_string())?,
+        data_dir = %data_dir.display(),
+        token = %source,
+        durability = ?args.durability,
+        "loopx broker listening"
+    );
+    http::serve(listener, http::router(state), shutdown)
+        .await
+        .map_err(|e| format!("the server failed: {e}"))?;
+    tracing::info!("loopx broker stopped");
+    Ok(())
+}
+
+/// One broker per data dir: an exclusive lock held for the process lifetime
+/// (released by the OS however the process ends).
+fn lock_data_dir(data_dir: &std::path::Path) -> Result<File, String> {
+    let path = data_dir.join("broker.lock");
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open the lock file {}: {e}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(format!(
+            "another loopx broker is already serving the data dir {}; stop it first, or pass another --data-dir",
+            data_dir.display()
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(format!("cannot lock {}: {e}", path.display())),
+    }
+}
+
+async fn cancel_on_signal(shutdown: CancellationToken) {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM can be handled");
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down: answering parked claims and finishing requests");
+    shutdown.cancel();
+}

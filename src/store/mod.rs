@@ -1,0 +1,206 @@
+//! The store: durable state and the contract's decisions that need it
+//! (ordering, idempotency, fencing, conflict precedence), each taken inside one
+//! transaction. It knows nothing of HTTP and nothing of waiting: a claim on an
+//! empty queue answers [`ClaimOutcome::Empty`] and the broker decides to park.
+//!
+//! [`Store`] is the seam for the backends: SQLite (embedded, the default) now,
+//! PostgreSQL for replicas later.
+
+pub mod sqlite;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::model::{
+    BindRequest, CancelReason, Capabilities, ClaimedTurn, CompleteRequest, EnqueueRequest,
+    ListSessions, ListTurns, Origin, Receipt, RegisterAgentThread, Released, Session,
+    SessionPreview, SessionState, Turn, TurnState,
+};
+use crate::time::rfc3339;
+
+/// The host's writeback authority: the exact host identity of a binding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostIdentity {
+    pub host_surface: String,
+    pub host_session_id: String,
+}
+
+/// A stored session, host session id included: never answered as is.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SessionRow {
+    pub session_id: String,
+    pub goal_id: String,
+    pub agent_id: String,
+    pub host_surface: String,
+    pub host_session_id: String,
+    pub executor_endpoint_id: String,
+    pub state: SessionState,
+    pub created_at: i64,
+    pub closed_at: Option<i64>,
+    pub queued_count: i64,
+    pub active_claim_id: Option<String>,
+}
+
+impl SessionRow {
+    /// The content-free projection.
+    pub fn projection(&self) -> Session {
+        Session {
+            session_id: self.session_id.clone(),
+            goal_id: self.goal_id.clone(),
+            agent_id: self.agent_id.clone(),
+            executor_endpoint_id: self.executor_endpoint_id.clone(),
+            host_surface: self.host_surface.clone(),
+            capabilities: Capabilities::ATTACHED,
+            state: self.state,
+            created_at: rfc3339(self.created_at),
+            closed_at: self.closed_at.map(rfc3339),
+        }
+    }
+
+    pub fn is_bound_to(&self, host: &HostIdentity) -> bool {
+        self.host_surface == host.host_surface && self.host_session_id == host.host_session_id
+    }
+}
+
+impl From<Session> for SessionPreview {
+    fn from(s: Session) -> Self {
+        SessionPreview {
+            session_id: Some(s.session_id),
+            goal_id: s.goal_id,
+            agent_id: s.agent_id,
+            executor_endpoint_id: s.executor_endpoint_id,
+            host_surface: s.host_surface,
+            capabilities: s.capabilities,
+            state: s.state,
+            created_at: Some(s.created_at),
+            closed_at: s.closed_at,
+        }
+    }
+}
+
+/// A stored turn, with its content.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TurnRow {
+    pub turn_id: String,
+    pub session_id: String,
+    pub seq: i64,
+    pub origin: Origin,
+    pub text: String,
+    pub client_message_id: Option<String>,
+    pub lark_chat_id: Option<String>,
+    pub lark_message_id: Option<String>,
+    pub state: TurnState,
+    pub enqueued_at: i64,
+    pub claimed_at: Option<i64>,
+    pub completed_at: Option<i64>,
+    pub claim_count: i64,
+    pub current_claim_id: Option<String>,
+    pub completion_id: Option<String>,
+    pub response: Option<String>,
+    pub cancel_reason: Option<CancelReason>,
+}
+
+impl TurnRow {
+    /// The content-bearing readback.
+    pub fn readback(&self) -> Turn {
+        Turn {
+            turn_id: self.turn_id.clone(),
+            session_id: self.session_id.clone(),
+            seq: self.seq,
+            origin: self.origin,
+            text: self.text.clone(),
+            state: self.state,
+            enqueued_at: rfc3339(self.enqueued_at),
+            claimed_at: self.claimed_at.map(rfc3339),
+            completed_at: self.completed_at.map(rfc3339),
+            response: self
+                .response
+                .as_deref()
+                .and_then(|r| serde_json::from_str(r).ok()),
+            cancel_reason: self.cancel_reason,
+        }
+    }
+
+    pub fn claimed_turn(&self, attempt: i64) -> ClaimedTurn {
+        ClaimedTurn {
+            turn_id: self.turn_id.clone(),
+            seq: self.seq,
+            origin: self.origin,
+            text: self.text.clone(),
+            enqueued_at: rfc3339(self.enqueued_at),
+            attempt,
+        }
+    }
+}
+
+/// What a bind did.
+#[derive(Debug)]
+pub enum Bound {
+    Created(SessionRow),
+    /// The exact tuple with the same executor endpoint was already bound and open.
+    Existing(SessionRow),
+}
+
+/// What an enqueue did.
+#[derive(Debug)]
+pub struct Enqueue {
+    pub turn: TurnRow,
+    /// The client_message_id was seen before with the same body.
+    pub duplicate: bool,
+}
+
+/// What a claim found.
+#[derive(Debug)]
+pub enum ClaimOutcome {
+    Claimed {
+        turn: TurnRow,
+        attempt: i64,
+        /// The claim id had already claimed this turn.
+        replayed: bool,
+    },
+    /// No turn is queued; nothing was stored.
+    Empty,
+}
+
+/// The durable state behind the broker.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Answers when the store can serve requests.
+    async fn ping(&self) -> Result<()>;
+    /// Registers the exact tuple; true when it was new.
+    async fn register(&self, thread: RegisterAgentThread) -> Result<bool>;
+    /// Checks a bind without writing: the open session it would answer, if any.
+    async fn preview_bind(&self, bind: BindRequest) -> Result<Option<SessionRow>>;
+    async fn bind(&self, bind: BindRequest) -> Result<Bound>;
+    async fn session(&self, session_id: &str) -> Result<Option<SessionRow>>;
+    /// Sessions matching the filters after the cursor, oldest first, at most `limit`.
+    async fn sessions(&self, filter: ListSessions, limit: u32) -> Result<Vec<SessionRow>>;
+    async fn enqueue(&self, session_id: String, message: EnqueueRequest) -> Result<Enqueue>;
+    async fn claim(
+        &self,
+        session_id: String,
+        host: HostIdentity,
+        claim_id: String,
+    ) -> Result<ClaimOutcome>;
+    async fn complete(
+        &self,
+        session_id: String,
+        turn_id: String,
+        completion: CompleteRequest,
+    ) -> Result<Receipt>;
+    async fn release(
+        &self,
+        session_id: String,
+        claim_id: String,
+        host: HostIdentity,
+    ) -> Result<Released>;
+    async fn close(&self, session_id: String) -> Result<SessionRow>;
+    async fn turn(&self, session_id: &str, turn_id: &str) -> Result<TurnRow>;
+    /// A page of a session's turns in seq order, and whether more lie beyond it.
+    async fn turns(
+        &self,
+        session_id: &str,
+        page: ListTurns,
+        limit: u32,
+    ) -> Result<(Vec<TurnRow>, bool)>;
+}

@@ -1,0 +1,809 @@
+//! The embedded SQLite store (WAL). Every write goes through one writer task
+//! that owns the only writing connection: it takes the jobs waiting in its
+//! queue, runs each inside its own savepoint of one `BEGIN IMMEDIATE`
+//! transaction, commits once, and only then answers them (group commit: one
+//! fsync for a batch of concurrent writes). Reads use a small pool of their own.
+
+use std::path::Path;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::future::BoxFuture;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
+};
+use sqlx::{Connection, SqliteExecutor};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Bound, ClaimOutcome, Enqueue, HostIdentity, SessionRow, Store, TurnRow};
+use crate::error::{Error, ErrorCode, Result};
+use crate::ids::Minter;
+use crate::model::{
+    BindRequest, CompleteRequest, EnqueueRequest, Ingress, LarkRef, ListSessions, ListTurns,
+    Receipt, RegisterAgentThread, Released, SessionState, TurnState,
+};
+use crate::time::{now_ms, rfc3339};
+
+/// How much a power loss may take: `Full` fsyncs every commit, `Relaxed`
+/// (`synchronous=NORMAL`) only at checkpoints and stays crash-safe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Durability {
+    #[default]
+    Full,
+    Relaxed,
+}
+
+/// The most writes one transaction commits together.
+const MAX_BATCH: usize = 256;
+/// The most queued turns one session holds.
+pub const MAX_QUEUED: i64 = 10_000;
+
+/// A write, run by the writer inside its savepoint. It answers whether its
+/// changes are kept, and the reply to send once the batch has committed.
+type Job = Box<dyn for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Finished> + Send>;
+type Reply = Box<dyn FnOnce(Result<()>) + Send>;
+struct Finished {
+    keep: bool,
+    reply: Reply,
+}
+
+pub struct SqliteStore {
+    jobs: mpsc::Sender<Job>,
+    reads: SqlitePool,
+    minter: std::sync::Arc<Minter>,
+}
+
+impl SqliteStore {
+    /// Opens (creating and migrating) the database file and starts the writer.
+    pub async fn open(path: &Path, durability: Durability) -> Result<Self> {
+        create_private_file(path).map_err(|e| Error::store("creating the database file", e))?;
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(match durability {
+                Durability::Full => SqliteSynchronous::Full,
+                Durability::Relaxed => SqliteSynchronous::Normal,
+            })
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(5));
+        let mut writer = SqliteConnection::connect_with(&options)
+            .await
+            .map_err(|e| Error::store("opening the database", e))?;
+        sqlx::migrate!("./migrations/sqlite")
+            .run(&mut writer)
+            .await
+            .map_err(|e| Error::store("migrating the database", e))?;
+        let reads = SqlitePoolOptions::new()
+            .max_connections(4)
+            .min_connections(1)
+            .connect_with(options.read_only(true))
+            .await
+            .map_err(|e| Error::store("opening the read pool", e))?;
+        let (jobs, queue) = mpsc::channel(4 * MAX_BATCH);
+        tokio::spawn(run_writer(writer, queue));
+        Ok(Self {
+            jobs,
+            reads,
+            minter: Default::default(),
+        })
+    }
+
+    /// Runs `op` on the writer, inside one savepoint of a group commit, and
+    /// answers after the commit. An `Err` from `op` rolls back its own changes only.
+    async fn write<T, F>(&self, op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T>> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let job = job(move |conn| {
+            Box::pin(async move {
+                let outcome = op(conn).await;
+                Finished {
+                    keep: outcome.is_ok(),
+                    reply: Box::new(move |committed| {
+                        let _ = tx.send(committed.and(outcome));
+                    }),
+                }
+            })
+        });
+        let stopped = || Error::store("writing", "the writer has stopped");
+        self.jobs.send(job).await.map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+}
+
+fn job<F>(f: F) -> Job
+where
+    F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Finished> + Send + 'static,
+{
+    Box::new(f)
+}
+
+/// The database file is created owner-only before SQLite opens it; SQLite
+/// gives its WAL and shared-memory files the same mode.
+fn create_private_file(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+}
+
+async fn run_writer(mut conn: SqliteConnection, mut queue: mpsc::Receiver<Job>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut replies = Vec::with_capacity(MAX_BATCH);
+    while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let committed = run_batch(&mut conn, &mut batch, &mut replies).await;
+        // Jobs left in `batch` after a failure are dropped: their callers see
+        // a closed reply channel and answer store_unavailable.
+        batch.clear();
+        for reply in replies.drain(..) {
+            reply(committed.clone());
+        }
+    }
+    let _ = conn.close().await;
+}
+
+async fn run_batch(
+    conn: &mut SqliteConnection,
+    batch: &mut Vec<Job>,
+    replies: &mut Vec<Reply>,
+) -> Result<()> {
+    let result = async {
+        execute(conn, "begin immediate").await?;
+        for job in batch.drain(..) {
+            execute(conn, "savepoint job").await?;
+            let finished = job(&mut *conn).await;
+            replies.push(finished.reply);
+            if !finished.keep {
+                execute(conn, "rollback to job").await?;
+            }
+            execute(conn, "release job").await?;
+        }
+        execute(conn, "commit").await
+    }
+    .await;
+    if result.is_err() {
+        let _ = execute(conn, "rollback").await;
+    }
+    result
+}
+
+async fn execute(conn: &mut SqliteConnection, sql: &'static str) -> Result<()> {
+    sqlx::query(sql).execute(conn).await?;
+    Ok(())
+}
+
+const SESSION_COLUMNS: &str = "session_id, goal_id, agent_id, host_surface, host_session_id, \
+     executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id";
+
+async fn load_session<'e>(
+    db: impl SqliteExecutor<'e>,
+    session_id: &str,
+) -> Result<Option<SessionRow>> {
+    let sql = format!("select {SESSION_COLUMNS} from sessions where session_id = ?");
+    Ok(sqlx::query_as(&sql)
+        .bind(session_id)
+        .fetch_optional(db)
+        .await?)
+}
+
+async fn existing_session(conn: &mut SqliteConnection, session_id: &str) -> Result<SessionRow> {
+    load_session(conn, session_id)
+        .await?
+        .ok_or_else(|| Error::not_found("session"))
+}
+
+/// The session, if the host identity is the one it is bound to.
+async fn hosted_session(
+    conn: &mut SqliteConnection,
+    session_id: &str,
+    host: &HostIdentity,
+) -> Result<SessionRow> {
+    let session = existing_session(conn, session_id).await?;
+    if !session.is_bound_to(host) {
+        return Err(Error::new(
+            ErrorCode::HostMismatch,
+            "The host identity does not match this session's binding.",
+        ));
+    }
+    Ok(session)
+}
+
+async fn load_turn<'e>(
+    db: impl SqliteExecutor<'e>,
+    session_id: &str,
+    turn_id: &str,
+) -> Result<Option<TurnRow>> {
+    Ok(
+        sqlx::query_as("select * from turns where session_id = ? and turn_id = ?")
+            .bind(session_id)
+            .bind(turn_id)
+            .fetch_optional(db)
+            .await?,
+    )
+}
+
+/// The claimed-at time of a session's active claim, for `claim_active`.
+async fn active_claim_error(conn: &mut SqliteConnection, claim_id: String) -> Result<Error> {
+    let claimed_at: i64 = sqlx::query_scalar("select claimed_at from claims where claim_id = ?")
+        .bind(&claim_id)
+        .fetch_one(conn)
+        .await?;
+    Ok(Error::claim_active(claim_id, claimed_at))
+}
+
+/// The bind checks, in the contract's order: registration, then the open
+/// session of the tuple (same executor: answered again; another: 409).
+async fn check_bind(conn: &mut SqliteConnection, bind: &BindRequest) -> Result<Option<SessionRow>> {
+    let registered: Option<i64> = sqlx::query_scalar(
+        "select 1 from agent_threads
+         where goal_id = ? and agent_id = ? and host_surface = ? and host_session_id = ?",
+    )
+    .bind(&bind.goal_id)
+    .bind(&bind.agent_id)
+    .bind(&bind.host_surface)
+    .bind(&bind.host_session_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if registered.is_none() {
+        return Err(Error::new(
+            ErrorCode::NotRegistered,
+            "This exact goal, agent, host surface and host session is not registered; run bind-agent-thread first.",
+        ));
+    }
+    let sql = format!(
+        "select {SESSION_COLUMNS} from sessions
+         where goal_id = ? and agent_id = ? and host_surface = ? and host_session_id = ? and state = 'open'"
+    );
+    let open: Option<SessionRow> = sqlx::query_as(&sql)
+        .bind(&bind.goal_id)
+        .bind(&bind.agent_id)
+        .bind(&bind.host_surface)
+        .bind(&bind.host_session_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    match open {
+        Some(s) if s.executor_endpoint_id != bind.executor_endpoint_id => Err(Error::new(
+            ErrorCode::SessionExists,
+            "This host session is bound to an open session with another executor endpoint.",
+        )),
+        open => Ok(open),
+    }
+}
+
+async fn bind(conn: &mut SqliteConnection, bind: BindRequest, minter: &Minter) -> Result<Bound> {
+    if let Some(existing) = check_bind(conn, &bind).await? {
+        return Ok(Bound::Existing(existing));
+    }
+    let session_id = minter.mint("ses");
+    sqlx::query(
+        "insert into sessions (session_id, goal_id, agent_id, host_surface, host_session_id,
+             executor_endpoint_id, state, created_at)
+         values (?, ?, ?, ?, ?, ?, 'open', ?)",
+    )
+    .bind(&session_id)
+    .bind(&bind.goal_id)
+    .bind(&bind.agent_id)
+    .bind(&bind.host_surface)
+    .bind(&bind.host_session_id)
+    .bind(&bind.executor_endpoint_id)
+    .bind(now_ms())
+    .execute(&mut *conn)
+    .await?;
+    Ok(Bound::Created(existing_session(conn, &session_id).await?))
+}
+
+/// Whether a replayed enqueue carries the same body as the stored turn.
+fn same_message(turn: &TurnRow, message: &EnqueueRequest) -> bool {
+    let lark = match (&turn.lark_chat_id, &turn.lark_message_id) {
+        (Some(chat_id), Some(message_id)) => Some(LarkRef {
+            chat_id: chat_id.clone(),
+            message_id: message_id.clone(),
+        }),
+        _ => None,
+    };
+    turn.origin == message.origin
+        && turn.text == message.text
+        && message.ingress == Ingress::SessionQueue
+        && lark == message.lark
+}
+
+async fn enqueue(
+    conn: &mut SqliteConnection,
+    session_id: String,
+    message: EnqueueRequest,
+    minter: &Minter,
+) -> Result<Enqueue> {
+    let session = existing_session(conn, &session_id).await?;
+    let closed = || Error::new(ErrorCode::SessionClosed, "The session is closed.");
+    if let Some(client_message_id) = &message.client_message_id {
+        let earlier: Option<TurnRow> =
+            sqlx::query_as("select * from turns where session_id = ? and client_message_id = ?")
+                .bind(&session_id)
+                .bind(client_message_id)
+                .fetch_optional(&mut *conn)
+                .await?;
+        if let Some(turn) = earlier {
+            if session.state == SessionState::Closed {
+                return Err(closed());
+            }
+            if !same_message(&turn, &message) {
+                return Err(Error::new(
+                    ErrorCode::IdempotencyKeyReused,
+                    "This client_message_id was used with another message.",
+                ));
+            }
+            return Ok(Enqueue {
+                turn,
+                duplicate: true,
+            });
+        }
+    }
+    if session.state == SessionState::Closed {
+        return Err(closed());
+    }
+    if message.ingress == Ingress::LiveSteering {
+        return Err(Error::new(
+            ErrorCode::LiveSteeringUnavailable,
+            "Live steering is unavailable: the host exposes no push transport. Nothing was queued.",
+        ));
+    }
+    if session.queued_count >= MAX_QUEUED {
+        return Err(Error::new(
+            ErrorCode::QueueFull,
+            format!("The session already holds {MAX_QUEUED} queued turns."),
+        ));
+    }
+    let turn_id = minter.mint("turn");
+    let (lark_chat_id, lark_message_id) = message
+        .lark
+        .map(|l| (Some(l.chat_id), Some(l.message_id)))
+        .unwrap_or_default();
+    let turn = sqlx::query_as(
+        "insert into turns (turn_id, session_id, seq, origin, text, client_message_id,
+             lark_chat_id, lark_message_id, state, enqueued_at)
+         select ?, session_id, next_seq, ?, ?, ?, ?, ?, 'queued', ? from sessions where session_id = ?
+         returning *",
+    )
+    .bind(&turn_id)
+    .bind(message.origin)
+    .bind(&message.text)
+    .bind(&message.client_message_id)
+    .bind(lark_chat_id)
+    .bind(lark_message_id)
+    .bind(now_ms())
+    .bind(&session_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    sqlx::query(
+        "update sessions set next_seq = next_seq + 1, queued_count = queued_count + 1
+         where session_id = ?",
+    )
+    .bind(&session_id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(Enqueue {
+        turn,
+        duplicate: false,
+    })
+}
+
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    session_id: String,
+    turn_id: String,
+    attempt: i64,
+    state: String,
+}
+
+async fn claim(
+    conn: &mut SqliteConnection,
+    session_id: String,
+    host: HostIdentity,
+    claim_id: String,
+) -> Result<ClaimOutcome> {
+    let session = hosted_session(conn, &session_id, &host).await?;
+    let earlier: Option<ClaimRow> =
+        sqlx::query_as("select session_id, turn_id, attempt, state from claims where claim_id = ?")
+            .bind(&claim_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if let Some(earlier) = earlier {
+        if earlier.session_id != session_id {
+            return Err(Error::new(
+                ErrorCode::ClaimIdReused,
+                "This claim_id was already used on another session.",
+            ));
+        }
+        if earlier.state == "released" {
+            return Err(Error::new(
+                ErrorCode::ClaimReleased,
+                "This claim_id's turn was released; the claim_id is spent. Claim with a new one.",
+            ));
+        }
+        let turn = load_turn(&mut *conn, &session_id, &earlier.turn_id)
+            .await?
+            .ok_or_else(|| Error::store("replaying a claim", "the claimed turn is missing"))?;
+        return Ok(ClaimOutcome::Claimed {
+            turn,
+            attempt: earlier.attempt,
+            replayed: true,
+        });
+    }
+    if session.state == SessionState::Closed {
+        return Err(Error::new(
+            ErrorCode::SessionClosed,
+            "The session is closed.",
+        ));
+    }
+    if let Some(active) = session.active_claim_id {
+        return Err(active_claim_error(conn, active).await?);
+    }
+    let head: Option<TurnRow> = sqlx::query_as(
+        "select * from turns where session_id = ? and state = 'queued' order by seq limit 1",
+    )
+    .bind(&session_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(head) = head else {
+        return Ok(ClaimOutcome::Empty);
+    };
+    let now = now_ms();
+    let attempt = head.claim_count + 1;
+    sqlx::query(
+        "insert into claims (claim_id, session_id, turn_id, attempt, state, claimed_at)
+         values (?, ?, ?, ?, 'active', ?)",
+    )
+    .bind(&claim_id)
+    .bind(&session_id)
+    .bind(&head.turn_id)
+    .bind(attempt)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    let turn = sqlx::query_as(
+        "update turns set state = 'claimed', claimed_at = ?, claim_count = ?, current_claim_id = ?
+         where turn_id = ? returning *",
+    )
+    .bind(now)
+    .bind(attempt)
+    .bind(&claim_id)
+    .bind(&head.turn_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    sqlx::query(
+        "update sessions set active_claim_id = ?, queued_count = queued_count - 1
+         where session_id = ?",
+    )
+    .bind(&claim_id)
+    .bind(&session_id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(ClaimOutcome::Claimed {
+        turn,
+        attempt,
+        replayed: false,
+    })
+}
+
+fn receipt(turn: &TurnRow, replayed: bool) -> Receipt {
+    Receipt {
+        completed: true,
+        session_id: turn.session_id.clone(),
+        turn_id: turn.turn_id.clone(),
+        claim_id: turn.current_claim_id.clone().unwrap_or_default(),
+        completion_id: turn.completion_id.clone().unwrap_or_default(),
+        completed_at: turn.completed_at.map(rfc3339).unwrap_or_default(),
+        replayed,
+    }
+}
+
+async fn complete(
+    conn: &mut SqliteConnection,
+    session_id: String,
+    turn_id: String,
+    completion: CompleteRequest,
+) -> Result<Receipt> {
+    let host = HostIdentity {
+        host_surface: completion.host_surface,
+        host_session_id: completion.host_session_id,
+    };
+    hosted_session(conn, &session_id, &host).await?;
+    let turn = load_turn(&mut *conn, &session_id, &turn_id)
+        .await?
+        .ok_or_else(|| Error::not_found("turn"))?;
+    let response = serde_json::Value::Object(completion.response);
+    let reused = || {
+        Error::new(
+            ErrorCode::IdempotencyKeyReused,
+            "This completion_id was used with another claim, turn or response.",
+        )
+    };
+    if turn.completion_id.as_deref() == Some(completion.completion_id.as_str()) {
+        let stored: Option<serde_json::Value> = turn
+            .response
+            .as_deref()
+            .and_then(|r| serde_json::from_str(r).ok());
+        let same = turn.current_claim_id.as_deref() == Some(completion.claim_id.as_str())
+            && stored.as_ref() == Some(&response);
+        return if same {
+            Ok(receipt(&turn, true))
+        } else {
+            Err(reused())
+        };
+    }
+    let used_elsewhere: Option<i64> =
+        sqlx::query_scalar("select 1 from turns where session_id = ? and completion_id = ?")
+            .bind(&session_id)
+            .bind(&completion.completion_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if used_elsewhere.is_some() {
+        return Err(reused());
+    }
+    match turn.state {
+        TurnState::Completed => {
+            return Err(Error::new(
+                ErrorCode::AlreadyCompleted,
+                "The turn is already completed by another completion.",
+            ));
+        }
+        TurnState::Queued | TurnState::Cancelled => {
+            return Err(Error::new(
+                ErrorCode::NotClaimed,
+                "The turn is not claimed; claim it before completing it.",
+            ));
+        }
+        TurnState::Claimed if turn.current_claim_id.as_deref() != Some(&completion.claim_id) => {
+            return Err(Error::new(
+                ErrorCode::ClaimMismatch,
+                "The turn is held by another claim.",
+            ));
+        }
+        TurnState::Claimed => {}
+    }
+    let turn = sqlx::query_as(
+        "update turns set state = 'completed', completed_at = ?, completion_id = ?, response = ?
+         where turn_id = ? returning *",
+    )
+    .bind(now_ms())
+    .bind(&completion.completion_id)
+    .bind(response.to_string())
+    .bind(&turn_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    sqlx::query("update claims set state = 'completed' where claim_id = ?")
+        .bind(&completion.claim_id)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("update sessions set active_claim_id = null where session_id = ?")
+        .bind(&session_id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(receipt(&turn, false))
+}
+
+async fn release(
+    conn: &mut SqliteConnection,
+    session_id: String,
+    claim_id: String,
+    host: HostIdentity,
+) -> Result<Released> {
+    hosted_session(conn, &session_id, &host).await?;
+    let claim: ClaimRow = sqlx::query_as(
+        "select session_id, turn_id, attempt, state from claims where claim_id = ? and session_id = ?",
+    )
+    .bind(&claim_id)
+    .bind(&session_id)
+    .fetch_optional(&mut *conn)
+    .await?
+    .ok_or_else(|| Error::not_found("claim on this session"))?;
+    let released = Released {
+        released: true,
+        turn_id: claim.turn_id.clone(),
+    };
+    match claim.state.as_str() {
+        "completed" => Err(Error::new(
+            ErrorCode::AlreadyCompleted,
+            "The claimed turn is already completed; there is nothing to release.",
+        )),
+        "released" => Ok(released),
+        _ => {
+            sqlx::query("update claims set state = 'released', released_at = ? where claim_id = ?")
+                .bind(now_ms())
+                .bind(&claim_id)
+                .execute(&mut *conn)
+                .await?;
+            sqlx::query(
+                "update turns set state = 'queued', claimed_at = null, current_claim_id = null
+                 where turn_id = ?",
+            )
+            .bind(&claim.turn_id)
+            .execute(&mut *conn)
+            .await?;
+            sqlx::query(
+                "update sessions set active_claim_id = null, queued_count = queued_count + 1
+                 where session_id = ?",
+            )
+            .bind(&session_id)
+            .execute(&mut *conn)
+            .await?;
+            Ok(released)
+        }
+    }
+}
+
+async fn close(conn: &mut SqliteConnection, session_id: String) -> Result<SessionRow> {
+    let session = existing_session(conn, &session_id).await?;
+    if session.state == SessionState::Closed {
+        return Ok(session);
+    }
+    if let Some(active) = session.active_claim_id {
+        return Err(active_claim_error(conn, active).await?);
+    }
+    sqlx::query(
+        "update turns set state = 'cancelled', cancel_reason = 'session_closed'
+         where session_id = ? and state = 'queued'",
+    )
+    .bind(&session_id)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "update sessions set state = 'closed', closed_at = ?, queued_count = 0 where session_id = ?",
+    )
+    .bind(now_ms())
+    .bind(&session_id)
+    .execute(&mut *conn)
+    .await?;
+    existing_session(conn, &session_id).await
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("select 1").execute(&self.reads).await?;
+        // A read alone does not prove the writer is alive.
+        self.write(|_| Box::pin(async { Ok(()) })).await
+    }
+
+    async fn register(&self, thread: RegisterAgentThread) -> Result<bool> {
+        self.write(move |conn| {
+            Box::pin(async move {
+                let inserted = sqlx::query(
+                    "insert into agent_threads (goal_id, agent_id, host_surface, host_session_id, registered_at)
+                     values (?, ?, ?, ?, ?) on conflict do nothing",
+                )
+                .bind(&thread.goal_id)
+                .bind(&thread.agent_id)
+                .bind(&thread.host_surface)
+                .bind(&thread.host_session_id)
+                .bind(now_ms())
+                .execute(conn)
+                .await?;
+                Ok(inserted.rows_affected() == 1)
+            })
+        })
+        .await
+    }
+
+    async fn preview_bind(&self, request: BindRequest) -> Result<Option<SessionRow>> {
+        let mut conn = self.reads.acquire().await?;
+        check_bind(&mut conn, &request).await
+    }
+
+    async fn bind(&self, request: BindRequest) -> Result<Bound> {
+        let minter = self.minter.clone();
+        self.write(move |conn| Box::pin(async move { bind(conn, request, &minter).await }))
+            .await
+    }
+
+    async fn session(&self, session_id: &str) -> Result<Option<SessionRow>> {
+        load_session(&self.reads, session_id).await
+    }
+
+    async fn sessions(&self, filter: ListSessions, limit: u32) -> Result<Vec<SessionRow>> {
+        let sql = format!(
+            "select {SESSION_COLUMNS} from sessions
+             where (?1 is null or state = ?1) and (?2 is null or goal_id = ?2)
+               and (?3 is null or agent_id = ?3) and (?4 is null or session_id > ?4)
+             order by session_id limit ?5"
+        );
+        Ok(sqlx::query_as(&sql)
+            .bind(filter.state)
+            .bind(filter.goal_id)
+            .bind(filter.agent_id)
+            .bind(filter.cursor)
+            .bind(limit)
+            .fetch_all(&self.reads)
+            .await?)
+    }
+
+    async fn enqueue(&self, session_id: String, message: EnqueueRequest) -> Result<Enqueue> {
+        let minter = self.minter.clone();
+        self.write(move |conn| {
+            Box::pin(async move { enqueue(conn, session_id, message, &minter).await })
+        })
+        .await
+    }
+
+    async fn claim(
+        &self,
+        session_id: String,
+        host: HostIdentity,
+        claim_id: String,
+    ) -> Result<ClaimOutcome> {
+        self.write(move |conn| Box::pin(claim(conn, session_id, host, claim_id)))
+            .await
+    }
+
+    async fn complete(
+        &self,
+        session_id: String,
+        turn_id: String,
+        completion: CompleteRequest,
+    ) -> Result<Receipt> {
+        self.write(move |conn| Box::pin(complete(conn, session_id, turn_id, completion)))
+            .await
+    }
+
+    async fn release(
+        &self,
+        session_id: String,
+        claim_id: String,
+        host: HostIdentity,
+    ) -> Result<Released> {
+        self.write(move |conn| Box::pin(release(conn, session_id, claim_id, host)))
+            .await
+    }
+
+    async fn close(&self, session_id: String) -> Result<SessionRow> {
+        self.write(move |conn| Box::pin(close(conn, session_id)))
+            .await
+    }
+
+    async fn turn(&self, session_id: &str, turn_id: &str) -> Result<TurnRow> {
+        if load_session(&self.reads, session_id).await?.is_none() {
+            return Err(Error::not_found("session"));
+        }
+        load_turn(&self.reads, session_id, turn_id)
+            .await?
+            .ok_or_else(|| Error::not_found("turn"))
+    }
+
+    async fn turns(
+        &self,
+        session_id: &str,
+        page: ListTurns,
+        limit: u32,
+    ) -> Result<(Vec<TurnRow>, bool)> {
+        if load_session(&self.reads, session_id).await?.is_none() {
+            return Err(Error::not_found("session"));
+        }
+        // Paging back (before_seq alone) reads newest first, then restores seq order.
+        let backwards = page.before_seq.is_some() && page.after_seq.is_none();
+        let sql = if backwards {
+            "select * from turns where session_id = ?1 and seq < ?3 order by seq desc limit ?4"
+        } else {
+            "select * from turns where session_id = ?1 and seq > ?2 and (?3 is null or seq < ?3)
+             order by seq limit ?4"
+        };
+        let mut turns: Vec<TurnRow> = sqlx::query_as(sql)
+            .bind(session_id)
+            .bind(page.after_seq.unwrap_or(0))
+            .bind(page.before_seq)
+            .bind(limit + 1)
+            .fetch_all(&self.reads)
+            .await?;
+        let has_more = turns.len() > limit as usize;
+        turns.truncate(limit as usize);
+        if backwards {
+            turns.reverse();
+        }
+        Ok((turns, has_more))
+    }
+}
