@@ -5,10 +5,14 @@
 //!
 //! The map of the house:
 
+/// The host-bridge and chat client commands.
+pub mod bridge;
 /// The broker core: validation, decisions handed to the store, parked claims.
 pub mod broker;
 /// The `loopx` command line.
 pub mod cli;
+/// The typed HTTP client, shared by the CLI and the tests.
+pub mod client;
 /// The data dir and the owner token, for `serve` and the clients alike.
 pub mod config;
 /// The one error type and its JSON body.

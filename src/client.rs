@@ -1,0 +1,333 @@
+//! The typed HTTP client of the broker: the CLI's commands and the integration
+//! tests both talk to the broker through it, so there is one client to trust.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::ErrorBody;
+use crate::model::{
+    BindPreview, BindRequest, ClaimAnswer, ClaimRequest, CompleteRequest, EnqueueRequest, Enqueued,
+    ListSessions, ListTurns, Receipt, RegisterAgentThread, Registered, ReleaseRequest, Released,
+    Session, SessionList, Turn, TurnList,
+};
+
+/// The default broker URL.
+pub const DEFAULT_BROKER_URL: &str = "http://127.0.0.1:7317";
+
+/// A client of one broker, with the owner token.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+/// A raw answer: status, whether it replays an earlier request, and the body as sent.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub replayed: bool,
+    pub content_type: String,
+    pub text: String,
+}
+
+impl Reply {
+    /// The body as JSON (`Null` when it is not JSON).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.text).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// A typed 2xx answer, with the raw reply it came from.
+#[derive(Debug, Clone)]
+pub struct Answer<T> {
+    pub body: T,
+    pub reply: Reply,
+}
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No HTTP answer: the broker is down, or the URL is wrong.
+    #[error("the broker at {url} is unreachable: {reason}")]
+    Unreachable { url: String, reason: String },
+    /// The broker answered with its JSON error.
+    #[error("the broker refused ({}): {} {}", .reply.status, .error.error.code_str(), .error.error.message)]
+    Refused { reply: Reply, error: ErrorBody },
+    /// The broker answered something this client does not understand.
+    #[error("unexpected answer from the broker ({}): {reason}", .reply.status)]
+    Unexpected { reply: Reply, reason: String },
+}
+
+impl crate::error::ErrorDetail {
+    /// The snake_case code, as on the wire.
+    pub fn code_str(&self) -> String {
+        serde_json::to_value(self.code)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default()
+    }
+}
+
+impl Client {
+    pub fn new(base: impl Into<String>, token: Option<String>) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .pool_idle_timeout(Duration::from_secs(30))
+                .build()
+                .expect("a plain HTTP client builds"),
+            base: base.into().trim_end_matches('/').to_owned(),
+            token,
+        }
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// Sends one request and returns whatever the broker answered.
+    /// `timeout` bounds the whole exchange (set it above a claim's wait).
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&(impl Serialize + ?Sized)>,
+        timeout: Option<Duration>,
+    ) -> Result<Reply, ClientError> {
+        let url = format!("{}{}", self.base, path);
+        let mut request = self.http.request(method, &url);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        if let Some(timeout) = timeout {
+            request = request.timeout(timeout);
+        }
+        let unreachable = |e: reqwest::Error| ClientError::Unreachable {
+            url: self.base.clone(),
+            reason: error_chain(&e),
+        };
+        let response = request.send().await.map_err(unreachable)?;
+        let status = response.status();
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let replayed = header("idempotent-replayed") == "true";
+        let content_type = header("content-type");
+        let text = response.text().await.map_err(unreachable)?;
+        Ok(Reply {
+            status,
+            replayed,
+            content_type,
+            text,
+        })
+    }
+
+    /// Sends and decodes a 2xx answer as `T`; a JSON error becomes `Refused`.
+    pub async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&(impl Serialize + ?Sized)>,
+        timeout: Option<Duration>,
+    ) -> Result<Answer<T>, ClientError> {
+        let reply = self.send(method, path, body, timeout).await?;
+        if !reply.status.is_success() {
+            return Err(match serde_json::from_str::<ErrorBody>(&reply.text) {
+                Ok(error) => ClientError::Refused { reply, error },
+                Err(e) => ClientError::Unexpected {
+                    reason: format!("not the JSON error body: {e}"),
+                    reply,
+                },
+            });
+        }
+        match serde_json::from_str(&reply.text) {
+            Ok(body) => Ok(Answer { body, reply }),
+            Err(e) => Err(ClientError::Unexpected {
+                reason: e.to_string(),
+                reply,
+            }),
+        }
+    }
+
+    pub async fn healthz(&self) -> Result<Answer<serde_json::Value>, ClientError> {
+        self.call(Method::GET, "/healthz", NO_BODY, None).await
+    }
+
+    pub async fn register(
+        &self,
+        thread: &RegisterAgentThread,
+    ) -> Result<Answer<Registered>, ClientError> {
+        self.call(Method::POST, "/v1/agent-threads", Some(thread), None)
+            .await
+    }
+
+    pub async fn bind(&self, bind: &BindRequest) -> Result<Answer<Session>, ClientError> {
+        self.call(Method::POST, "/v1/sessions", Some(bind), None)
+            .await
+    }
+
+    /// A dry-run bind (`dry_run` is forced on).
+    pub async fn preview_bind(
+        &self,
+        bind: &BindRequest,
+    ) -> Result<Answer<BindPreview>, ClientError> {
+        let bind = BindRequest {
+            dry_run: true,
+            ..bind.clone()
+        };
+        self.call(Method::POST, "/v1/sessions", Some(&bind), None)
+            .await
+    }
+
+    pub async fn sessions(
+        &self,
+        filter: &ListSessions,
+    ) -> Result<Answer<SessionList>, ClientError> {
+        let query = serde_urlencoded(filter);
+        self.call(Method::GET, &format!("/v1/sessions{query}"), NO_BODY, None)
+            .await
+    }
+
+    pub async fn session(&self, session_id: &str) -> Result<Answer<Session>, ClientError> {
+        self.call(Method::GET, &session_path(session_id, ""), NO_BODY, None)
+            .await
+    }
+
+    pub async fn enqueue(
+        &self,
+        session_id: &str,
+        message: &EnqueueRequest,
+    ) -> Result<Answer<Enqueued>, ClientError> {
+        self.call(
+            Method::POST,
+            &session_path(session_id, "/messages"),
+            Some(message),
+            None,
+        )
+        .await
+    }
+
+    /// Claims, with an HTTP timeout above the wait.
+    pub async fn claim(
+        &self,
+        session_id: &str,
+        claim: &ClaimRequest,
+    ) -> Result<Answer<ClaimAnswer>, ClientError> {
+        let timeout = Duration::from_secs(claim.wait_seconds.min(1800) + 30);
+        self.call(
+            Method::POST,
+            &session_path(session_id, "/claims"),
+            Some(claim),
+            Some(timeout),
+        )
+        .await
+    }
+
+    pub async fn complete(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+        completion: &CompleteRequest,
+    ) -> Result<Answer<Receipt>, ClientError> {
+        let path = session_path(session_id, &format!("/turns/{}/complete", segment(turn_id)));
+        self.call(Method::POST, &path, Some(completion), None).await
+    }
+
+    pub async fn release(
+        &self,
+        session_id: &str,
+        claim_id: &str,
+        host: &ReleaseRequest,
+    ) -> Result<Answer<Released>, ClientError> {
+        let path = session_path(
+            session_id,
+            &format!("/claims/{}/release", segment(claim_id)),
+        );
+        self.call(Method::POST, &path, Some(host), None).await
+    }
+
+    pub async fn close(&self, session_id: &str) -> Result<Answer<Session>, ClientError> {
+        self.call(
+            Method::POST,
+            &session_path(session_id, "/close"),
+            NO_BODY,
+            None,
+        )
+        .await
+    }
+
+    pub async fn turn(&self, session_id: &str, turn_id: &str) -> Result<Answer<Turn>, ClientError> {
+        let path = session_path(session_id, &format!("/turns/{}", segment(turn_id)));
+        self.call(Method::GET, &path, NO_BODY, None).await
+    }
+
+    pub async fn turns(
+        &self,
+        session_id: &str,
+        page: &ListTurns,
+    ) -> Result<Answer<TurnList>, ClientError> {
+        let path = session_path(session_id, &format!("/turns{}", serde_urlencoded(page)));
+        self.call(Method::GET, &path, NO_BODY, None).await
+    }
+}
+
+/// No request body.
+pub const NO_BODY: Option<&()> = None;
+
+fn session_path(session_id: &str, rest: &str) -> String {
+    format!("/v1/sessions/{}{rest}", segment(session_id))
+}
+
+/// One path segment, percent-encoded.
+fn segment(value: &str) -> String {
+    url::form_urlencoded::byte_serialize(value.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}
+
+/// `?a=1&b=2` from a struct of optional fields (empty when none is set).
+fn serde_urlencoded(value: &impl Serialize) -> String {
+    let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(value) else {
+        return String::new();
+    };
+    let mut query = url::form_urlencoded::Serializer::new(String::new());
+    for (key, value) in fields {
+        match value {
+            serde_json::Value::Null => {}
+            serde_json::Value::String(s) => {
+                query.append_pair(&key, &s);
+            }
+            other => {
+                query.append_pair(&key, &other.to_string());
+            }
+        }
+    }
+    let query = query.finish();
+    if query.is_empty() {
+        query
+    } else {
+        format!("?{query}")
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}

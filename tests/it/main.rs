@@ -1,0 +1,12 @@
+//! The integration suite: real brokers on real TCP ports with real SQLite
+//! files, driven through the project's own client (and, where the process
+//! itself is under test, the real `loopx` binary).
+
+mod support;
+
+mod auth_and_errors;
+mod claims;
+mod completions;
+mod durability;
+mod openapi_drift;
+mod sessions;

@@ -1,0 +1,34 @@
+//! The committed OpenAPI document is the code's document, and the broker serves it.
+
+use crate::support::TestBroker;
+
+#[test]
+fn committed_openapi_matches_the_code() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json");
+    let committed = std::fs::read_to_string(path).unwrap_or_default();
+    let generated = loopx::openapi::document_json();
+    assert!(
+        committed == generated,
+        "openapi/openapi.json differs from the code; regenerate it with:\n    cargo run -- openapi > openapi/openapi.json"
+    );
+}
+
+#[tokio::test]
+async fn the_broker_serves_the_committed_document_without_a_token() {
+    let broker = TestBroker::start().await;
+    let reply = broker
+        .client_with_token(None)
+        .send(
+            reqwest::Method::GET,
+            "/openapi.json",
+            loopx::client::NO_BODY,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.text, loopx::openapi::document_json());
+    let doc = reply.json();
+    assert_eq!(doc["openapi"], "3.1.0");
+    assert!(doc["paths"]["/v1/sessions/{session_id}/claims"]["post"]["operationId"] == "claimTurn");
+}

@@ -1,0 +1,295 @@
+//! Shared helpers: start a broker in-process or as the real binary, and set up
+//! registered, bound sessions.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use loopx::broker::Broker;
+use loopx::client::{Answer, Client, ClientError};
+use loopx::http::{self, AppState, OwnerToken};
+use loopx::model::{
+    BindRequest, ClaimAnswer, ClaimRequest, Claimed, CompleteRequest, EnqueueRequest, Enqueued,
+    Origin, RegisterAgentThread, Session,
+};
+use loopx::store::sqlite::{Durability, SqliteStore};
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub const TOKEN: &str = "test-owner-token-0123456789abcdef";
+pub const HOST_SURFACE: &str = "codex-cli";
+
+/// A broker served in this process on 127.0.0.1:0 over a temporary data dir.
+pub struct TestBroker {
+    pub url: String,
+    pub client: Client,
+    pub dir: tempfile::TempDir,
+    pub shutdown: CancellationToken,
+    pub server: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl TestBroker {
+    pub async fn start() -> Self {
+        Self::start_with(Durability::Relaxed, Duration::from_secs(15)).await
+    }
+
+    pub async fn start_with(durability: Durability, keep_alive: Duration) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("broker.db"), durability)
+            .await
+            .unwrap();
+        let shutdown = CancellationToken::new();
+        let state = AppState {
+            broker: Arc::new(Broker::new(Arc::new(store), shutdown.clone())),
+            owner_token: Arc::new(OwnerToken::new(TOKEN.into())),
+            keep_alive,
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(http::serve(listener, http::router(state), shutdown.clone()));
+        TestBroker {
+            client: Client::new(&url, Some(TOKEN.into())),
+            url,
+            dir,
+            shutdown,
+            server: Some(server),
+        }
+    }
+
+    /// A client with another (or no) token.
+    pub fn client_with_token(&self, token: Option<&str>) -> Client {
+        Client::new(&self.url, token.map(str::to_owned))
+    }
+
+    /// Stops the server and waits until it has finished.
+    pub async fn stop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(server) = self.server.take() {
+            tokio::time::timeout(Duration::from_secs(10), server)
+                .await
+                .expect("the server stops within 10 s")
+                .unwrap()
+                .unwrap();
+        }
+    }
+}
+
+/// A host session: its identity and the session bound to it.
+#[derive(Clone)]
+pub struct Host {
+    pub goal_id: String,
+    pub agent_id: String,
+    pub host_session_id: String,
+    pub session: Session,
+}
+
+impl Host {
+    pub fn session_id(&self) -> &str {
+        &self.session.session_id
+    }
+
+    pub fn claim_request(&self, claim_id: &str, wait_seconds: u64) -> ClaimRequest {
+        ClaimRequest {
+            host_surface: HOST_SURFACE.into(),
+            host_session_id: self.host_session_id.clone(),
+            claim_id: claim_id.into(),
+            wait_seconds,
+        }
+    }
+
+    pub fn completion(
+        &self,
+        claim_id: &str,
+        completion_id: &str,
+        message: &str,
+    ) -> CompleteRequest {
+        CompleteRequest {
+            host_surface: HOST_SURFACE.into(),
+            host_session_id: self.host_session_id.clone(),
+            claim_id: claim_id.into(),
+            completion_id: completion_id.into(),
+            response: json!({"message": message}).as_object().unwrap().clone(),
+        }
+    }
+}
+
+/// A unique suffix for ids in one test.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", ulid::Ulid::new())
+}
+
+pub fn thread(goal_id: &str, agent_id: &str, host_session_id: &str) -> RegisterAgentThread {
+    RegisterAgentThread {
+        goal_id: goal_id.into(),
+        agent_id: agent_id.into(),
+        host_surface: HOST_SURFACE.into(),
+        host_session_id: host_session_id.into(),
+    }
+}
+
+pub fn bind_request(goal_id: &str, agent_id: &str, host_session_id: &str) -> BindRequest {
+    BindRequest {
+        goal_id: goal_id.into(),
+        agent_id: agent_id.into(),
+        host_surface: HOST_SURFACE.into(),
+        host_session_id: host_session_id.into(),
+        executor_endpoint_id: "exec-laptop".into(),
+        dry_run: false,
+    }
+}
+
+/// Registers and binds a fresh host session.
+pub async fn bound_host(client: &Client) -> Host {
+    let (goal_id, agent_id, host_session_id) =
+        (unique("goal"), unique("agent"), unique("host-secret"));
+    client
+        .register(&thread(&goal_id, &agent_id, &host_session_id))
+        .await
+        .unwrap();
+    let session = client
+        .bind(&bind_request(&goal_id, &agent_id, &host_session_id))
+        .await
+        .unwrap()
+        .body;
+    Host {
+        goal_id,
+        agent_id,
+        host_session_id,
+        session,
+    }
+}
+
+pub fn web(text: &str) -> EnqueueRequest {
+    EnqueueRequest {
+        origin: Origin::Web,
+        text: text.into(),
+        client_message_id: None,
+        ingress: Default::default(),
+        lark: None,
+    }
+}
+
+pub async fn enqueue(client: &Client, host: &Host, text: &str) -> Enqueued {
+    client
+        .enqueue(host.session_id(), &web(text))
+        .await
+        .unwrap()
+        .body
+}
+
+/// Claims and expects a turn.
+pub async fn claim(client: &Client, host: &Host, claim_id: &str, wait: u64) -> Claimed {
+    match client
+        .claim(host.session_id(), &host.claim_request(claim_id, wait))
+        .await
+        .unwrap()
+        .body
+    {
+        ClaimAnswer::Claimed(claimed) => claimed,
+        other => panic!("expected a claimed turn, got {other:?}"),
+    }
+}
+
+/// The error code of a refused call.
+pub fn code<T: std::fmt::Debug>(result: Result<Answer<T>, ClientError>) -> (u16, String) {
+    match result {
+        Err(ClientError::Refused { reply, error }) => {
+            (reply.status.as_u16(), error.error.code_str())
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// The real `loopx` binary, serving a data dir.
+pub struct Spawned {
+    pub child: tokio::process::Child,
+    pub url: String,
+    pub client: Client,
+    pub data_dir: PathBuf,
+    pub stderr_log: PathBuf,
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn loopx() -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_loopx"));
+    command
+        .env_remove("LOOPX_TOKEN")
+        .env_remove("LOOPX_DATA_DIR");
+    command
+}
+
+impl Spawned {
+    /// Starts `loopx serve` on a free port and waits until it answers.
+    pub async fn start(data_dir: &Path, extra: &[&str]) -> Spawned {
+        let port = free_port();
+        let url = format!("http://127.0.0.1:{port}");
+        let stderr_log = data_dir.with_extension(format!("{port}.log"));
+        let log = std::fs::File::create(&stderr_log).unwrap();
+        let child = loopx()
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--data-dir",
+            ])
+            .arg(data_dir)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let anonymous = Client::new(&url, None);
+        for _ in 0..200 {
+            if anonymous.healthz().await.is_ok() {
+                let token = std::fs::read_to_string(data_dir.join("owner.token")).unwrap();
+                return Spawned {
+                    child,
+                    client: Client::new(&url, Some(token.trim().to_owned())),
+                    url,
+                    data_dir: data_dir.to_owned(),
+                    stderr_log,
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!(
+            "loopx serve did not start: {}",
+            std::fs::read_to_string(&stderr_log).unwrap_or_default()
+        );
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then the exit status.
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().unwrap() as i32;
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .expect("the broker exits within 10 s of SIGTERM")
+            .unwrap()
+    }
+
+    /// SIGKILL: no chance to flush anything.
+    pub async fn kill9(mut self) {
+        self.child.start_kill().unwrap();
+        self.child.wait().await.unwrap();
+    }
+}
