@@ -26,6 +26,15 @@ pub enum Command {
     ///
     /// Example: loopx openapi > openapi/openapi.json
     Openapi,
+    /// Host-bridge commands: register and bind a running host session, then
+    /// claim, complete and release its turns.
+    ///
+    /// Example: loopx worker-bridge attached-session-claim --session-id ses_01JD... --host-surface codex-cli --host-session-id "$CODEX_SESSION_ID" --claim-id claim-42 --wait-seconds 30 --format json
+    WorkerBridge(crate::bridge::WorkerBridgeArgs),
+    /// Chat commands: queue a message for a session and read a turn back.
+    ///
+    /// Example: loopx chat send --session-id ses_01JD... --text "Please summarise the failing test."
+    Chat(crate::bridge::ChatArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -46,6 +55,8 @@ pub fn main() -> ExitCode {
             print!("{}", crate::openapi::document_json());
             ExitCode::SUCCESS
         }
+        Command::WorkerBridge(args) => crate::bridge::run_worker_bridge(args),
+        Command::Chat(args) => crate::bridge::run_chat(args),
     }
 }
 

@@ -58,9 +58,29 @@ pub enum CancelReason {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"goal_id": "g-1", "agent_id": "agent-7", "host_surface": "codex-cli", "host_session_id": "host-abc"}))]
 pub struct RegisterAgentThread {
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub goal_id: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub agent_id: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub host_surface: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub host_session_id: String,
 }
 
@@ -79,11 +99,36 @@ pub struct Registered {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"goal_id": "g-1", "agent_id": "agent-7", "host_surface": "codex-cli", "host_session_id": "host-abc", "executor_endpoint_id": "exec-laptop", "dry_run": false}))]
 pub struct BindRequest {
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub goal_id: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub agent_id: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub host_surface: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub host_session_id: String,
     /// The executor's label; must differ from `agent_id`.
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub executor_endpoint_id: String,
     /// Validate everything and write nothing.
     #[serde(default)]
@@ -155,8 +200,18 @@ pub struct ListSessions {
     /// Only sessions in this state.
     pub state: Option<SessionState>,
     /// Only sessions of this goal.
+    #[param(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub goal_id: Option<String>,
     /// Only sessions of this agent.
+    #[param(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub agent_id: Option<String>,
     /// Page size, 1 to 500 (default 100).
     #[param(minimum = 1, maximum = 500)]
@@ -177,7 +232,17 @@ pub struct SessionList {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LarkRef {
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub chat_id: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub message_id: String,
 }
 
@@ -188,9 +253,15 @@ pub struct LarkRef {
 pub struct EnqueueRequest {
     pub origin: Origin,
     /// 1 byte to 64 KiB of UTF-8.
+    #[schema(min_length = 1, max_length = 65536)]
     pub text: String,
     /// Makes the enqueue idempotent for the life of the session.
     #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub client_message_id: Option<String>,
     #[serde(default)]
     pub ingress: Ingress,
@@ -215,10 +286,25 @@ pub struct Enqueued {
 /// `POST /v1/sessions/{session_id}/claims`.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"host_surface": "codex-cli", "host_session_id": "host-abc", "claim_id": "claim-1", "wait_seconds": 30}))]
+#[schema(example = json!({"host_surface": "codex-cli", "host_session_id": "host-abc", "claim_id": "claim-1", "wait_seconds": 5}))]
 pub struct ClaimRequest {
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub host_surface: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub host_session_id: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub claim_id: String,
     /// Seconds to park while the queue is empty; values above 1800 are capped at 1800.
     #[serde(default)]
@@ -274,9 +360,29 @@ pub struct NotClaimed {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"host_surface": "codex-cli", "host_session_id": "host-abc", "claim_id": "claim-1", "completion_id": "done-1", "response": {"message": "The test fails because the fixture is stale."}}))]
 pub struct CompleteRequest {
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub host_surface: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub host_session_id: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub claim_id: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub completion_id: String,
     /// A JSON object with at least a non-empty string `message`; other fields
     /// are kept as given. Up to 1 MiB.
@@ -302,7 +408,17 @@ pub struct Receipt {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"host_surface": "codex-cli", "host_session_id": "host-abc"}))]
 pub struct ReleaseRequest {
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub host_surface: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
     pub host_session_id: String,
 }
 
@@ -355,6 +471,12 @@ pub struct TurnList {
     /// More turns lie beyond the page (after it, or before it with `before_seq`).
     pub has_more: bool,
 }
+
+/// `POST /v1/sessions/{session_id}/close`: nothing to say; an empty body works too.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({}))]
+pub struct CloseRequest {}
 
 /// `GET /healthz`.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]

@@ -40,7 +40,7 @@ description lists them. Request bodies reject unknown fields. Client-chosen iden
         http::turns::read,
         http::turns::list,
     ),
-    components(schemas(ErrorBody, ErrorDetail, ErrorCode, Origin, Ingress, SessionState, TurnState, CancelReason)),
+    components(schemas(http::sessions::BindOrPreview, ErrorBody, ErrorDetail, ErrorCode, Origin, Ingress, SessionState, TurnState, CancelReason)),
     modifiers(&OwnerTokenAuth),
     security(("owner_token" = [])),
     tags(
@@ -67,14 +67,27 @@ impl Modify for OwnerTokenAuth {
                     .build(),
             ),
         );
+        // Close takes an empty body as well as `{}`.
+        if let Some(body) = openapi
+            .paths
+            .paths
+            .get_mut("/v1/sessions/{session_id}/close")
+            .and_then(|item| item.post.as_mut())
+            .and_then(|op| op.request_body.as_mut())
+        {
+            body.required = Some(utoipa::openapi::Required::False);
+        }
         // Health and the document itself need no token.
         for path in ["/healthz", "/openapi.json"] {
-            if let Some(item) = openapi.paths.paths.get_mut(path) {
-                if let Some(op) = item.get.as_mut() {
-                    op.security = Some(vec![
-                        utoipa::openapi::security::SecurityRequirement::default(),
-                    ]);
-                }
+            if let Some(op) = openapi
+                .paths
+                .paths
+                .get_mut(path)
+                .and_then(|item| item.get.as_mut())
+            {
+                op.security = Some(vec![
+                    utoipa::openapi::security::SecurityRequirement::default(),
+                ]);
             }
         }
     }

@@ -80,11 +80,13 @@ mod tests {
         let a = wakeups.subscribe("s");
         let b = wakeups.subscribe("s");
         assert_eq!(wakeups.sessions_waited_on(), 1);
-        let notified = a.signal().notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        wakeups.wake("s");
-        notified.await;
+        {
+            let notified = a.signal().notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            wakeups.wake("s");
+            notified.await;
+        }
         drop(a);
         assert_eq!(wakeups.sessions_waited_on(), 1);
         drop(b);

@@ -228,17 +228,13 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for AppJson<T> {
 /// For routes that take no input: an empty body, or a JSON `{}`.
 pub struct NoInput;
 
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Empty {}
-
 impl<S: Send + Sync> FromRequest<S> for NoInput {
     type Rejection = Error;
 
     async fn from_request(request: Request, state: &S) -> Result<Self> {
         let (headers, bytes) = read_body(request, state).await?;
         if !bytes.is_empty() {
-            parse::<Empty>(&headers, &bytes)?;
+            parse::<crate::model::CloseRequest>(&headers, &bytes)?;
         }
         Ok(NoInput)
     }

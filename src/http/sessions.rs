@@ -10,7 +10,8 @@ use super::{AppJson, AppPath, AppQuery, AppState, NoInput, replayed_header};
 use crate::broker::BindAnswer;
 use crate::error::{ErrorBody, Result};
 use crate::model::{
-    BindPreview, BindRequest, EnqueueRequest, Enqueued, ListSessions, Session, SessionList,
+    BindPreview, BindRequest, CloseRequest, EnqueueRequest, Enqueued, ListSessions, Session,
+    SessionList,
 };
 
 pub fn router() -> axum::Router<AppState> {
@@ -36,7 +37,7 @@ pub fn router() -> axum::Router<AppState> {
     request_body = BindRequest,
     responses(
         (status = 201, description = "Bound: a new session.", body = Session),
-        (status = 200, description = "The open session of this exact binding (`Idempotent-Replayed: true`), or with `dry_run`, the preview.", body = inline(BindOrPreview)),
+        (status = 200, description = "The open session of this exact binding (`Idempotent-Replayed: true`), or with `dry_run`, the preview.", body = BindOrPreview),
         (status = 400, description = "`invalid_request` or `identity_conflated`.", body = ErrorBody),
         (status = 401, description = "`unauthorized`.", body = ErrorBody),
         (status = 403, description = "`not_registered`.", body = ErrorBody),
@@ -56,10 +57,10 @@ pub async fn bind(
 }
 
 /// The 200 answer of a bind: the existing session, or a dry run's preview.
-#[derive(utoipa::ToSchema)]
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
 #[allow(dead_code)]
-#[schema(as = BindOrPreview)]
-enum BindOrPreview {
+pub(crate) enum BindOrPreview {
     Session(Session),
     Preview(BindPreview),
 }
@@ -151,7 +152,7 @@ pub async fn enqueue(
 /// or `{}`.
 #[utoipa::path(post, path = "/v1/sessions/{session_id}/close", operation_id = "closeSession", tag = "sessions",
     params(("session_id" = String, Path, description = "The session id.")),
-    request_body(content = Object, description = "Empty, or `{}`.", content_type = "application/json"),
+    request_body(content = CloseRequest, description = "Optional: empty, or `{}`.", content_type = "application/json"),
     responses(
         (status = 200, description = "The closed session.", body = Session),
         (status = 400, description = "`invalid_request`.", body = ErrorBody),

@@ -153,7 +153,7 @@ pub struct Enqueue {
 #[derive(Debug)]
 pub enum ClaimOutcome {
     Claimed {
-        turn: TurnRow,
+        turn: Box<TurnRow>,
         attempt: i64,
         /// The claim id had already claimed this turn.
         replayed: bool,

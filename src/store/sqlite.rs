@@ -430,7 +430,7 @@ async fn claim(
             .await?
             .ok_or_else(|| Error::store("replaying a claim", "the claimed turn is missing"))?;
         return Ok(ClaimOutcome::Claimed {
-            turn,
+            turn: Box::new(turn),
             attempt: earlier.attempt,
             replayed: true,
         });
@@ -466,7 +466,7 @@ async fn claim(
     .bind(now)
     .execute(&mut *conn)
     .await?;
-    let turn = sqlx::query_as(
+    let turn: TurnRow = sqlx::query_as(
         "update turns set state = 'claimed', claimed_at = ?, claim_count = ?, current_claim_id = ?
          where turn_id = ? returning *",
     )
@@ -485,7 +485,7 @@ async fn claim(
     .execute(&mut *conn)
     .await?;
     Ok(ClaimOutcome::Claimed {
-        turn,
+        turn: Box::new(turn),
         attempt,
         replayed: false,
     })

@@ -6,6 +6,7 @@ mod support;
 
 mod auth_and_errors;
 mod claims;
+mod cli;
 mod completions;
 mod durability;
 mod openapi_drift;
