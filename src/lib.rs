@@ -31,5 +31,7 @@ pub mod serve;
 pub mod store;
 /// Timestamps as stored and as shown.
 pub mod time;
+/// The embedded Web chat page.
+pub mod web;
 /// Per-session wake-up signals for parked claims.
 pub mod wakeup;

@@ -72,6 +72,7 @@ pub fn router(state: AppState) -> Router {
         .merge(turns::router());
     Router::new()
         .merge(v1)
+        .merge(crate::web::router())
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi_json))
         .fallback(not_found)
