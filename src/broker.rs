@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::check;
+use crate::metrics::{Metrics, Open};
 use crate::model::{
     BindPreview, BindRequest, Capabilities, ClaimAnswer, ClaimRequest, Claimed, CompleteRequest,
     EnqueueRequest, Enqueued, ListSessions, ListTurns, NotClaimed, Origin, Receipt,
@@ -30,9 +31,28 @@ pub const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 
 pub struct Broker {
     store: Arc<dyn Store>,
-    wakeups: Wakeups,
+    /// Parked claims, woken when a turn may have become claimable or the session closed.
+    claimable: Arc<Wakeups>,
+    /// Event streams, woken on every change to a session.
+    changes: Arc<Wakeups>,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 }
+
+/// One entry of a session's event log, as the stream sends it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoggedEvent {
+    /// The per-session event number (the SSE `id:`).
+    pub id: i64,
+    /// `turn` or `session` (the SSE `event:`).
+    pub name: &'static str,
+    /// `{"turn_id", "seq", "state"}` or `{"state": "closed"}`.
+    pub data: serde_json::Value,
+}
+
+/// How many events an event stream reads from the store at a time: the most
+/// it holds in memory, however far behind its client is.
+const EVENT_PAGE: u32 = 64;
 
 /// An answer that may replay an earlier request (`Idempotent-Replayed: true`).
 pub struct Answer<T> {
@@ -52,7 +72,9 @@ impl Broker {
     pub fn new(store: Arc<dyn Store>, shutdown: CancellationToken) -> Self {
         Self {
             store,
-            wakeups: Wakeups::default(),
+            claimable: Default::default(),
+            changes: Default::default(),
+            metrics: Default::default(),
             shutdown,
         }
     }
@@ -61,9 +83,24 @@ impl Broker {
         self.store.as_ref()
     }
 
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The Prometheus text, with the queue gauges read from the store.
+    pub async fn render_metrics(&self) -> Result<String> {
+        let (queued, oldest) = self.store.queue_stats().await?;
+        self.metrics.queued.set(queued);
+        let age_ms = oldest.map_or(0, |at| (crate::time::now_ms() - at).max(0));
+        self.metrics
+            .oldest_queued_age_seconds
+            .set(age_ms as f64 / 1000.0);
+        Ok(self.metrics.render())
+    }
+
     /// How many sessions have a parked claim now.
     pub fn parked_sessions(&self) -> usize {
-        self.wakeups.sessions_waited_on()
+        self.claimable.sessions_waited_on()
     }
 
     pub async fn register(&self, thread: RegisterAgentThread) -> Result<Answer<Registered>> {
@@ -179,7 +216,8 @@ impl Broker {
         }
         let done = self.store.enqueue(session_id.to_owned(), message).await?;
         if !done.duplicate {
-            self.wakeups.wake(session_id);
+            self.metrics.turn("enqueued", 1);
+            self.changed(session_id);
         }
         let turn = done.turn;
         Ok(Answer {
@@ -208,7 +246,9 @@ impl Broker {
         check("claim_id", &claim.claim_id)?;
         let started = Instant::now();
         let deadline = started + Duration::from_secs(claim.wait_seconds.min(MAX_WAIT_SECONDS));
-        let subscription = self.wakeups.subscribe(session_id);
+        let subscription = self.claimable.subscribe(session_id);
+        let mut parked: Option<Open> = None;
+        let mut woken_at: Option<Instant> = None;
         let host = HostIdentity {
             host_surface: claim.host_surface,
             host_session_id: claim.host_session_id,
@@ -229,6 +269,15 @@ impl Broker {
                 replayed,
             } = outcome
             {
+                if !replayed {
+                    self.metrics.turn("claimed", 1);
+                    self.changes.wake(session_id);
+                }
+                if let Some(woken_at) = woken_at {
+                    self.metrics
+                        .claim_wake_seconds
+                        .observe(woken_at.elapsed().as_secs_f64());
+                }
                 return Ok(Answer {
                     body: ClaimAnswer::Claimed(Claimed {
                         claimed: true,
@@ -243,8 +292,9 @@ impl Broker {
             if Instant::now() >= deadline || self.shutdown.is_cancelled() {
                 break;
             }
+            parked.get_or_insert_with(|| Open::new(&self.metrics.parked_claims));
             tokio::select! {
-                _ = woken => {}
+                _ = woken => woken_at = Some(Instant::now()),
                 _ = tokio::time::sleep_until(deadline) => break,
                 _ = self.shutdown.cancelled() => break,
             }
@@ -287,8 +337,11 @@ impl Broker {
             .store
             .complete(session_id.to_owned(), turn_id.to_owned(), completion)
             .await?;
+        if !receipt.replayed {
+            self.metrics.turn("completed", 1);
+        }
         // The next queued turn is claimable now.
-        self.wakeups.wake(session_id);
+        self.changed(session_id);
         Ok(Answer {
             replayed: receipt.replayed,
             body: receipt,
@@ -312,15 +365,51 @@ impl Broker {
             .store
             .release(session_id.to_owned(), claim_id.to_owned(), host)
             .await?;
-        self.wakeups.wake(session_id);
+        self.changed(session_id);
         Ok(released)
     }
 
     pub async fn close(&self, session_id: &str) -> Result<Session> {
-        let row = self.store.close(session_id.to_owned()).await?;
+        let (row, cancelled) = self.store.close(session_id.to_owned()).await?;
+        self.metrics.turn("cancelled", cancelled);
         // Parked claims re-check and answer 409 session_closed.
-        self.wakeups.wake(session_id);
+        self.changed(session_id);
         Ok(row.projection())
+    }
+
+    fn changed(&self, session_id: &str) {
+        self.claimable.wake(session_id);
+        self.changes.wake(session_id);
+    }
+
+    /// Where a new event stream starts: after `last_event_id` when the client
+    /// resumes, else after the latest event (the stream starts from now).
+    /// 404 for an unknown session.
+    pub async fn events_start(&self, session_id: &str, last_event_id: Option<i64>) -> Result<i64> {
+        let latest = self.store.last_event_no(session_id).await?;
+        Ok(last_event_id.unwrap_or(latest))
+    }
+
+    /// The session's events after `after`, then each new one as it is
+    /// committed; ends after the session's `closed` event, on shutdown, or on a
+    /// store failure (the client resumes with `Last-Event-ID`). Events are read
+    /// from the durable log a page at a time, only as fast as the client takes
+    /// them, so a stalled client holds at most one page in memory.
+    pub fn events(
+        self: &Arc<Self>,
+        session_id: String,
+        after: i64,
+    ) -> impl futures_util::Stream<Item = LoggedEvent> + Send + 'static {
+        let cursor = EventCursor {
+            _open: Open::new(&self.metrics.sse_streams),
+            subscription: self.changes.subscribe(&session_id),
+            broker: self.clone(),
+            session_id,
+            after,
+            pending: Default::default(),
+            finished: false,
+        };
+        futures_util::stream::unfold(cursor, EventCursor::next)
     }
 
     pub async fn turn(&self, session_id: &str, turn_id: &str) -> Result<Turn> {
@@ -346,5 +435,61 @@ fn page_limit(limit: Option<u32>, default: u32, max: u32) -> Result<u32> {
     match limit.unwrap_or(default) {
         n if (1..=max).contains(&n) => Ok(n),
         _ => Err(Error::invalid(format!("`limit` must be 1 to {max}."))),
+    }
+}
+
+struct EventCursor {
+    _open: Open,
+    broker: Arc<Broker>,
+    subscription: crate::wakeup::Subscription,
+    session_id: String,
+    after: i64,
+    pending: std::collections::VecDeque<LoggedEvent>,
+    finished: bool,
+}
+
+impl EventCursor {
+    async fn next(mut self) -> Option<(LoggedEvent, Self)> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                self.finished |= event.name == "session";
+                return Some((event, self));
+            }
+            if self.finished {
+                return None;
+            }
+            let broker = self.broker.clone();
+            // Enabled before the store is read, as for parked claims.
+            let changed = self.subscription.signal().notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let rows = broker
+                .store
+                .events(&self.session_id, self.after, EVENT_PAGE)
+                .await
+                .ok()?;
+            if let Some(last) = rows.last() {
+                self.after = last.event_no;
+                self.pending.extend(rows.into_iter().map(|row| LoggedEvent {
+                    id: row.event_no,
+                    data: match row.turn_id {
+                        Some(turn_id) => serde_json::json!({
+                            "turn_id": turn_id, "seq": row.seq, "state": row.state,
+                        }),
+                        None => serde_json::json!({"state": row.state}),
+                    },
+                    name: if row.kind == "turn" {
+                        "turn"
+                    } else {
+                        "session"
+                    },
+                }));
+                continue;
+            }
+            tokio::select! {
+                _ = changed => {}
+                _ = broker.shutdown.cancelled() => return None,
+            }
+        }
     }
 }

@@ -21,6 +21,8 @@ pub mod error;
 pub mod http;
 /// Client-chosen identifier rules and minted ids.
 pub mod ids;
+/// Prometheus metrics, content-free.
+pub mod metrics;
 /// The wire types of the contract.
 pub mod model;
 /// The generated OpenAPI document.
@@ -31,7 +33,7 @@ pub mod serve;
 pub mod store;
 /// Timestamps as stored and as shown.
 pub mod time;
-/// The embedded Web chat page.
-pub mod web;
 /// Per-session wake-up signals for parked claims.
 pub mod wakeup;
+/// The embedded Web chat page.
+pub mod web;

@@ -28,6 +28,7 @@ description lists them. Request bodies reject unknown fields. Client-chosen iden
     paths(
         http::healthz,
         http::openapi_json,
+        http::metrics,
         http::agent_threads::register,
         http::sessions::bind,
         http::sessions::list,
@@ -36,6 +37,7 @@ description lists them. Request bodies reject unknown fields. Client-chosen iden
         http::sessions::close,
         http::claims::claim,
         http::claims::release,
+        http::events::events,
         http::turns::complete,
         http::turns::read,
         http::turns::list,
@@ -78,7 +80,7 @@ impl Modify for OwnerTokenAuth {
             body.required = Some(utoipa::openapi::Required::False);
         }
         // Health and the document itself need no token.
-        for path in ["/healthz", "/openapi.json"] {
+        for path in ["/healthz", "/openapi.json", "/metrics"] {
             if let Some(op) = openapi
                 .paths
                 .paths

@@ -1,5 +1,6 @@
-//! Per-session wake-up signals for parked claims. A signal exists only while
-//! someone waits on it; waking a session nobody waits on costs one map lookup.
+//! Per-session wake-up signals, for parked claims and event streams. A signal
+//! exists only while someone waits on it; waking a session nobody waits on
+//! costs one map lookup.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -12,8 +13,8 @@ pub struct Wakeups {
 }
 
 /// A waiter's hold on its session's signal; the last one out removes it.
-pub struct Subscription<'a> {
-    registry: &'a Wakeups,
+pub struct Subscription {
+    registry: Arc<Wakeups>,
     session_id: String,
     signal: Arc<Notify>,
 }
@@ -23,7 +24,7 @@ impl Wakeups {
         self.signals.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn subscribe(&self, session_id: &str) -> Subscription<'_> {
+    pub fn subscribe(self: &Arc<Self>, session_id: &str) -> Subscription {
         let mut signals = self.signals();
         let signal = match signals.get(session_id).and_then(Weak::upgrade) {
             Some(signal) => signal,
@@ -34,7 +35,7 @@ impl Wakeups {
             }
         };
         Subscription {
-            registry: self,
+            registry: self.clone(),
             session_id: session_id.to_owned(),
             signal,
         }
@@ -54,13 +55,13 @@ impl Wakeups {
     }
 }
 
-impl Subscription<'_> {
+impl Subscription {
     pub fn signal(&self) -> &Notify {
         &self.signal
     }
 }
 
-impl Drop for Subscription<'_> {
+impl Drop for Subscription {
     fn drop(&mut self) {
         let mut signals = self.registry.signals();
         // Strong references are only cloned under this lock, so the count is exact.
@@ -76,7 +77,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_wake_reaches_an_enabled_waiter_and_the_signal_goes_with_the_last_waiter() {
-        let wakeups = Wakeups::default();
+        let wakeups = Arc::new(Wakeups::default());
         let a = wakeups.subscribe("s");
         let b = wakeups.subscribe("s");
         assert_eq!(wakeups.sessions_waited_on(), 1);

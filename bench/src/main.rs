@@ -1,1 +1,3 @@
-fn main() { println!("loopx-bench: coming"); }
+fn main() {
+    println!("loopx-bench: coming");
+}

@@ -14,6 +14,7 @@ use futures_util::stream::{self, BoxStream, StreamExt};
 use super::{AppJson, AppPath, AppState, replayed_header};
 use crate::broker::Answer;
 use crate::error::{Error, ErrorBody, Result};
+use crate::metrics::Open;
 use crate::model::{ClaimAnswer, ClaimRequest, ReleaseRequest, Released};
 
 pub fn router() -> axum::Router<AppState> {
@@ -87,8 +88,13 @@ pub async fn claim(
     let events: BoxStream<'static, Result<Event, Infallible>> = match first.body {
         ClaimAnswer::NotClaimed(_) if wait_seconds > 0 => {
             let broker = state.broker.clone();
-            stream::once(async move { Ok(claim_event(broker.claim(&session_id, request).await)) })
-                .boxed()
+            let open = Open::new(&broker.metrics().sse_streams);
+            stream::once(async move {
+                let answer = broker.claim(&session_id, request).await;
+                drop(open);
+                Ok(claim_event(answer))
+            })
+            .boxed()
         }
         _ => stream::once(async move { Ok(claim_event(Ok(first))) }).boxed(),
     };

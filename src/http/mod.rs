@@ -6,6 +6,7 @@
 
 pub(crate) mod agent_threads;
 pub(crate) mod claims;
+pub(crate) mod events;
 pub(crate) mod sessions;
 pub(crate) mod turns;
 
@@ -69,15 +70,18 @@ pub fn router(state: AppState) -> Router {
         .merge(agent_threads::router())
         .merge(sessions::router())
         .merge(claims::router())
+        .merge(events::router())
         .merge(turns::router());
     Router::new()
         .merge(v1)
         .merge(crate::web::router())
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi_json))
+        .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), require_owner))
+        .layer(middleware::from_fn_with_state(state.clone(), count_request))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(
             TraceLayer::new_for_http()
@@ -127,6 +131,47 @@ async fn require_owner(State(state): State<AppState>, request: Request, next: Ne
         }
     }
     next.run(request).await
+}
+
+/// Counts every answer by matched route (never the raw path), method and status.
+async fn count_request(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", MatchedPath::as_str)
+        .to_owned();
+    let method = request.method().clone();
+    let response = next.run(request).await;
+    state
+        .broker
+        .metrics()
+        .requests
+        .with_label_values(&[route.as_str(), method.as_str(), response.status().as_str()])
+        .inc();
+    response
+}
+
+/// Prometheus metrics.
+///
+/// Requests by route and status, turns enqueued / claimed / completed /
+/// cancelled, queued depth and oldest-queued age (totals, not per session),
+/// parked claims, open SSE streams, the claim wake-latency histogram and Lark
+/// replies by outcome. No label carries an id chosen by a client. No token needed.
+#[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "operations",
+    responses(
+        (status = 200, description = "Prometheus text exposition.", content_type = "text/plain", body = String),
+        (status = 503, description = "`store_unavailable`.", body = crate::error::ErrorBody),
+    ))]
+pub async fn metrics(State(state): State<AppState>) -> Result<Response> {
+    let text = state.broker.render_metrics().await?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
 }
 
 /// Store health, without data.

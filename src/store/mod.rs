@@ -133,6 +133,17 @@ impl TurnRow {
     }
 }
 
+/// One entry of a session's event log.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EventRow {
+    pub event_no: i64,
+    /// `turn` or `session`.
+    pub kind: String,
+    pub turn_id: Option<String>,
+    pub seq: Option<i64>,
+    pub state: String,
+}
+
 /// What a bind did.
 #[derive(Debug)]
 pub enum Bound {
@@ -194,7 +205,14 @@ pub trait Store: Send + Sync + 'static {
         claim_id: String,
         host: HostIdentity,
     ) -> Result<Released>;
-    async fn close(&self, session_id: String) -> Result<SessionRow>;
+    /// Closes the session; answers it and how many queued turns were cancelled.
+    async fn close(&self, session_id: String) -> Result<(SessionRow, u64)>;
+    /// Queued turns over all sessions, and when the oldest was enqueued.
+    async fn queue_stats(&self) -> Result<(i64, Option<i64>)>;
+    /// The number of the session's latest event (0 when none); 404 for an unknown session.
+    async fn last_event_no(&self, session_id: &str) -> Result<i64>;
+    /// The session's events after `after`, in order, at most `limit`.
+    async fn events(&self, session_id: &str, after: i64, limit: u32) -> Result<Vec<EventRow>>;
     async fn turn(&self, session_id: &str, turn_id: &str) -> Result<TurnRow>;
     /// A page of a session's turns in seq order, and whether more lie beyond it.
     async fn turns(

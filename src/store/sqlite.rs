@@ -16,7 +16,7 @@ use sqlx::sqlite::{
 use sqlx::{Connection, SqliteExecutor};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Bound, ClaimOutcome, Enqueue, HostIdentity, SessionRow, Store, TurnRow};
+use super::{Bound, ClaimOutcome, Enqueue, EventRow, HostIdentity, SessionRow, Store, TurnRow};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
 use crate::model::{
@@ -175,6 +175,33 @@ async fn run_batch(
 
 async fn execute(conn: &mut SqliteConnection, sql: &'static str) -> Result<()> {
     sqlx::query(sql).execute(conn).await?;
+    Ok(())
+}
+
+/// Appends one event to the session's log, in the caller's transaction.
+async fn append_event(
+    conn: &mut SqliteConnection,
+    session_id: &str,
+    turn: Option<(&str, i64)>,
+    state: &str,
+) -> Result<()> {
+    let kind = if turn.is_some() { "turn" } else { "session" };
+    sqlx::query(
+        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
+         select session_id, next_event_no, ?, ?, ?, ?, ? from sessions where session_id = ?",
+    )
+    .bind(kind)
+    .bind(turn.map(|t| t.0))
+    .bind(turn.map(|t| t.1))
+    .bind(state)
+    .bind(now_ms())
+    .bind(session_id)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query("update sessions set next_event_no = next_event_no + 1 where session_id = ?")
+        .bind(session_id)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -387,6 +414,8 @@ async fn enqueue(
     .bind(&session_id)
     .execute(&mut *conn)
     .await?;
+    let turn: TurnRow = turn;
+    append_event(conn, &session_id, Some((&turn.turn_id, turn.seq)), "queued").await?;
     Ok(Enqueue {
         turn,
         duplicate: false,
@@ -484,6 +513,13 @@ async fn claim(
     .bind(&session_id)
     .execute(&mut *conn)
     .await?;
+    append_event(
+        conn,
+        &session_id,
+        Some((&turn.turn_id, turn.seq)),
+        "claimed",
+    )
+    .await?;
     Ok(ClaimOutcome::Claimed {
         turn: Box::new(turn),
         attempt,
@@ -567,7 +603,7 @@ async fn complete(
         }
         TurnState::Claimed => {}
     }
-    let turn = sqlx::query_as(
+    let turn: TurnRow = sqlx::query_as(
         "update turns set state = 'completed', completed_at = ?, completion_id = ?, response = ?
          where turn_id = ? returning *",
     )
@@ -585,6 +621,13 @@ async fn complete(
         .bind(&session_id)
         .execute(&mut *conn)
         .await?;
+    append_event(
+        conn,
+        &session_id,
+        Some((&turn.turn_id, turn.seq)),
+        "completed",
+    )
+    .await?;
     Ok(receipt(&turn, false))
 }
 
@@ -619,12 +662,12 @@ async fn release(
                 .bind(&claim_id)
                 .execute(&mut *conn)
                 .await?;
-            sqlx::query(
+            let seq: i64 = sqlx::query_scalar(
                 "update turns set state = 'queued', claimed_at = null, current_claim_id = null
-                 where turn_id = ?",
+                 where turn_id = ? returning seq",
             )
             .bind(&claim.turn_id)
-            .execute(&mut *conn)
+            .fetch_one(&mut *conn)
             .await?;
             sqlx::query(
                 "update sessions set active_claim_id = null, queued_count = queued_count + 1
@@ -633,19 +676,38 @@ async fn release(
             .bind(&session_id)
             .execute(&mut *conn)
             .await?;
+            append_event(conn, &session_id, Some((&claim.turn_id, seq)), "released").await?;
             Ok(released)
         }
     }
 }
 
-async fn close(conn: &mut SqliteConnection, session_id: String) -> Result<SessionRow> {
+async fn close(conn: &mut SqliteConnection, session_id: String) -> Result<(SessionRow, u64)> {
     let session = existing_session(conn, &session_id).await?;
     if session.state == SessionState::Closed {
-        return Ok(session);
+        return Ok((session, 0));
     }
     if let Some(active) = session.active_claim_id {
         return Err(active_claim_error(conn, active).await?);
     }
+    // One `cancelled` event per queued turn, numbered in seq order.
+    let cancelled = sqlx::query(
+        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
+         select t.session_id, s.next_event_no - 1 + row_number() over (order by t.seq),
+                'turn', t.turn_id, t.seq, 'cancelled', ?
+         from turns t join sessions s on s.session_id = t.session_id
+         where t.session_id = ? and t.state = 'queued'",
+    )
+    .bind(now_ms())
+    .bind(&session_id)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    sqlx::query("update sessions set next_event_no = next_event_no + ? where session_id = ?")
+        .bind(cancelled as i64)
+        .bind(&session_id)
+        .execute(&mut *conn)
+        .await?;
     sqlx::query(
         "update turns set state = 'cancelled', cancel_reason = 'session_closed'
          where session_id = ? and state = 'queued'",
@@ -660,7 +722,8 @@ async fn close(conn: &mut SqliteConnection, session_id: String) -> Result<Sessio
     .bind(&session_id)
     .execute(&mut *conn)
     .await?;
-    existing_session(conn, &session_id).await
+    append_event(conn, &session_id, None, "closed").await?;
+    Ok((existing_session(conn, &session_id).await?, cancelled))
 }
 
 #[async_trait]
@@ -761,9 +824,40 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn close(&self, session_id: String) -> Result<SessionRow> {
+    async fn close(&self, session_id: String) -> Result<(SessionRow, u64)> {
         self.write(move |conn| Box::pin(close(conn, session_id)))
             .await
+    }
+
+    async fn queue_stats(&self) -> Result<(i64, Option<i64>)> {
+        Ok(sqlx::query_as(
+            "select (select coalesce(sum(queued_count), 0) from sessions),
+                    (select min(enqueued_at) from turns where state = 'queued')",
+        )
+        .fetch_one(&self.reads)
+        .await?)
+    }
+
+    async fn last_event_no(&self, session_id: &str) -> Result<i64> {
+        let next: Option<i64> =
+            sqlx::query_scalar("select next_event_no from sessions where session_id = ?")
+                .bind(session_id)
+                .fetch_optional(&self.reads)
+                .await?;
+        next.map(|n| n - 1)
+            .ok_or_else(|| Error::not_found("session"))
+    }
+
+    async fn events(&self, session_id: &str, after: i64, limit: u32) -> Result<Vec<EventRow>> {
+        Ok(sqlx::query_as(
+            "select event_no, kind, turn_id, seq, state from session_events
+             where session_id = ? and event_no > ? order by event_no limit ?",
+        )
+        .bind(session_id)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.reads)
+        .await?)
     }
 
     async fn turn(&self, session_id: &str, turn_id: &str) -> Result<TurnRow> {

@@ -9,5 +9,7 @@ mod claims;
 mod cli;
 mod completions;
 mod durability;
+mod events;
+mod metrics;
 mod openapi_drift;
 mod sessions;

@@ -1,0 +1,251 @@
+//! What the benchmark reads from the machine and its processes (/proc), plus
+//! the small shared tools: temp dirs, free ports, percentiles, a bounded
+//! parallel map.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A directory under the system temp dir, removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(label: &str) -> Result<Self> {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "loopx-bench-{}-{n}-{label}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path)?;
+        Ok(Self(path))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A loopback port nobody listens on now.
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Resident memory of a process, in KiB (VmRSS).
+pub fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| "no VmRSS in /proc/<pid>/status".into())
+}
+
+/// User + system CPU time of a process (all its threads), in clock ticks.
+pub fn cpu_ticks(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name may hold spaces: fields are counted after its ')'.
+    let rest = &stat[stat.rfind(')').ok_or("bad /proc/<pid>/stat")? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11).ok_or("short stat")?.parse()?;
+    let stime: u64 = fields.get(12).ok_or("short stat")?.parse()?;
+    Ok(utime + stime)
+}
+
+/// How many file descriptors a process holds (its accepted connections among them).
+pub fn open_fds(pid: u32) -> Result<usize> {
+    Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count())
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`, 100 on Linux in practice).
+pub fn clock_ticks_per_second() -> u64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100)
+}
+
+/// The effective user id of this process.
+pub fn uid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Raises the open-files limit as far as allowed: 10,000 parked claims need
+/// 10,000 connections on each side. Children inherit it.
+pub fn raise_open_files(want: u64) -> u64 {
+    use rlimit::Resource;
+    if let Ok((soft, hard)) = Resource::NOFILE.get()
+        && soft < want
+    {
+        // Root may raise the hard limit too; others raise the soft one to the hard.
+        let _ = Resource::NOFILE
+            .set(want.max(hard), want.max(hard))
+            .or_else(|_| Resource::NOFILE.set(want.min(hard), hard));
+    }
+    Resource::NOFILE.get().map(|(soft, _)| soft).unwrap_or(0)
+}
+
+/// The machine, as the report states it.
+pub struct Machine {
+    pub cores: usize,
+    pub cpu_model: String,
+    pub mem_gib: f64,
+    pub kernel: String,
+    pub tmp_fs: String,
+}
+
+pub fn machine() -> Machine {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cores = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("processor"))
+        .count()
+        .max(std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let cpu_model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|v| v.trim_start_matches([' ', '\t', ':']).trim().to_owned())
+        .unwrap_or_else(|| "unknown".into());
+    let mem_kib: f64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    let tmp_fs = Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(std::env::temp_dir())
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|| "unknown".into());
+    Machine {
+        cores,
+        cpu_model,
+        mem_gib: mem_kib / (1024.0 * 1024.0),
+        kernel,
+        tmp_fs,
+    }
+}
+
+/// Sends SIGTERM and waits up to `grace` for the exit; then SIGKILL.
+pub async fn terminate(child: &mut Child, grace: Duration) {
+    if matches!(child.try_wait(), Ok(Some(_))) {
+        return;
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = tokio::time::Instant::now() + grace;
+    while tokio::time::Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The last lines of a log file, for error messages.
+pub fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(8)..].join("\n")
+}
+
+/// Percentiles of a set of durations, in microseconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+    pub count: usize,
+}
+
+pub fn percentiles(samples: &mut [Duration]) -> Percentiles {
+    samples.sort_unstable();
+    let at = |q: f64| -> f64 {
+        if samples.is_empty() {
+            return f64::NAN;
+        }
+        let rank = ((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
+        samples[rank - 1].as_secs_f64() * 1e6
+    };
+    Percentiles {
+        p50: at(0.50),
+        p99: at(0.99),
+        max: at(1.0),
+        count: samples.len(),
+    }
+}
+
+pub fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// Runs `f(0..n)` with at most `concurrency` at once; results in index order.
+pub async fn par_map<T, F, Fut>(n: usize, concurrency: usize, f: F) -> Result<Vec<T>>
+where
+    T: Send + 'static,
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<T>> + Send,
+{
+    let f = Arc::new(f);
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..concurrency.clamp(1, n.max(1)) {
+        let (f, next) = (f.clone(), next.clone());
+        tasks.spawn(async move {
+            let mut done = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    return Ok::<_, Error>(done);
+                }
+                done.push((i, f(i).await?));
+            }
+        });
+    }
+    let mut all = Vec::with_capacity(n);
+    while let Some(joined) = tasks.join_next().await {
+        all.extend(joined??);
+    }
+    all.sort_by_key(|(i, _)| *i);
+    Ok(all.into_iter().map(|(_, t)| t).collect())
+}

@@ -1,0 +1,83 @@
+//! `GET /v1/sessions/{session_id}/events`: the session's durable event log as
+//! Server-Sent Events.
+
+use std::convert::Infallible;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures_util::StreamExt;
+
+use super::{AppPath, AppState};
+use crate::error::{Error, ErrorBody, Result};
+
+pub fn router() -> axum::Router<AppState> {
+    axum::Router::new().route("/v1/sessions/{session_id}/events", get(events))
+}
+
+/// Stream a session's events.
+///
+/// Every change to the session, in order, from a durable log written in the
+/// same transaction as the change: `event: turn` with data `{"turn_id", "seq",
+/// "state"}` (state `queued`, `claimed`, `completed`, `released` or
+/// `cancelled`) and `event: session` with `{"state": "closed"}`. Each event
+/// carries `id:`, the per-session event number 1, 2, 3, …; reconnecting with
+/// `Last-Event-ID: n` replays exactly the events after n, nothing twice, also
+/// across a broker restart. Without `Last-Event-ID` the stream starts from now;
+/// `Last-Event-ID: 0` replays the whole log. Events are content-free: read the
+/// turn for its text. A comment line every 15 s keeps proxies open. The stream
+/// ends after the session's `closed` event and when the broker shuts down.
+/// A client that reads slowly is served from the log at its own pace: the
+/// broker holds at most one small page of events per stream.
+#[utoipa::path(get, path = "/v1/sessions/{session_id}/events", operation_id = "streamSessionEvents", tag = "sessions",
+    params(
+        ("session_id" = String, Path, description = "The session id."),
+        ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this event number (0: from the first event)."),
+    ),
+    responses(
+        (status = 200, description = "The event stream.", content_type = "text/event-stream", body = String),
+        (status = 400, description = "`invalid_request` (a Last-Event-ID that is not a number).", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+    ))]
+pub async fn events(
+    State(state): State<AppState>,
+    AppPath(session_id): AppPath<String>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    let last_event_id = match headers.get("last-event-id") {
+        None => None,
+        Some(value) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .filter(|n| *n >= 0)
+                .ok_or_else(|| {
+                    Error::invalid("`Last-Event-ID` must be an event number, 0 or more.")
+                })?,
+        ),
+    };
+    let after = state
+        .broker
+        .events_start(&session_id, last_event_id)
+        .await?;
+    let stream = state.broker.events(session_id, after).map(|event| {
+        Ok::<_, Infallible>(
+            Event::default()
+                .id(event.id.to_string())
+                .event(event.name)
+                .data(event.data.to_string()),
+        )
+    });
+    Ok((
+        [(
+            HeaderName::from_static("x-accel-buffering"),
+            HeaderValue::from_static("no"),
+        )],
+        Sse::new(stream).keep_alive(KeepAlive::new().interval(state.keep_alive)),
+    )
+        .into_response())
+}

@@ -1,0 +1,126 @@
+//! Prometheus metrics: requests by route and status, turn counts, queue depth
+//! and age, parked claims, open SSE streams, claim wake latency and Lark
+//! replies. No label ever carries an id chosen by a client: routes are the
+//! matched templates.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    /// `route` (the matched template), `method`, `status`.
+    pub requests: IntCounterVec,
+    /// `event`: enqueued, claimed, completed, cancelled.
+    pub turns: IntCounterVec,
+    pub queued: IntGauge,
+    pub oldest_queued_age_seconds: prometheus::Gauge,
+    pub parked_claims: IntGauge,
+    pub sse_streams: IntGauge,
+    /// From a parked claim's wake-up to its answer.
+    pub claim_wake_seconds: Histogram,
+    /// `outcome`: sent, retried, failed.
+    pub lark_replies: IntCounterVec,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let registry = Registry::new_custom(Some("loopx".into()), None).expect("a valid prefix");
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "http_requests_total",
+                "HTTP requests by matched route, method and status.",
+            ),
+            &["route", "method", "status"],
+        )
+        .expect("valid metric");
+        let turns = IntCounterVec::new(
+            Opts::new(
+                "turns_total",
+                "Turn transitions: enqueued, claimed, completed, cancelled.",
+            ),
+            &["event"],
+        )
+        .expect("valid metric");
+        let queued = IntGauge::new("queued_turns", "Turns queued now, over all sessions.")
+            .expect("valid metric");
+        let oldest_queued_age_seconds = prometheus::Gauge::new(
+            "oldest_queued_age_seconds",
+            "Age of the oldest queued turn, over all sessions (0 when none).",
+        )
+        .expect("valid metric");
+        let parked_claims = IntGauge::new("parked_claims", "Claims parked waiting for a turn.")
+            .expect("valid metric");
+        let sse_streams =
+            IntGauge::new("sse_streams", "Open Server-Sent Events streams.").expect("valid metric");
+        let claim_wake_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "claim_wake_seconds",
+                "From a parked claim's wake-up signal to its answer.",
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+            ]),
+        )
+        .expect("valid metric");
+        let lark_replies = IntCounterVec::new(
+            Opts::new("lark_replies_total", "Lark replies by outcome."),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        for collector in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(turns.clone()),
+            Box::new(queued.clone()),
+            Box::new(oldest_queued_age_seconds.clone()),
+            Box::new(parked_claims.clone()),
+            Box::new(sse_streams.clone()),
+            Box::new(claim_wake_seconds.clone()),
+            Box::new(lark_replies.clone()),
+        ] {
+            registry
+                .register(collector)
+                .expect("metric names are unique");
+        }
+        Self {
+            registry,
+            requests,
+            turns,
+            queued,
+            oldest_queued_age_seconds,
+            parked_claims,
+            sse_streams,
+            claim_wake_seconds,
+            lark_replies,
+        }
+    }
+}
+
+impl Metrics {
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buffer);
+        String::from_utf8(buffer).unwrap_or_default()
+    }
+
+    pub fn turn(&self, event: &str, count: u64) {
+        self.turns.with_label_values(&[event]).inc_by(count);
+    }
+}
+
+/// Counts one open thing (a parked claim, an SSE stream) while it lives.
+pub struct Open(IntGauge);
+
+impl Open {
+    pub fn new(gauge: &IntGauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}

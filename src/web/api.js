@@ -1,0 +1,129 @@
+// The broker's /v1 routes, called with the owner token as a Bearer header.
+// Every failure becomes an ApiError whose message is words a person can read:
+// the broker's JSON error `message`, or what went wrong on the way.
+
+const TOKEN_KEY = 'loopx.owner-token';
+
+export class ApiError extends Error {
+  constructor(message, { status = 0, code = 'network_error', body = null } = {}) {
+    super(message);
+    this.name = 'ApiError';
+    this.status = status;
+    this.code = code;
+    this.body = body;
+  }
+}
+
+export const token = {
+  get() {
+    try {
+      return sessionStorage.getItem(TOKEN_KEY) || '';
+    } catch {
+      return '';
+    }
+  },
+  set(value) {
+    sessionStorage.setItem(TOKEN_KEY, value);
+  },
+  forget() {
+    sessionStorage.removeItem(TOKEN_KEY);
+  },
+};
+
+/** Hooks the app installs: called when the broker refuses the token. */
+export const hooks = { onUnauthorized: (_error) => {} };
+
+export async function request(method, path, body) {
+  const headers = { Authorization: `Bearer ${token.get()}`, Accept: 'application/json' };
+  const init = { method, headers, cache: 'no-store' };
+  if (body !== undefined) {
+    headers['Content-Type'] = 'application/json';
+    init.body = JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (error) {
+    throw new ApiError(`Could not reach the broker (${error.message || 'network error'}).`);
+  }
+  let data = null;
+  const text = await response.text().catch(() => '');
+  if (text) {
+    try {
+      data = JSON.parse(text);
+    } catch {
+      data = null;
+    }
+  }
+  if (!response.ok) {
+    const err = data && typeof data === 'object' ? data.error : null;
+    const error = new ApiError(
+      err?.message || `The broker answered HTTP ${response.status} ${response.statusText}.`.trim(),
+      { status: response.status, code: err?.code || 'http_error', body: data },
+    );
+    if (response.status === 401) hooks.onUnauthorized(error);
+    throw error;
+  }
+  if (data === null) throw new ApiError('The broker sent an answer that is not JSON.', { status: response.status });
+  return { data, status: response.status, headers: response.headers };
+}
+
+const enc = encodeURIComponent;
+
+/** All sessions, following next_cursor (bounded), in the broker's order. */
+export async function listSessions({ state } = {}) {
+  const sessions = [];
+  let cursor = null;
+  for (let page = 0; page < 10; page++) {
+    const query = new URLSearchParams({ limit: '500' });
+    if (state) query.set('state', state);
+    if (cursor) query.set('cursor', cursor);
+    const { data } = await request('GET', `/v1/sessions?${query}`);
+    sessions.push(...data.sessions);
+    cursor = data.next_cursor;
+    if (!cursor) return { sessions, truncated: false };
+  }
+  return { sessions, truncated: true };
+}
+
+export async function getSession(sessionId) {
+  return (await request('GET', `/v1/sessions/${enc(sessionId)}`)).data;
+}
+
+/** The newest page, or the page just before `beforeSeq`: {turns (seq order), has_more}. */
+export async function listTurns(sessionId, { beforeSeq, afterSeq, limit = 50 } = {}) {
+  const query = new URLSearchParams({ limit: String(limit) });
+  if (afterSeq !== undefined) query.set('after_seq', String(afterSeq));
+  // Without a bound the broker pages from the oldest; the largest seq a
+  // page can name asks for the newest page instead.
+  if (beforeSeq !== undefined) query.set('before_seq', String(beforeSeq));
+  else if (afterSeq === undefined) query.set('before_seq', String(Number.MAX_SAFE_INTEGER));
+  return (await request('GET', `/v1/sessions/${enc(sessionId)}/turns?${query}`)).data;
+}
+
+export async function getTurn(sessionId, turnId) {
+  return (await request('GET', `/v1/sessions/${enc(sessionId)}/turns/${enc(turnId)}`)).data;
+}
+
+export async function sendMessage(sessionId, text, clientMessageId) {
+  const { data } = await request('POST', `/v1/sessions/${enc(sessionId)}/messages`, {
+    origin: 'web',
+    text,
+    client_message_id: clientMessageId,
+  });
+  return data;
+}
+
+export function eventsUrl(sessionId) {
+  return `/v1/sessions/${enc(sessionId)}/events`;
+}
+
+/** A v4 UUID, also where crypto.randomUUID is missing (a non-secure origin). */
+export function newUuid() {
+  if (globalThis.crypto?.randomUUID) return crypto.randomUUID();
+  const b = crypto.getRandomValues(new Uint8Array(16));
+  b[6] = (b[6] & 0x0f) | 0x40;
+  b[8] = (b[8] & 0x3f) | 0x80;
+  const h = [...b].map((x) => x.toString(16).padStart(2, '0')).join('');
+  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
+}

@@ -1,0 +1,605 @@
+// The LoopX Web chat: sign in with the owner token, list sessions, open one,
+// read its transcript (newest page first, paging back), send messages
+// (idempotent by client_message_id), and follow each turn live from the
+// session's event stream, falling back to re-reading while it is unavailable.
+
+import * as api from './api.js';
+import { openEventStream } from './sse.js';
+import { capabilityList, el, sessionFacts, sessionItem, stateBadge, turnItem } from './view.js';
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  pageError: $('page-error'),
+  forget: $('forget-token'),
+  tokenView: $('token-view'),
+  tokenForm: $('token-form'),
+  tokenInput: $('token-input'),
+  tokenError: $('token-error'),
+  tokenSubmit: $('token-submit'),
+  appView: $('app-view'),
+  stateFilter: $('state-filter'),
+  refresh: $('refresh-sessions'),
+  sessionsNote: $('sessions-note'),
+  sessionList: $('session-list'),
+  chatEmpty: $('chat-empty'),
+  chat: $('chat'),
+  heading: $('chat-heading'),
+  chatState: $('chat-state'),
+  facts: $('session-facts'),
+  capabilities: $('capabilities'),
+  liveStatus: $('live-status'),
+  scroll: $('transcript-scroll'),
+  loadOlder: $('load-older'),
+  transcript: $('transcript'),
+  transcriptEmpty: $('transcript-empty'),
+  closedNote: $('closed-note'),
+  composer: $('composer'),
+  text: $('composer-text'),
+  send: $('send'),
+  sendError: $('send-error'),
+  announcer: $('announcer'),
+};
+
+const PAGE_SIZE = 50;
+const POLL_MS = 2500; // re-read cadence while the event stream is down
+const IDLE_POLL_EVERY = 4; // ...and, with nothing pending, only every 4th tick
+const MAX_TEXT_BYTES = 64 * 1024;
+
+let sessions = [];
+let signedIn = false;
+/** The open chat, or null. Replaced (never reused) when another opens. */
+let chat = null;
+
+// --- small helpers ---
+
+function show(node, visible) {
+  node.hidden = !visible;
+}
+
+function showError(node, message) {
+  node.textContent = message || '';
+  node.hidden = !message;
+}
+
+function announce(message) {
+  // A fresh node per message, so assistive technology reads each one.
+  ui.announcer.replaceChildren(el('p', { text: message }));
+}
+
+function draftKey(sessionId) {
+  return `loopx.draft.${sessionId}`;
+}
+
+function loadDraft(sessionId) {
+  try {
+    const draft = JSON.parse(sessionStorage.getItem(draftKey(sessionId)) || 'null');
+    if (draft && typeof draft.text === 'string') return draft;
+  } catch {
+    // a damaged draft is no draft
+  }
+  return { text: '', id: null };
+}
+
+function saveDraft(sessionId, draft) {
+  try {
+    if (!draft.text && !draft.id) sessionStorage.removeItem(draftKey(sessionId));
+    else sessionStorage.setItem(draftKey(sessionId), JSON.stringify(draft));
+  } catch {
+    // storage full or refused: the draft lives in the page only
+  }
+}
+
+// --- signing in ---
+
+function askForToken(message) {
+  signedIn = false;
+  closeChat();
+  ui.appView.hidden = true;
+  ui.forget.hidden = true;
+  showError(ui.pageError, '');
+  ui.tokenView.hidden = false;
+  ui.tokenInput.value = '';
+  showError(ui.tokenError, message);
+  ui.tokenInput.setAttribute('aria-invalid', message ? 'true' : 'false');
+  ui.tokenInput.focus();
+}
+
+api.hooks.onUnauthorized = (error) => {
+  api.token.forget();
+  askForToken(`The broker did not accept the token: ${error.message} Enter it again.`);
+};
+
+ui.tokenForm.addEventListener('submit', async (event) => {
+  event.preventDefault();
+  const value = ui.tokenInput.value.trim();
+  if (!value) {
+    showError(ui.tokenError, 'Enter the owner token to continue.');
+    ui.tokenInput.focus();
+    return;
+  }
+  ui.tokenSubmit.disabled = true;
+  showError(ui.tokenError, '');
+  api.token.set(value);
+  try {
+    await api.request('GET', '/v1/sessions?limit=1');
+  } catch (error) {
+    if (error.status !== 401) {
+      // Not a refusal of the token, but nothing works without the broker.
+      api.token.forget();
+      showError(ui.tokenError, error.message);
+    }
+    return; // a 401 already asked again, with the broker's words
+  } finally {
+    ui.tokenSubmit.disabled = false;
+  }
+  ui.tokenInput.value = '';
+  start();
+});
+
+ui.forget.addEventListener('click', () => {
+  api.token.forget();
+  askForToken('');
+});
+
+function start() {
+  signedIn = true;
+  ui.tokenView.hidden = true;
+  ui.appView.hidden = false;
+  ui.forget.hidden = false;
+  refreshSessions();
+  route();
+}
+
+// --- the session list ---
+
+async function refreshSessions() {
+  ui.refresh.disabled = true;
+  ui.sessionsNote.textContent = 'Loading sessions…';
+  try {
+    const { sessions: list, truncated } = await api.listSessions({ state: ui.stateFilter.value || undefined });
+    sessions = list.slice().reverse(); // newest first
+    renderSessions();
+    const n = sessions.length;
+    ui.sessionsNote.textContent =
+      (n === 0 ? 'No sessions.' : `${n} session${n === 1 ? '' : 's'}, newest first.`) +
+      (truncated ? ' Only the newest are listed.' : '');
+    showError(ui.pageError, '');
+  } catch (error) {
+    if (error.status === 401) return;
+    ui.sessionsNote.textContent = '';
+    showError(ui.pageError, `Could not list sessions: ${error.message}`);
+  } finally {
+    ui.refresh.disabled = false;
+  }
+}
+
+function renderSessions() {
+  ui.sessionList.replaceChildren(...sessions.map((s) => sessionItem(s, chat?.id === s.session_id)));
+}
+
+function updateListedSession(session) {
+  const i = sessions.findIndex((s) => s.session_id === session.session_id);
+  if (i !== -1) {
+    sessions[i] = session;
+    renderSessions();
+  }
+}
+
+ui.refresh.addEventListener('click', refreshSessions);
+ui.stateFilter.addEventListener('change', refreshSessions);
+
+// --- routing: #/s/<session id> opens a chat; anything else shows the list ---
+
+function route() {
+  if (!signedIn) return;
+  const match = /^#\/s\/(.+)$/.exec(location.hash);
+  if (match) {
+    openChat(decodeURIComponent(match[1]));
+  } else {
+    closeChat();
+    ui.appView.dataset.view = 'list';
+    show(ui.chat, false);
+    show(ui.chatEmpty, true);
+    renderSessions();
+  }
+}
+
+window.addEventListener('hashchange', route);
+
+// --- one open chat ---
+
+function closeChat() {
+  if (!chat) return;
+  chat.disposed = true;
+  chat.stream?.close();
+  clearInterval(chat.pollTimer);
+  chat = null;
+}
+
+function openChat(sessionId) {
+  if (chat?.id === sessionId) return;
+  closeChat();
+  const draft = loadDraft(sessionId);
+  chat = {
+    id: sessionId,
+    disposed: false,
+    session: null,
+    turns: new Map(), // turn_id -> turn
+    reads: new Map(), // turn_id -> latest read number (latest read wins)
+    hasMore: false, // older turns exist before the oldest shown
+    stream: null,
+    live: 'connecting', // connecting | live | down | unavailable | closed
+    pollTick: 0,
+    pollTimer: null,
+    polling: false,
+    sending: false,
+    pending: draft.id ? { text: draft.text, id: draft.id } : null, // the composed message's id
+  };
+  ui.appView.dataset.view = 'chat';
+  show(ui.chatEmpty, false);
+  show(ui.chat, true);
+  ui.heading.textContent = 'Loading…';
+  ui.chatState.replaceChildren();
+  ui.facts.replaceChildren();
+  ui.capabilities.replaceChildren();
+  ui.transcript.replaceChildren();
+  show(ui.transcriptEmpty, false);
+  show(ui.loadOlder, false);
+  showError(ui.sendError, '');
+  ui.text.value = draft.text;
+  setLive(chat, 'connecting', 'Live updates: connecting…');
+  renderSessions();
+  loadChat(chat);
+}
+
+async function loadChat(c) {
+  try {
+    const [session, page] = await Promise.all([api.getSession(c.id), api.listTurns(c.id, { limit: PAGE_SIZE })]);
+    if (c.disposed) return;
+    applySession(c, session);
+    c.hasMore = page.has_more;
+    for (const turn of page.turns) upsertTurn(c, turn, { quiet: true });
+    renderPaging(c);
+    scrollToBottom();
+    if (session.state === 'open') {
+      ui.text.focus();
+      connectStream(c);
+    } else {
+      ui.heading.focus();
+    }
+    c.pollTimer = setInterval(() => pollTick(c), POLL_MS);
+    showError(ui.pageError, '');
+  } catch (error) {
+    if (c.disposed || error.status === 401) return;
+    ui.heading.textContent = 'Session unavailable';
+    setLive(c, 'down', '');
+    showError(ui.pageError, `Could not open the session: ${error.message}`);
+  }
+}
+
+function applySession(c, session) {
+  const wasOpen = c.session?.state === 'open';
+  c.session = session;
+  ui.heading.textContent = `${session.goal_id} · ${session.agent_id}`;
+  ui.chatState.replaceChildren(
+    stateBadge(session.state),
+    ' ',
+    session.state === 'open' ? 'Open: messages go to the agent in order.' : 'Closed.',
+  );
+  ui.facts.replaceChildren(...sessionFacts(session));
+  ui.capabilities.replaceChildren(capabilityList(session.capabilities));
+  const closed = session.state !== 'open';
+  show(ui.closedNote, closed);
+  ui.text.disabled = closed;
+  ui.send.disabled = closed || c.sending;
+  ui.composer.classList.toggle('composer-closed', closed);
+  if (closed) {
+    c.stream?.close();
+    c.stream = null;
+    setLive(c, 'closed', 'Live updates: none, the session is closed.');
+    if (wasOpen) announce('This session was closed. It is now read-only.');
+  }
+  updateListedSession(session);
+}
+
+// --- the transcript ---
+
+function isNearBottom() {
+  const s = ui.scroll;
+  return s.scrollHeight - s.scrollTop - s.clientHeight < 80;
+}
+
+function scrollToBottom() {
+  ui.scroll.scrollTop = ui.scroll.scrollHeight;
+}
+
+function oldestSeq(c) {
+  let min = Infinity;
+  for (const t of c.turns.values()) min = Math.min(min, t.seq);
+  return min;
+}
+
+function newestSeq(c) {
+  let max = 0;
+  for (const t of c.turns.values()) max = Math.max(max, t.seq);
+  return max;
+}
+
+/**
+ * Puts a turn into the transcript, replacing its earlier rendering in place.
+ * A turn older than the oldest shown, while older pages are not loaded yet,
+ * waits for "load older" instead of appearing out of place.
+ */
+function upsertTurn(c, turn, { quiet = false } = {}) {
+  if (c.disposed || (turn.session_id !== undefined && turn.session_id !== c.id)) return;
+  const before = c.turns.get(turn.turn_id);
+  if (!before && c.hasMore && c.turns.size > 0 && turn.seq < oldestSeq(c)) return;
+  const stick = isNearBottom();
+  c.turns.set(turn.turn_id, turn);
+  const node = turnItem(turn);
+  const existing = document.getElementById(`turn-${turn.turn_id}`);
+  if (existing) {
+    existing.replaceWith(node);
+  } else {
+    const next = [...ui.transcript.children].find((li) => Number(li.dataset.seq) > turn.seq);
+    ui.transcript.insertBefore(node, next || null);
+  }
+  show(ui.transcriptEmpty, c.turns.size === 0);
+  if (stick) scrollToBottom();
+  if (!quiet && before && before.state !== turn.state) {
+    if (turn.state === 'completed' && turn.response) {
+      announce(`The agent answered message ${turn.seq}: ${String(turn.response.message ?? '')}`);
+    } else if (turn.state === 'cancelled') {
+      announce(`Message ${turn.seq} was cancelled.`);
+    }
+  }
+}
+
+function renderPaging(c) {
+  show(ui.loadOlder, c.hasMore);
+  show(ui.transcriptEmpty, c.turns.size === 0);
+}
+
+ui.loadOlder.addEventListener('click', async () => {
+  const c = chat;
+  if (!c || c.turns.size === 0) return;
+  ui.loadOlder.disabled = true;
+  ui.loadOlder.textContent = 'Loading older messages…';
+  const heightBefore = ui.scroll.scrollHeight;
+  const topBefore = ui.scroll.scrollTop;
+  try {
+    const page = await api.listTurns(c.id, { beforeSeq: oldestSeq(c), limit: PAGE_SIZE });
+    if (c.disposed) return;
+    c.hasMore = false; // let the older turns in
+    for (const turn of page.turns) upsertTurn(c, turn, { quiet: true });
+    c.hasMore = page.has_more;
+    renderPaging(c);
+    // Keep what the reader was looking at in place.
+    ui.scroll.scrollTop = topBefore + (ui.scroll.scrollHeight - heightBefore);
+    announce(`Loaded ${page.turns.length} older message${page.turns.length === 1 ? '' : 's'}.`);
+    if (!c.hasMore) ui.scroll.focus();
+  } catch (error) {
+    if (error.status !== 401) showError(ui.pageError, `Could not load older messages: ${error.message}`);
+  } finally {
+    ui.loadOlder.disabled = false;
+    ui.loadOlder.textContent = 'Load older messages';
+  }
+});
+
+/** Re-reads one turn and shows it; the latest read of a turn wins. */
+async function refreshTurn(c, turnId) {
+  const n = (c.reads.get(turnId) || 0) + 1;
+  c.reads.set(turnId, n);
+  try {
+    const turn = await api.getTurn(c.id, turnId);
+    if (c.disposed || c.reads.get(turnId) !== n) return;
+    upsertTurn(c, turn);
+  } catch (error) {
+    if (error.status !== 401 && !c.disposed) showError(ui.pageError, `Could not read a message: ${error.message}`);
+  }
+}
+
+/**
+ * Re-reads what may have changed: every turn from the oldest unfinished one
+ * on (or the newest shown), and the session itself.
+ */
+async function resync(c) {
+  let from = newestSeq(c);
+  for (const t of c.turns.values()) {
+    if (t.state === 'queued' || t.state === 'claimed') from = Math.min(from, t.seq - 1);
+  }
+  const session = await api.getSession(c.id);
+  if (c.disposed) return;
+  if (session.state !== c.session?.state) applySession(c, session);
+  for (let i = 0; i < 50; i++) {
+    const page = await api.listTurns(c.id, { afterSeq: from, limit: 200 });
+    if (c.disposed) return;
+    for (const turn of page.turns) upsertTurn(c, turn);
+    if (!page.has_more || page.turns.length === 0) break;
+    from = page.turns[page.turns.length - 1].seq;
+  }
+  renderPaging(c);
+}
+
+function hasUnfinished(c) {
+  for (const t of c.turns.values()) if (t.state === 'queued' || t.state === 'claimed') return true;
+  return false;
+}
+
+async function pollTick(c) {
+  if (c.disposed || c.polling || c.live === 'live') return;
+  if (c.live === 'closed' && !hasUnfinished(c)) return;
+  c.pollTick += 1;
+  if (!hasUnfinished(c) && c.pollTick % IDLE_POLL_EVERY !== 0) return;
+  c.polling = true;
+  try {
+    await resync(c);
+  } catch (error) {
+    if (error.status !== 401 && !c.disposed) showError(ui.pageError, `Could not refresh: ${error.message}`);
+  } finally {
+    c.polling = false;
+  }
+}
+
+// --- live updates ---
+
+function setLive(c, state, words) {
+  c.live = state;
+  if (c !== chat) return;
+  ui.liveStatus.dataset.live = state;
+  ui.liveStatus.textContent = words;
+}
+
+function connectStream(c) {
+  c.stream = openEventStream({
+    url: api.eventsUrl(c.id),
+    token: api.token.get(),
+    onOpen: ({ resumed }) => {
+      if (c.disposed) return;
+      setLive(c, 'live', 'Live updates: connected.');
+      // A stream without Last-Event-ID starts from now: re-read what may
+      // have changed while it was not running.
+      if (!resumed) resync(c).catch(() => {});
+    },
+    onEvent: (event) => {
+      if (c.disposed) return;
+      let data;
+      try {
+        data = JSON.parse(event.data);
+      } catch {
+        return;
+      }
+      if (event.event === 'turn' && data && typeof data.turn_id === 'string') {
+        const known = c.turns.get(data.turn_id);
+        if (known && known.state === data.state) return;
+        refreshTurn(c, data.turn_id);
+      } else if (event.event === 'session') {
+        api
+          .getSession(c.id)
+          .then((session) => {
+            if (!c.disposed) applySession(c, session);
+            return resync(c);
+          })
+          .catch(() => {});
+      }
+    },
+    onDown: ({ error, retryInMs, unavailable }) => {
+      if (c.disposed) return;
+      const seconds = Math.max(1, Math.round(retryInMs / 1000));
+      if (unavailable) {
+        setLive(
+          c,
+          'unavailable',
+          `Live updates: unavailable (${error.message}) Checking for changes every few seconds instead.`,
+        );
+      } else {
+        setLive(c, 'down', `Live updates: disconnected; reconnecting in ${seconds} s. Checking for changes meanwhile.`);
+      }
+      c.pollTick = IDLE_POLL_EVERY - 1; // re-read at the next tick
+    },
+    onUnauthorized: (error) => {
+      if (!c.disposed) api.hooks.onUnauthorized(error);
+    },
+  });
+}
+
+// --- sending ---
+
+function byteLength(text) {
+  return new TextEncoder().encode(text).length;
+}
+
+ui.text.addEventListener('input', () => {
+  const c = chat;
+  if (!c) return;
+  // Editing after a failed send composes a new message: it gets a new id.
+  if (c.pending && c.pending.text !== ui.text.value) c.pending = null;
+  saveDraft(c.id, { text: ui.text.value, id: c.pending?.id ?? null });
+});
+
+ui.text.addEventListener('keydown', (event) => {
+  if (event.key !== 'Enter' || event.shiftKey || event.isComposing || event.keyCode === 229) return;
+  event.preventDefault();
+  ui.composer.requestSubmit();
+});
+
+ui.composer.addEventListener('submit', async (event) => {
+  event.preventDefault();
+  const c = chat;
+  if (!c || c.sending || c.session?.state !== 'open') return;
+  const text = ui.text.value;
+  if (!text.trim()) {
+    showError(ui.sendError, 'Write a message first.');
+    ui.text.focus();
+    return;
+  }
+  if (byteLength(text) > MAX_TEXT_BYTES) {
+    showError(ui.sendError, 'The message is longer than 64 KiB; shorten it to send.');
+    return;
+  }
+  // One id per composed message, reused on every retry of the same text, so
+  // the broker never queues it twice.
+  if (!c.pending || c.pending.text !== text) c.pending = { text, id: api.newUuid() };
+  saveDraft(c.id, { text, id: c.pending.id });
+  c.sending = true;
+  ui.send.disabled = true;
+  ui.send.textContent = 'Sending…';
+  ui.text.readOnly = true;
+  ui.composer.setAttribute('aria-busy', 'true');
+  showError(ui.sendError, '');
+  try {
+    const receipt = await api.sendMessage(c.id, text, c.pending.id);
+    if (c.disposed) return;
+    c.pending = null;
+    saveDraft(c.id, { text: '', id: null });
+    ui.text.value = '';
+    // A replayed send may name a turn already shown, perhaps answered: then
+    // the re-read below is all it needs.
+    if (!c.turns.has(receipt.turn_id)) {
+      upsertTurn(
+        c,
+        {
+          turn_id: receipt.turn_id,
+          session_id: c.id,
+          seq: receipt.seq,
+          origin: receipt.origin,
+          text,
+          state: receipt.state,
+          enqueued_at: receipt.enqueued_at,
+          claimed_at: null,
+          completed_at: null,
+          response: null,
+          cancel_reason: null,
+        },
+        { quiet: true },
+      );
+    }
+    scrollToBottom();
+    refreshTurn(c, receipt.turn_id);
+    announce(receipt.duplicate ? 'That message had already been sent; it was not sent twice.' : 'Message sent.');
+  } catch (error) {
+    if (c.disposed || error.status === 401) return;
+    if (error.code === 'session_closed') {
+      showError(ui.sendError, `Not sent: ${error.message}`);
+      api.getSession(c.id).then((s) => !c.disposed && applySession(c, s)).catch(() => {});
+    } else if (error.status === 0 || error.status >= 500 || error.status === 429) {
+      showError(ui.sendError, `Not sent yet: ${error.message} Press Send to try again; it will not be sent twice.`);
+    } else {
+      showError(ui.sendError, `Not sent: ${error.message}`);
+    }
+  } finally {
+    if (!c.disposed) {
+      c.sending = false;
+      ui.send.textContent = 'Send';
+      ui.send.disabled = c.session?.state !== 'open';
+      ui.text.readOnly = false;
+      ui.composer.removeAttribute('aria-busy');
+      if (!ui.text.disabled) ui.text.focus();
+    }
+  }
+});
+
+// --- start ---
+
+if (api.token.get()) start();
+else askForToken('');

@@ -1,0 +1,187 @@
+// DOM building for the chat page. Everything that came from the broker is set
+// as text (textContent), never parsed as HTML.
+
+/** el('p', {class: 'x', dataset: {a: 1}}, 'text', child) */
+export function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === 'class') node.className = value;
+    else if (key === 'dataset') Object.assign(node.dataset, value);
+    else if (key === 'text') node.textContent = value;
+    else node.setAttribute(key, value === true ? '' : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+export function time(iso, { withDate = true } = {}) {
+  if (!iso) return null;
+  const date = new Date(iso);
+  if (Number.isNaN(date.getTime())) return el('time', { text: iso });
+  const today = new Date().toDateString() === date.toDateString();
+  const text =
+    withDate && !today
+      ? date.toLocaleString([], { dateStyle: 'medium', timeStyle: 'short' })
+      : date.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' });
+  return el('time', { datetime: iso, title: date.toLocaleString() }, text);
+}
+
+export function words(key) {
+  return key.replace(/_/g, ' ');
+}
+
+/** "live steering: unavailable" and its kin, one per capability flag. */
+export function capabilityList(capabilities, { compact = false } = {}) {
+  const entries = Object.entries(capabilities || {});
+  const shown = compact ? entries.filter(([, on]) => !on) : entries;
+  return el(
+    'ul',
+    { class: compact ? 'caps caps-compact' : 'caps', 'aria-label': 'Capabilities' },
+    shown.map(([key, on]) =>
+      el(
+        'li',
+        { class: on ? 'cap cap-on' : 'cap cap-off', dataset: { capability: key } },
+        `${words(key)}: ${on ? 'available' : 'unavailable'}`,
+      ),
+    ),
+  );
+}
+
+export function stateBadge(state) {
+  return el('span', { class: `badge badge-${state}` }, state);
+}
+
+/** One entry of the session list: a link that opens the chat. */
+export function sessionItem(session, current) {
+  const link = el(
+    'a',
+    {
+      class: 'session-link',
+      href: `#/s/${encodeURIComponent(session.session_id)}`,
+      'aria-current': current ? 'page' : null,
+      dataset: { sessionId: session.session_id, state: session.state },
+    },
+    el(
+      'span',
+      { class: 'session-title' },
+      el('strong', { text: session.goal_id }),
+      ' · ',
+      el('span', { text: session.agent_id }),
+    ),
+    el(
+      'span',
+      { class: 'session-sub muted' },
+      `${session.host_surface} · executor ${session.executor_endpoint_id}`,
+    ),
+    el('span', { class: 'session-meta' }, stateBadge(session.state), ' ', time(session.created_at)),
+    capabilityList(session.capabilities, { compact: true }),
+  );
+  return el('li', { class: 'session-item' }, link);
+}
+
+/** The facts shown at the top of an open chat (all content-free). */
+export function sessionFacts(session) {
+  const rows = [
+    ['Session', session.session_id],
+    ['Host', `${session.host_surface}, executor ${session.executor_endpoint_id}`],
+    ['Opened', time(session.created_at)],
+  ];
+  if (session.closed_at) rows.push(['Closed', time(session.closed_at)]);
+  return rows.flatMap(([term, value]) => [el('dt', { text: term }), el('dd', {}, value)]);
+}
+
+const STATE_WORDS = {
+  queued: 'Queued: waiting for the agent to pick it up',
+  claimed: 'Claimed: the agent is working on it',
+  completed: 'Answered',
+  cancelled: 'Cancelled',
+};
+
+function originWords(origin) {
+  if (origin === 'web') return 'You, from the Web chat';
+  if (origin === 'lark') return 'From Lark';
+  return `From ${origin}`;
+}
+
+/** One turn: the message, its state, and the agent's response once there. */
+export function turnItem(turn) {
+  const state = turn.state;
+  let stateText = STATE_WORDS[state] || state;
+  if (state === 'cancelled') {
+    stateText =
+      turn.cancel_reason === 'session_closed'
+        ? 'Cancelled: the session was closed before the agent picked it up'
+        : 'Cancelled';
+  }
+  const stateLine = el(
+    'p',
+    { class: `turn-state state-${state}` },
+    stateBadge(state),
+    ' ',
+    el('span', { class: 'state-words' }, stateText),
+    state === 'claimed' && turn.claimed_at ? [' · since ', time(turn.claimed_at)] : null,
+  );
+  const message = el(
+    'div',
+    { class: 'bubble bubble-user' },
+    el(
+      'p',
+      { class: 'bubble-meta' },
+      el('span', { class: 'who' }, originWords(turn.origin)),
+      ` · #${turn.seq} · `,
+      time(turn.enqueued_at),
+    ),
+    el('p', { class: 'bubble-text', text: turn.text }),
+  );
+  let answer = null;
+  const response = turn.response;
+  if (response && typeof response === 'object') {
+    const extra = Object.keys(response).filter((k) => k !== 'message');
+    answer = el(
+      'div',
+      { class: 'bubble bubble-agent' },
+      el(
+        'p',
+        { class: 'bubble-meta' },
+        el('span', { class: 'who' }, 'Agent'),
+        turn.completed_at ? [' · ', time(turn.completed_at)] : null,
+      ),
+      el('p', { class: 'bubble-text response-message', text: String(response.message ?? '') }),
+      extra.length
+        ? el(
+            'details',
+            { class: 'response-details' },
+            el('summary', {}, 'Response details'),
+            el('pre', {
+              text: JSON.stringify(Object.fromEntries(extra.map((k) => [k, response[k]])), null, 2),
+            }),
+          )
+        : null,
+    );
+  }
+  const reply = turn.reply
+    ? el(
+        'p',
+        { class: `reply reply-${turn.reply.state}` },
+        `Lark reply: ${turn.reply.state}`,
+        turn.reply.attempts ? ` after ${turn.reply.attempts} attempt(s)` : '',
+        turn.reply.error ? ` (${turn.reply.error})` : '',
+      )
+    : null;
+  return el(
+    'li',
+    {
+      class: `turn turn-${state}`,
+      id: `turn-${turn.turn_id}`,
+      dataset: { turnId: turn.turn_id, seq: turn.seq, state },
+    },
+    message,
+    stateLine,
+    answer,
+    reply,
+  );
+}
