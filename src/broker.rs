@@ -11,6 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::check;
+use crate::lark::LarkConfig;
+use crate::lark::dispatcher::Dispatcher;
 use crate::metrics::{Metrics, Open};
 use crate::model::{
     BindPreview, BindRequest, Capabilities, ClaimAnswer, ClaimRequest, Claimed, CompleteRequest,
@@ -18,7 +20,8 @@ use crate::model::{
     RegisterAgentThread, Registered, ReleaseRequest, Released, Session, SessionList,
     SessionPreview, SessionState, Turn, TurnList,
 };
-use crate::store::{Bound, ClaimOutcome, HostIdentity, Store};
+use crate::model::{LarkLink, LarkLinkRequest};
+use crate::store::{Bound, ClaimOutcome, HostIdentity, LarkEvent, LarkIngest, Store};
 use crate::time::rfc3339;
 use crate::wakeup::Wakeups;
 
@@ -36,6 +39,8 @@ pub struct Broker {
     /// Event streams, woken on every change to a session.
     changes: Arc<Wakeups>,
     metrics: Arc<Metrics>,
+    /// The Lark reply dispatcher, woken by completions.
+    outbox: Arc<tokio::sync::Notify>,
     shutdown: CancellationToken,
 }
 
@@ -75,6 +80,7 @@ impl Broker {
             claimable: Default::default(),
             changes: Default::default(),
             metrics: Default::default(),
+            outbox: Default::default(),
             shutdown,
         }
     }
@@ -339,6 +345,7 @@ impl Broker {
             .await?;
         if !receipt.replayed {
             self.metrics.turn("completed", 1);
+            self.outbox.notify_one();
         }
         // The next queued turn is claimable now.
         self.changed(session_id);
@@ -375,6 +382,44 @@ impl Broker {
         // Parked claims re-check and answer 409 session_closed.
         self.changed(session_id);
         Ok(row.projection())
+    }
+
+    /// Starts the Lark reply dispatcher; it stops with the broker.
+    pub fn spawn_lark_dispatcher(&self, config: LarkConfig) -> tokio::task::JoinHandle<()> {
+        let dispatcher = Dispatcher::new(
+            self.store.clone(),
+            config,
+            self.outbox.clone(),
+            self.shutdown.clone(),
+            self.metrics.clone(),
+        );
+        tokio::spawn(dispatcher.run())
+    }
+
+    /// Records a verified Lark event once and enqueues its text into the
+    /// linked session, in one transaction.
+    pub async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest> {
+        let ingest = self.store.lark_event(event).await?;
+        if let LarkIngest::Enqueued { session_id, .. } = &ingest {
+            self.metrics.turn("enqueued", 1);
+            self.changed(session_id);
+        }
+        Ok(ingest)
+    }
+
+    pub async fn lark_link(&self, session_id: &str, link: LarkLinkRequest) -> Result<LarkLink> {
+        check("chat_id", &link.chat_id)?;
+        self.store
+            .lark_link(session_id.to_owned(), link.chat_id)
+            .await
+    }
+
+    pub async fn lark_unlink(&self, session_id: &str) -> Result<LarkLink> {
+        self.store.lark_unlink(session_id.to_owned()).await
+    }
+
+    pub async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink> {
+        self.store.lark_link_status(session_id).await
     }
 
     fn changed(&self, session_id: &str) {

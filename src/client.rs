@@ -10,8 +10,8 @@ use serde::de::DeserializeOwned;
 use crate::error::ErrorBody;
 use crate::model::{
     BindPreview, BindRequest, ClaimAnswer, ClaimRequest, CompleteRequest, EnqueueRequest, Enqueued,
-    ListSessions, ListTurns, Receipt, RegisterAgentThread, Registered, ReleaseRequest, Released,
-    Session, SessionList, Turn, TurnList,
+    LarkLink, LarkLinkRequest, ListSessions, ListTurns, Receipt, RegisterAgentThread, Registered,
+    ReleaseRequest, Released, Session, SessionList, Turn, TurnList,
 };
 
 /// The default broker URL.
@@ -270,6 +270,46 @@ impl Client {
     pub async fn turn(&self, session_id: &str, turn_id: &str) -> Result<Answer<Turn>, ClientError> {
         let path = session_path(session_id, &format!("/turns/{}", segment(turn_id)));
         self.call(Method::GET, &path, NO_BODY, None).await
+    }
+
+    pub async fn lark_link(
+        &self,
+        session_id: &str,
+        chat_id: &str,
+    ) -> Result<Answer<LarkLink>, ClientError> {
+        let body = LarkLinkRequest {
+            chat_id: chat_id.to_owned(),
+        };
+        self.call(
+            Method::PUT,
+            &session_path(session_id, "/lark-link"),
+            Some(&body),
+            None,
+        )
+        .await
+    }
+
+    pub async fn lark_unlink(&self, session_id: &str) -> Result<Answer<LarkLink>, ClientError> {
+        self.call(
+            Method::DELETE,
+            &session_path(session_id, "/lark-link"),
+            NO_BODY,
+            None,
+        )
+        .await
+    }
+
+    pub async fn lark_link_status(
+        &self,
+        session_id: &str,
+    ) -> Result<Answer<LarkLink>, ClientError> {
+        self.call(
+            Method::GET,
+            &session_path(session_id, "/lark-link"),
+            NO_BODY,
+            None,
+        )
+        .await
     }
 
     pub async fn turns(

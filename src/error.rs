@@ -36,6 +36,8 @@ pub enum ErrorCode {
     LiveSteeringUnavailable,
     /// 409: another claim is active on the session.
     ClaimActive,
+    /// 409: the Lark chat is linked to another open session.
+    ChatLinked,
     /// 409: the claim id was used on another session.
     ClaimIdReused,
     /// 409: the claim id's turn was released; the claim id is spent.
@@ -71,6 +73,7 @@ impl ErrorCode {
             | SessionClosed
             | LiveSteeringUnavailable
             | ClaimActive
+            | ChatLinked
             | ClaimIdReused
             | ClaimReleased
             | AlreadyCompleted

@@ -21,6 +21,8 @@ pub mod error;
 pub mod http;
 /// Client-chosen identifier rules and minted ids.
 pub mod ids;
+/// The Lark connector: verified webhook and durable reply path.
+pub mod lark;
 /// Prometheus metrics, content-free.
 pub mod metrics;
 /// The wire types of the contract.

@@ -446,6 +446,9 @@ pub struct Turn {
     #[schema(value_type = Option<Object>)]
     pub response: Option<Value>,
     pub cancel_reason: Option<CancelReason>,
+    /// For a turn from Lark, once completed: the reply's delivery.
+    #[serde(default)]
+    pub reply: Option<ReplyStatus>,
 }
 
 /// `GET /v1/sessions/{session_id}/turns` paging.
@@ -483,4 +486,46 @@ pub struct CloseRequest {}
 #[schema(example = json!({"status": "ok"}))]
 pub struct Health {
     pub status: String,
+}
+
+/// `PUT /v1/sessions/{session_id}/lark-link`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"chat_id": "oc_5ce6d572455d361153b7xx51da133945"}))]
+pub struct LarkLinkRequest {
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub chat_id: String,
+}
+
+/// Which Lark chat feeds a session (`chat_id` null when none).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "chat_id": "oc_5ce6d572455d361153b7xx51da133945"}))]
+pub struct LarkLink {
+    pub session_id: String,
+    pub chat_id: Option<String>,
+}
+
+/// A reply's delivery state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
+pub enum ReplyState {
+    Pending,
+    Sent,
+    Failed,
+}
+
+/// Where a turn's answer goes back to, and how that went.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+pub struct ReplyStatus {
+    /// Always `lark` today.
+    pub channel: String,
+    pub state: ReplyState,
+    pub attempts: i64,
+    /// The last failure, in words (never the answer's text).
+    pub error: Option<String>,
 }

@@ -38,6 +38,10 @@ description lists them. Request bodies reject unknown fields. Client-chosen iden
         http::claims::claim,
         http::claims::release,
         http::events::events,
+        http::lark_links::link,
+        http::lark_links::status,
+        http::lark_links::unlink,
+        crate::lark::webhook::events,
         http::turns::complete,
         http::turns::read,
         http::turns::list,
@@ -48,6 +52,7 @@ description lists them. Request bodies reject unknown fields. Client-chosen iden
     tags(
         (name = "sessions", description = "Register host sessions, bind, list and close attached sessions."),
         (name = "turns", description = "Enqueue, claim, complete, release and read back turns."),
+        (name = "lark", description = "The Lark (Feishu) connector: chat links and Lark's event webhook."),
         (name = "operations", description = "Health and this document; no token needed."),
     )
 )]

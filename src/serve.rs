@@ -10,8 +10,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
-use crate::config;
+use crate::config::{self, Secret};
 use crate::http::{self, AppState, OwnerToken};
+use crate::lark::LarkConfig;
 use crate::store::Store;
 use crate::store::sqlite::{Durability, SqliteStore};
 
@@ -39,6 +40,23 @@ pub struct ServeArgs {
     /// crashes (synchronous=NORMAL), and is faster.
     #[arg(long, env = "LOOPX_DURABILITY", value_enum, default_value_t = Durability::Full)]
     pub durability: Durability,
+    /// The Lark app's id; with the secret and verification token, turns the
+    /// Lark connector on.
+    #[arg(long, env = "LOOPX_LARK_APP_ID")]
+    pub lark_app_id: Option<String>,
+    /// The Lark app's secret.
+    #[arg(long, env = "LOOPX_LARK_APP_SECRET", hide_env_values = true)]
+    pub lark_app_secret: Option<Secret>,
+    /// The Verification Token of the app's event subscription.
+    #[arg(long, env = "LOOPX_LARK_VERIFICATION_TOKEN", hide_env_values = true)]
+    pub lark_verification_token: Option<Secret>,
+    /// The Encrypt Key of the app's event subscription (events then arrive
+    /// encrypted and signed).
+    #[arg(long, env = "LOOPX_LARK_ENCRYPT_KEY", hide_env_values = true)]
+    pub lark_encrypt_key: Option<Secret>,
+    /// Lark's Open Platform (https://open.larksuite.com outside China).
+    #[arg(long, env = "LOOPX_LARK_BASE_URL", default_value = crate::lark::DEFAULT_BASE_URL)]
+    pub lark_base_url: String,
     /// Seconds between keep-alive comments on parked SSE claims.
     #[arg(long, env = "LOOPX_SSE_KEEP_ALIVE", default_value_t = 15, hide = true)]
     pub sse_keep_alive_seconds: u64,
@@ -58,6 +76,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
                 .into(),
         );
     }
+    let lark = lark_config(&args)?;
     let data_dir = args
         .data_dir
         .clone()
@@ -82,23 +101,49 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     let store: Arc<dyn Store> = Arc::new(store);
+    let broker = Arc::new(Broker::new(store, shutdown.clone()));
+    let dispatcher = lark.clone().map(|lark| broker.spawn_lark_dispatcher(lark));
     let state = AppState {
-        broker: Arc::new(Broker::new(store, shutdown.clone())),
+        broker,
         owner_token: Arc::new(OwnerToken::new(token)),
         keep_alive: Duration::from_secs(args.sse_keep_alive_seconds.max(1)),
+        lark: lark.map(Arc::new),
     };
     tracing::info!(
         listen = %listener.local_addr().map_err(|e| e.to_string())?,
         data_dir = %data_dir.display(),
         token = %source,
         durability = ?args.durability,
+        lark = state.lark.is_some(),
         "loopx broker listening"
     );
     http::serve(listener, http::router(state), shutdown)
         .await
         .map_err(|e| format!("the server failed: {e}"))?;
+    if let Some(dispatcher) = dispatcher {
+        let _ = dispatcher.await;
+    }
     tracing::info!("loopx broker stopped");
     Ok(())
+}
+
+/// The Lark connector's configuration: all of app id, secret and verification
+/// token, or none of them (the connector is off).
+fn lark_config(args: &ServeArgs) -> Result<Option<LarkConfig>, String> {
+    match (&args.lark_app_id, &args.lark_app_secret, &args.lark_verification_token) {
+        (None, None, None) => Ok(None),
+        (Some(app_id), Some(secret), Some(token)) => Ok(Some(LarkConfig::new(
+            app_id.clone(),
+            secret.0.clone(),
+            token.0.clone(),
+            args.lark_encrypt_key.as_ref().map(|k| k.0.clone()),
+            args.lark_base_url.clone(),
+        ))),
+        _ => Err(
+            "the Lark connector needs --lark-app-id, --lark-app-secret and --lark-verification-token together"
+                .into(),
+        ),
+    }
 }
 
 /// One broker per data dir: an exclusive lock held for the process lifetime

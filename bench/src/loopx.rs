@@ -224,8 +224,12 @@ impl Queue for LoopxQueue {
 
     async fn enqueue(&self, _: &mut (), lane: usize) -> Result<()> {
         let path = format!("/v1/sessions/{}/messages", self.sessions[lane]);
-        self.post(path, json!({"origin": "web", "text": "hello"}), StatusCode::CREATED)
-            .await?;
+        self.post(
+            path,
+            json!({"origin": "web", "text": "hello"}),
+            StatusCode::CREATED,
+        )
+        .await?;
         Ok(())
     }
 

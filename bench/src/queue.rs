@@ -23,8 +23,11 @@ pub trait Queue: Send + Sync + 'static {
 
     /// A connection; `listen` names the lane a parked consumer will wait on.
     fn connect(&self, listen: Option<usize>) -> impl Future<Output = Result<Self::Conn>> + Send;
-    fn enqueue(&self, conn: &mut Self::Conn, lane: usize)
-    -> impl Future<Output = Result<()>> + Send;
+    fn enqueue(
+        &self,
+        conn: &mut Self::Conn,
+        lane: usize,
+    ) -> impl Future<Output = Result<()>> + Send;
     /// The lane's oldest message; with `wait`, parks until there is one.
     fn claim(
         &self,
@@ -119,7 +122,11 @@ async fn failure(tasks: &mut tokio::task::JoinSet<Result<()>>) -> sys::Error {
 
 /// Full cycles (enqueue, claim, complete: separate requests) per second,
 /// one worker per lane, each on its own connection, for `duration`.
-pub async fn throughput<Q: Queue>(q: Arc<Q>, lanes: Range<usize>, duration: Duration) -> Result<f64> {
+pub async fn throughput<Q: Queue>(
+    q: Arc<Q>,
+    lanes: Range<usize>,
+    duration: Duration,
+) -> Result<f64> {
     let cycles = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let deadline = start + duration;
@@ -168,8 +175,15 @@ impl Parked {
 /// Parks one claim per lane in the server `pid`, waits until all are parked
 /// (its fds hold every connection and its CPU is idle), measures RSS and CPU
 /// over `window`, then enqueues to every lane and times until all answered.
-pub async fn parked<Q: Queue>(q: Arc<Q>, pid: u32, lanes: Range<usize>, window: Duration) -> Result<Parked> {
+pub async fn parked<Q: Queue>(
+    q: Arc<Q>,
+    pid: u32,
+    lanes: Range<usize>,
+    window: Duration,
+) -> Result<Parked> {
     let count = lanes.len();
+    // Idle first: connections of earlier requests closed, nothing in flight.
+    settle(pid, 0).await?;
     let rss_before_kib = sys::rss_kib(pid)?;
     let fds_before = sys::open_fds(pid)?;
     let (arrival_tx, mut arrival_rx) = mpsc::unbounded_channel::<Instant>();

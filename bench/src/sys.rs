@@ -19,10 +19,8 @@ impl TempDir {
     pub fn new(label: &str) -> Result<Self> {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!(
-            "loopx-bench-{}-{n}-{label}",
-            std::process::id()
-        ));
+        let path =
+            std::env::temp_dir().join(format!("loopx-bench-{}-{n}-{label}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path)?;
         Ok(Self(path))

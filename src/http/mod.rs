@@ -7,6 +7,7 @@
 pub(crate) mod agent_threads;
 pub(crate) mod claims;
 pub(crate) mod events;
+pub(crate) mod lark_links;
 pub(crate) mod sessions;
 pub(crate) mod turns;
 
@@ -42,6 +43,8 @@ pub struct AppState {
     pub owner_token: Arc<OwnerToken>,
     /// The comment interval on parked SSE claims (15 s; shorter in tests).
     pub keep_alive: Duration,
+    /// The Lark connector's configuration; `None` turns the webhook off (404).
+    pub lark: Option<Arc<crate::lark::LarkConfig>>,
 }
 
 /// The owner token; never printed.
@@ -71,6 +74,8 @@ pub fn router(state: AppState) -> Router {
         .merge(sessions::router())
         .merge(claims::router())
         .merge(events::router())
+        .merge(lark_links::router())
+        .merge(crate::lark::webhook::router())
         .merge(turns::router());
     Router::new()
         .merge(v1)
@@ -116,7 +121,9 @@ pub async fn serve(
 
 /// Every `/v1` route needs the owner token; `/healthz` and `/openapi.json` do not.
 async fn require_owner(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    if request.uri().path().starts_with("/v1") {
+    // The Lark webhook is authenticated by Lark's signature instead.
+    let path = request.uri().path();
+    if path.starts_with("/v1") && path != "/v1/connectors/lark/events" {
         let presented = request
             .headers()
             .get(header::AUTHORIZATION)

@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use crate::error::Result;
 use crate::model::{
     BindRequest, CancelReason, Capabilities, ClaimedTurn, CompleteRequest, EnqueueRequest,
-    ListSessions, ListTurns, Origin, Receipt, RegisterAgentThread, Released, Session,
-    SessionPreview, SessionState, Turn, TurnState,
+    LarkLink, ListSessions, ListTurns, Origin, Receipt, RegisterAgentThread, Released, ReplyState,
+    ReplyStatus, Session, SessionPreview, SessionState, Turn, TurnState,
 };
 use crate::time::rfc3339;
 
@@ -98,6 +98,14 @@ pub struct TurnRow {
     pub completion_id: Option<String>,
     pub response: Option<String>,
     pub cancel_reason: Option<CancelReason>,
+    /// The Lark reply's state, when the turn has one (a left join; absent
+    /// from rows that a write returns).
+    #[sqlx(default)]
+    pub reply_state: Option<ReplyState>,
+    #[sqlx(default)]
+    pub reply_attempts: Option<i64>,
+    #[sqlx(default)]
+    pub reply_error: Option<String>,
 }
 
 impl TurnRow {
@@ -118,6 +126,12 @@ impl TurnRow {
                 .as_deref()
                 .and_then(|r| serde_json::from_str(r).ok()),
             cancel_reason: self.cancel_reason,
+            reply: self.reply_state.map(|state| ReplyStatus {
+                channel: "lark".into(),
+                state,
+                attempts: self.reply_attempts.unwrap_or(0),
+                error: self.reply_error.clone(),
+            }),
         }
     }
 
@@ -142,6 +156,54 @@ pub struct EventRow {
     pub turn_id: Option<String>,
     pub seq: Option<i64>,
     pub state: String,
+}
+
+/// An event accepted from Lark, reduced to what the store keeps.
+#[derive(Debug, Clone)]
+pub struct LarkEvent {
+    pub app_id: String,
+    pub event_id: String,
+    pub message_id: Option<String>,
+    pub chat_id: Option<String>,
+    /// The message text, when it is a text message.
+    pub text: Option<String>,
+}
+
+/// What became of a Lark event.
+#[derive(Debug)]
+pub enum LarkIngest {
+    /// Seen before (same event id, or same message id): nothing enqueued.
+    Duplicate,
+    /// Enqueued into the linked session.
+    Enqueued {
+        session_id: String,
+        turn: Box<TurnRow>,
+    },
+    /// No open session is linked to the chat: acknowledged, not enqueued.
+    Unlinked,
+    /// Not a text message: acknowledged, not enqueued.
+    Unsupported,
+}
+
+/// A reply due for sending.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ReplyJob {
+    pub turn_id: String,
+    pub chat_id: String,
+    pub message_id: String,
+    pub text: String,
+    pub parts_sent: i64,
+    pub attempts: i64,
+}
+
+/// What a send attempt did to a reply.
+#[derive(Debug, Clone)]
+pub struct ReplyUpdate {
+    pub parts_sent: i64,
+    pub state: ReplyState,
+    pub attempts: i64,
+    pub error: Option<String>,
+    pub next_attempt_at: i64,
 }
 
 /// What a bind did.
@@ -207,6 +269,18 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Released>;
     /// Closes the session; answers it and how many queued turns were cancelled.
     async fn close(&self, session_id: String) -> Result<(SessionRow, u64)>;
+    /// Links a Lark chat to an open session (replacing the session's link).
+    async fn lark_link(&self, session_id: String, chat_id: String) -> Result<LarkLink>;
+    async fn lark_unlink(&self, session_id: String) -> Result<LarkLink>;
+    async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink>;
+    /// Records a Lark event once and enqueues its text into the linked session,
+    /// in one transaction.
+    async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest>;
+    /// Pending replies due at `now_ms`, oldest first.
+    async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>>;
+    /// When the next pending reply falls due.
+    async fn next_reply_due(&self) -> Result<Option<i64>>;
+    async fn record_reply(&self, turn_id: String, update: ReplyUpdate) -> Result<()>;
     /// Queued turns over all sessions, and when the oldest was enqueued.
     async fn queue_stats(&self) -> Result<(i64, Option<i64>)>;
     /// The number of the session's latest event (0 when none); 404 for an unknown session.

@@ -16,12 +16,15 @@ use sqlx::sqlite::{
 use sqlx::{Connection, SqliteExecutor};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Bound, ClaimOutcome, Enqueue, EventRow, HostIdentity, SessionRow, Store, TurnRow};
+use super::{
+    Bound, ClaimOutcome, Enqueue, EventRow, HostIdentity, LarkEvent, LarkIngest, ReplyJob,
+    ReplyUpdate, SessionRow, Store, TurnRow,
+};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
 use crate::model::{
-    BindRequest, CompleteRequest, EnqueueRequest, Ingress, LarkRef, ListSessions, ListTurns,
-    Receipt, RegisterAgentThread, Released, SessionState, TurnState,
+    BindRequest, CompleteRequest, EnqueueRequest, Ingress, LarkLink, LarkRef, ListSessions,
+    ListTurns, Receipt, RegisterAgentThread, Released, SessionState, TurnState,
 };
 use crate::time::{now_ms, rfc3339};
 
@@ -205,6 +208,10 @@ async fn append_event(
     Ok(())
 }
 
+/// A turn with its Lark reply's state, for readbacks.
+const TURN_READBACK: &str = "select t.*, r.state as reply_state, r.attempts as reply_attempts, \
+     r.error as reply_error from turns t left join lark_replies r on r.turn_id = t.turn_id";
+
 const SESSION_COLUMNS: &str = "session_id, goal_id, agent_id, host_surface, host_session_id, \
      executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id";
 
@@ -246,13 +253,13 @@ async fn load_turn<'e>(
     session_id: &str,
     turn_id: &str,
 ) -> Result<Option<TurnRow>> {
-    Ok(
-        sqlx::query_as("select * from turns where session_id = ? and turn_id = ?")
-            .bind(session_id)
-            .bind(turn_id)
-            .fetch_optional(db)
-            .await?,
-    )
+    Ok(sqlx::query_as(&format!(
+        "{TURN_READBACK} where t.session_id = ? and t.turn_id = ?"
+    ))
+    .bind(session_id)
+    .bind(turn_id)
+    .fetch_optional(db)
+    .await?)
 }
 
 /// The claimed-at time of a session's active claim, for `claim_active`.
@@ -628,6 +635,25 @@ async fn complete(
         "completed",
     )
     .await?;
+    if let (Some(chat_id), Some(message_id)) = (&turn.lark_chat_id, &turn.lark_message_id) {
+        let message = response["message"].as_str().unwrap_or_default();
+        let now = now_ms();
+        sqlx::query(
+            "insert into lark_replies (turn_id, session_id, chat_id, message_id, text, state,
+                 next_attempt_at, created_at, updated_at)
+             values (?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
+        )
+        .bind(&turn.turn_id)
+        .bind(&session_id)
+        .bind(chat_id)
+        .bind(message_id)
+        .bind(message)
+        .bind(now)
+        .bind(now)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    }
     Ok(receipt(&turn, false))
 }
 
@@ -723,7 +749,105 @@ async fn close(conn: &mut SqliteConnection, session_id: String) -> Result<(Sessi
     .execute(&mut *conn)
     .await?;
     append_event(conn, &session_id, None, "closed").await?;
+    sqlx::query("delete from lark_links where session_id = ?")
+        .bind(&session_id)
+        .execute(&mut *conn)
+        .await?;
     Ok((existing_session(conn, &session_id).await?, cancelled))
+}
+
+async fn lark_link(
+    conn: &mut SqliteConnection,
+    session_id: String,
+    chat_id: String,
+) -> Result<LarkLink> {
+    let session = existing_session(conn, &session_id).await?;
+    if session.state == SessionState::Closed {
+        return Err(Error::new(
+            ErrorCode::SessionClosed,
+            "The session is closed.",
+        ));
+    }
+    let holder: Option<String> =
+        sqlx::query_scalar("select session_id from lark_links where chat_id = ?")
+            .bind(&chat_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if holder.as_ref().is_some_and(|h| *h != session_id) {
+        return Err(Error::new(
+            ErrorCode::ChatLinked,
+            "This Lark chat is linked to another open session; unlink it there first.",
+        ));
+    }
+    sqlx::query("delete from lark_links where session_id = ?")
+        .bind(&session_id)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("insert into lark_links (chat_id, session_id, linked_at) values (?, ?, ?)")
+        .bind(&chat_id)
+        .bind(&session_id)
+        .bind(now_ms())
+        .execute(&mut *conn)
+        .await?;
+    Ok(LarkLink {
+        session_id,
+        chat_id: Some(chat_id),
+    })
+}
+
+async fn lark_event(
+    conn: &mut SqliteConnection,
+    event: LarkEvent,
+    minter: &Minter,
+) -> Result<LarkIngest> {
+    let seen: Option<i64> = sqlx::query_scalar(
+        "select 1 from lark_events where app_id = ?1 and (event_id = ?2 or message_id = ?3)",
+    )
+    .bind(&event.app_id)
+    .bind(&event.event_id)
+    .bind(&event.message_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if seen.is_some() {
+        return Ok(LarkIngest::Duplicate);
+    }
+    sqlx::query(
+        "insert into lark_events (app_id, event_id, message_id, received_at) values (?, ?, ?, ?)",
+    )
+    .bind(&event.app_id)
+    .bind(&event.event_id)
+    .bind(&event.message_id)
+    .bind(now_ms())
+    .execute(&mut *conn)
+    .await?;
+    let (Some(text), Some(chat_id), Some(message_id)) =
+        (event.text, event.chat_id, event.message_id)
+    else {
+        return Ok(LarkIngest::Unsupported);
+    };
+    let linked: Option<String> =
+        sqlx::query_scalar("select session_id from lark_links where chat_id = ?")
+            .bind(&chat_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    let Some(session_id) = linked else {
+        return Ok(LarkIngest::Unlinked);
+    };
+    let message = EnqueueRequest {
+        origin: crate::model::Origin::Lark,
+        text,
+        client_message_id: Some(event.event_id),
+        ingress: Ingress::SessionQueue,
+        lark: Some(LarkRef {
+            chat_id,
+            message_id,
+        }),
+    };
+    let done = enqueue(conn, session_id.clone(), message, minter).await?;
+    Ok(LarkIngest::Enqueued {
+        session_id,
+        turn: Box::new(done.turn),
+    })
 }
 
 #[async_trait]
@@ -829,6 +953,89 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn lark_link(&self, session_id: String, chat_id: String) -> Result<LarkLink> {
+        self.write(move |conn| Box::pin(lark_link(conn, session_id, chat_id)))
+            .await
+    }
+
+    async fn lark_unlink(&self, session_id: String) -> Result<LarkLink> {
+        self.write(move |conn| {
+            Box::pin(async move {
+                existing_session(conn, &session_id).await?;
+                sqlx::query("delete from lark_links where session_id = ?")
+                    .bind(&session_id)
+                    .execute(conn)
+                    .await?;
+                Ok(LarkLink {
+                    session_id,
+                    chat_id: None,
+                })
+            })
+        })
+        .await
+    }
+
+    async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink> {
+        if load_session(&self.reads, session_id).await?.is_none() {
+            return Err(Error::not_found("session"));
+        }
+        let chat_id = sqlx::query_scalar("select chat_id from lark_links where session_id = ?")
+            .bind(session_id)
+            .fetch_optional(&self.reads)
+            .await?;
+        Ok(LarkLink {
+            session_id: session_id.to_owned(),
+            chat_id,
+        })
+    }
+
+    async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest> {
+        let minter = self.minter.clone();
+        self.write(move |conn| Box::pin(async move { lark_event(conn, event, &minter).await }))
+            .await
+    }
+
+    async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {
+        Ok(sqlx::query_as(
+            "select turn_id, chat_id, message_id, text, parts_sent, attempts from lark_replies
+             where state = 'pending' and next_attempt_at <= ? order by next_attempt_at limit ?",
+        )
+        .bind(now_ms)
+        .bind(limit)
+        .fetch_all(&self.reads)
+        .await?)
+    }
+
+    async fn next_reply_due(&self) -> Result<Option<i64>> {
+        Ok(sqlx::query_scalar(
+            "select min(next_attempt_at) from lark_replies where state = 'pending'",
+        )
+        .fetch_one(&self.reads)
+        .await?)
+    }
+
+    async fn record_reply(&self, turn_id: String, update: ReplyUpdate) -> Result<()> {
+        self.write(move |conn| {
+            Box::pin(async move {
+                sqlx::query(
+                    "update lark_replies set parts_sent = ?, state = ?, attempts = ?, error = ?,
+                         next_attempt_at = ?, updated_at = ? where turn_id = ?",
+                )
+                .bind(update.parts_sent)
+                .bind(update.state)
+                .bind(update.attempts)
+                .bind(update.error)
+                .bind(update.next_attempt_at)
+                .bind(now_ms())
+                .bind(&turn_id)
+                .execute(conn)
+                .await?;
+                Ok(())
+            })
+        })
+        .await
+    }
+
     async fn queue_stats(&self) -> Result<(i64, Option<i64>)> {
         Ok(sqlx::query_as(
             "select (select coalesce(sum(queued_count), 0) from sessions),
@@ -881,12 +1088,13 @@ impl Store for SqliteStore {
         // Paging back (before_seq alone) reads newest first, then restores seq order.
         let backwards = page.before_seq.is_some() && page.after_seq.is_none();
         let sql = if backwards {
-            "select * from turns where session_id = ?1 and seq < ?3 order by seq desc limit ?4"
+            "where t.session_id = ?1 and t.seq < ?3 order by t.seq desc limit ?4"
         } else {
-            "select * from turns where session_id = ?1 and seq > ?2 and (?3 is null or seq < ?3)
-             order by seq limit ?4"
+            "where t.session_id = ?1 and t.seq > ?2 and (?3 is null or t.seq < ?3)
+             order by t.seq limit ?4"
         };
-        let mut turns: Vec<TurnRow> = sqlx::query_as(sql)
+        let sql = format!("{TURN_READBACK} {sql}");
+        let mut turns: Vec<TurnRow> = sqlx::query_as(&sql)
             .bind(session_id)
             .bind(page.after_seq.unwrap_or(0))
             .bind(page.before_seq)

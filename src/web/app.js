@@ -46,6 +46,7 @@ const IDLE_POLL_EVERY = 4; // ...and, with nothing pending, only every 4th tick
 const MAX_TEXT_BYTES = 64 * 1024;
 
 let sessions = [];
+let sessionsTruncated = false;
 let signedIn = false;
 /** The open chat, or null. Replaced (never reused) when another opens. */
 let chat = null;
@@ -158,11 +159,8 @@ async function refreshSessions() {
   try {
     const { sessions: list, truncated } = await api.listSessions({ state: ui.stateFilter.value || undefined });
     sessions = list.slice().reverse(); // newest first
+    sessionsTruncated = truncated;
     renderSessions();
-    const n = sessions.length;
-    ui.sessionsNote.textContent =
-      (n === 0 ? 'No sessions.' : `${n} session${n === 1 ? '' : 's'}, newest first.`) +
-      (truncated ? ' Only the newest are listed.' : '');
     showError(ui.pageError, '');
   } catch (error) {
     if (error.status === 401) return;
@@ -175,14 +173,23 @@ async function refreshSessions() {
 
 function renderSessions() {
   ui.sessionList.replaceChildren(...sessions.map((s) => sessionItem(s, chat?.id === s.session_id)));
+  const n = sessions.length;
+  const filter = ui.stateFilter.value;
+  ui.sessionsNote.textContent =
+    (n === 0
+      ? `No ${filter ? `${filter} ` : ''}sessions.`
+      : `${n} ${filter ? `${filter} ` : ''}session${n === 1 ? '' : 's'}, newest first.`) +
+    (sessionsTruncated ? ' Only the newest are listed.' : '');
 }
 
 function updateListedSession(session) {
   const i = sessions.findIndex((s) => s.session_id === session.session_id);
   if (i !== -1) {
     sessions[i] = session;
-    renderSessions();
+  } else if (!ui.stateFilter.value || ui.stateFilter.value === session.state) {
+    sessions.unshift(session); // opened by its address before the list knew it
   }
+  renderSessions();
 }
 
 ui.refresh.addEventListener('click', refreshSessions);
@@ -196,11 +203,13 @@ function route() {
   if (match) {
     openChat(decodeURIComponent(match[1]));
   } else {
+    const wasOpen = chat !== null;
     closeChat();
     ui.appView.dataset.view = 'list';
     show(ui.chat, false);
     show(ui.chatEmpty, true);
     renderSessions();
+    if (wasOpen) refreshSessions();
   }
 }
 
@@ -247,6 +256,11 @@ function openChat(sessionId) {
   show(ui.loadOlder, false);
   showError(ui.sendError, '');
   ui.text.value = draft.text;
+  // Nothing can be sent until the session is known to be open.
+  show(ui.closedNote, false);
+  ui.text.disabled = true;
+  ui.send.disabled = true;
+  ui.composer.classList.remove('composer-closed');
   setLive(chat, 'connecting', 'Live updates: connecting…');
   renderSessions();
   loadChat(chat);
@@ -284,10 +298,15 @@ function applySession(c, session) {
   ui.chatState.replaceChildren(
     stateBadge(session.state),
     ' ',
-    session.state === 'open' ? 'Open: messages go to the agent in order.' : 'Closed.',
+    session.state === 'open' ? 'Messages go to the agent in order.' : 'Read-only.',
   );
-  ui.facts.replaceChildren(...sessionFacts(session));
-  ui.capabilities.replaceChildren(capabilityList(session.capabilities));
+  ui.facts.replaceChildren(
+    ...sessionFacts(session),
+    el('dt', { text: 'Capabilities' }),
+    el('dd', {}, capabilityList(session.capabilities)),
+  );
+  // What the session cannot do stays in sight; the rest is in the details.
+  ui.capabilities.replaceChildren(capabilityList(session.capabilities, { compact: true }));
   const closed = session.state !== 'open';
   show(ui.closedNote, closed);
   ui.text.disabled = closed;
@@ -455,7 +474,7 @@ function connectStream(c) {
     url: api.eventsUrl(c.id),
     token: api.token.get(),
     onOpen: ({ resumed }) => {
-      if (c.disposed) return;
+      if (c.disposed || c.live === 'closed') return;
       setLive(c, 'live', 'Live updates: connected.');
       // A stream without Last-Event-ID starts from now: re-read what may
       // have changed while it was not running.
@@ -474,6 +493,12 @@ function connectStream(c) {
         if (known && known.state === data.state) return;
         refreshTurn(c, data.turn_id);
       } else if (event.event === 'session') {
+        if (data?.state === 'closed') {
+          // The broker ends the stream after `closed`: nothing more will come.
+          c.stream?.close();
+          c.stream = null;
+          setLive(c, 'closed', 'Live updates: none, the session is closed.');
+        }
         api
           .getSession(c.id)
           .then((session) => {
@@ -484,13 +509,13 @@ function connectStream(c) {
       }
     },
     onDown: ({ error, retryInMs, unavailable }) => {
-      if (c.disposed) return;
+      if (c.disposed || c.live === 'closed') return;
       const seconds = Math.max(1, Math.round(retryInMs / 1000));
       if (unavailable) {
         setLive(
           c,
           'unavailable',
-          `Live updates: unavailable (${error.message}) Checking for changes every few seconds instead.`,
+          `Live updates: unavailable (${error.message.replace(/\.$/, '')}). Checking for changes every few seconds instead.`,
         );
       } else {
         setLive(c, 'down', `Live updates: disconnected; reconnecting in ${seconds} s. Checking for changes meanwhile.`);

@@ -144,6 +144,7 @@ export function openEventStream({
       ? Math.max(unavailableDelayMs, delay(attempt))
       : (retryHint ?? delay(attempt));
     onDown({ error, retryInMs, unavailable });
+    if (closed) return; // onDown may have closed the stream
     timer = setTimer(connect, retryInMs);
   };
 

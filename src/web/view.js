@@ -77,6 +77,7 @@ export function sessionItem(session, current) {
       { class: 'session-sub muted' },
       `${session.host_surface} · executor ${session.executor_endpoint_id}`,
     ),
+    el('span', { class: 'session-id muted', text: session.session_id }),
     el('span', { class: 'session-meta' }, stateBadge(session.state), ' ', time(session.created_at)),
     capabilityList(session.capabilities, { compact: true }),
   );
@@ -95,10 +96,10 @@ export function sessionFacts(session) {
 }
 
 const STATE_WORDS = {
-  queued: 'Queued: waiting for the agent to pick it up',
-  claimed: 'Claimed: the agent is working on it',
-  completed: 'Answered',
-  cancelled: 'Cancelled',
+  queued: 'waiting for the agent',
+  claimed: 'the agent is working on it',
+  completed: 'answered',
+  cancelled: 'not answered',
 };
 
 function originWords(origin) {
@@ -114,8 +115,8 @@ export function turnItem(turn) {
   if (state === 'cancelled') {
     stateText =
       turn.cancel_reason === 'session_closed'
-        ? 'Cancelled: the session was closed before the agent picked it up'
-        : 'Cancelled';
+        ? 'the session was closed before the agent picked it up'
+        : 'not answered';
   }
   const stateLine = el(
     'p',

@@ -11,6 +11,7 @@ use std::time::Duration;
 use loopx::broker::Broker;
 use loopx::client::{Answer, Client, ClientError};
 use loopx::http::{self, AppState, OwnerToken};
+use loopx::lark::LarkConfig;
 use loopx::model::{
     BindRequest, ClaimAnswer, ClaimRequest, Claimed, CompleteRequest, EnqueueRequest, Enqueued,
     Origin, RegisterAgentThread, Session,
@@ -38,15 +39,33 @@ impl TestBroker {
     }
 
     pub async fn start_with(durability: Durability, keep_alive: Duration) -> Self {
+        Self::start_full(durability, keep_alive, None).await
+    }
+
+    /// A broker with the Lark connector on and its reply dispatcher running.
+    pub async fn start_lark(config: LarkConfig) -> Self {
+        Self::start_full(Durability::Relaxed, Duration::from_secs(15), Some(config)).await
+    }
+
+    async fn start_full(
+        durability: Durability,
+        keep_alive: Duration,
+        lark: Option<LarkConfig>,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("broker.db"), durability)
             .await
             .unwrap();
         let shutdown = CancellationToken::new();
+        let broker = Arc::new(Broker::new(Arc::new(store), shutdown.clone()));
+        if let Some(lark) = &lark {
+            broker.spawn_lark_dispatcher(lark.clone());
+        }
         let state = AppState {
-            broker: Arc::new(Broker::new(Arc::new(store), shutdown.clone())),
+            broker,
             owner_token: Arc::new(OwnerToken::new(TOKEN.into())),
             keep_alive,
+            lark: lark.map(Arc::new),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());

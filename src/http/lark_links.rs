@@ -1,0 +1,76 @@
+//! `/v1/sessions/{session_id}/lark-link`: which Lark chat feeds a session.
+
+use axum::Json;
+use axum::extract::State;
+use axum::routing::put;
+
+use super::{AppJson, AppPath, AppState};
+use crate::error::{ErrorBody, Result};
+use crate::model::{LarkLink, LarkLinkRequest};
+
+pub fn router() -> axum::Router<AppState> {
+    axum::Router::new().route(
+        "/v1/sessions/{session_id}/lark-link",
+        put(link).get(status).delete(unlink),
+    )
+}
+
+/// Link a Lark chat.
+///
+/// Messages from this Lark chat go to this session from now on. One open
+/// session per chat: a chat linked to another open session is 409
+/// `chat_linked` (unlink it there first); a session has at most one chat, so
+/// linking another chat replaces its link. Closing the session removes the link.
+#[utoipa::path(put, path = "/v1/sessions/{session_id}/lark-link", operation_id = "linkLarkChat", tag = "lark",
+    params(("session_id" = String, Path, description = "The session id.")),
+    request_body = LarkLinkRequest,
+    responses(
+        (status = 200, description = "Linked.", body = LarkLink),
+        (status = 400, description = "`invalid_request`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+        (status = 409, description = "`session_closed` or `chat_linked`.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+    ))]
+pub async fn link(
+    State(state): State<AppState>,
+    AppPath(session_id): AppPath<String>,
+    AppJson(link): AppJson<LarkLinkRequest>,
+) -> Result<Json<LarkLink>> {
+    Ok(Json(state.broker.lark_link(&session_id, link).await?))
+}
+
+/// Read a session's Lark link.
+///
+/// The linked chat, or `chat_id: null`.
+#[utoipa::path(get, path = "/v1/sessions/{session_id}/lark-link", operation_id = "getLarkLink", tag = "lark",
+    params(("session_id" = String, Path, description = "The session id.")),
+    responses(
+        (status = 200, description = "The link.", body = LarkLink),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+    ))]
+pub async fn status(
+    State(state): State<AppState>,
+    AppPath(session_id): AppPath<String>,
+) -> Result<Json<LarkLink>> {
+    Ok(Json(state.broker.lark_link_status(&session_id).await?))
+}
+
+/// Unlink the Lark chat.
+///
+/// Messages from the chat are acknowledged and no longer enqueued. Idempotent.
+#[utoipa::path(delete, path = "/v1/sessions/{session_id}/lark-link", operation_id = "unlinkLarkChat", tag = "lark",
+    params(("session_id" = String, Path, description = "The session id.")),
+    responses(
+        (status = 200, description = "Unlinked (`chat_id: null`).", body = LarkLink),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+    ))]
+pub async fn unlink(
+    State(state): State<AppState>,
+    AppPath(session_id): AppPath<String>,
+) -> Result<Json<LarkLink>> {
+    Ok(Json(state.broker.lark_unlink(&session_id).await?))
+}

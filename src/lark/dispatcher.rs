@@ -1,0 +1,325 @@
+//! The reply dispatcher: one per broker, it sends the outbox's pending replies
+//! with Lark's reply API. Woken by a completion (never polling fast), it
+//! honours Lark's rate limits, retries network errors and 5xx with jittered
+//! exponential backoff, refreshes the tenant token ahead of expiry and once on
+//! a token error, and records final errors instead of retrying forever. The
+//! Lark `uuid` comes from the turn, so a retried send never doubles a reply.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backon::BackoffBuilder;
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::LarkConfig;
+use crate::metrics::Metrics;
+use crate::model::ReplyState;
+use crate::store::{ReplyJob, ReplyUpdate, Store};
+use crate::time::now_ms;
+
+/// Lark's text limit per message, in bytes (150 KB), less room for the part note.
+const PART_BYTES: usize = 150_000 - 64;
+/// Token codes: refresh the tenant token and retry once.
+const TOKEN_CODES: [i64; 3] = [99991663, 99991671, 99991677];
+/// Rate-limit codes (also HTTP 429).
+const RATE_CODES: [i64; 2] = [99991400, 230020];
+/// Final codes: recorded on the turn, never retried.
+const FINAL_CODES: [i64; 5] = [230002, 230011, 230035, 230025, 230001];
+
+/// Why a send did not go through.
+enum Failure {
+    /// Try again after this long.
+    Retry(Duration, String),
+    /// Never try again.
+    Final(String),
+}
+
+pub struct Dispatcher {
+    store: Arc<dyn Store>,
+    config: LarkConfig,
+    http: reqwest::Client,
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
+    metrics: Arc<Metrics>,
+    token: Option<(String, Instant)>,
+    per_chat: DefaultKeyedRateLimiter<String>,
+    per_app: DefaultDirectRateLimiter,
+}
+
+impl Dispatcher {
+    pub fn new(
+        store: Arc<dyn Store>,
+        config: LarkConfig,
+        wake: Arc<Notify>,
+        shutdown: CancellationToken,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let quota = |n| Quota::per_second(NonZeroU32::new(n).expect("a positive quota"));
+        Self {
+            store,
+            config,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .expect("the HTTP client builds"),
+            wake,
+            shutdown,
+            metrics,
+            token: None,
+            per_chat: RateLimiter::keyed(quota(5)),
+            per_app: RateLimiter::direct(quota(50)),
+        }
+    }
+
+    /// Sends due replies until shutdown.
+    pub async fn run(mut self) {
+        let wake = self.wake.clone();
+        loop {
+            let woken = wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let due: Vec<ReplyJob> = self
+                .store
+                .due_replies(now_ms(), 32)
+                .await
+                .unwrap_or_default();
+            let busy = !due.is_empty();
+            for job in due {
+                if self.shutdown.is_cancelled() {
+                    return;
+                }
+                self.send(job).await;
+            }
+            if busy {
+                continue;
+            }
+            // Sleep until the next retry falls due (or a minute, as a safety net).
+            let next = self.store.next_reply_due().await.ok().flatten();
+            let wait = next.map_or(Duration::from_secs(60), |at| {
+                Duration::from_millis((at - now_ms()).clamp(0, 60_000) as u64)
+            });
+            tokio::select! {
+                _ = woken => {}
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    /// Sends a reply's remaining parts in order; records what happened.
+    async fn send(&mut self, job: ReplyJob) {
+        let parts = split(&job.text, PART_BYTES);
+        let mut update = ReplyUpdate {
+            parts_sent: job.parts_sent,
+            state: ReplyState::Pending,
+            attempts: job.attempts,
+            error: None,
+            next_attempt_at: now_ms(),
+        };
+        while (update.parts_sent as usize) < parts.len() {
+            let index = update.parts_sent as usize;
+            update.attempts += 1;
+            match self.send_part(&job, index, &parts[index]).await {
+                Ok(()) => update.parts_sent += 1,
+                Err(Failure::Retry(after, error))
+                    if update.attempts < i64::from(self.config.max_attempts) =>
+                {
+                    self.metrics
+                        .lark_replies
+                        .with_label_values(&["retried"])
+                        .inc();
+                    tracing::warn!(attempts = update.attempts, %error, "lark reply will be retried");
+                    update.error = Some(error);
+                    update.next_attempt_at = now_ms() + after.as_millis() as i64;
+                    return self.record(&job, update).await;
+                }
+                Err(Failure::Retry(_, error)) | Err(Failure::Final(error)) => {
+                    self.metrics
+                        .lark_replies
+                        .with_label_values(&["failed"])
+                        .inc();
+                    tracing::warn!(attempts = update.attempts, %error, "lark reply failed for good");
+                    update.state = ReplyState::Failed;
+                    update.error = Some(error);
+                    return self.record(&job, update).await;
+                }
+            }
+        }
+        self.metrics.lark_replies.with_label_values(&["sent"]).inc();
+        update.state = ReplyState::Sent;
+        update.error = None;
+        self.record(&job, update).await;
+    }
+
+    async fn record(&self, job: &ReplyJob, update: ReplyUpdate) {
+        if let Err(e) = self.store.record_reply(job.turn_id.clone(), update).await {
+            // The reply stays due; it is sent again with the same uuid.
+            tracing::error!(error = %e.message, "could not record a lark reply's progress");
+        }
+    }
+
+    async fn send_part(&mut self, job: &ReplyJob, index: usize, text: &str) -> Result<(), Failure> {
+        self.per_app.until_ready().await;
+        self.per_chat.until_key_ready(&job.chat_id).await;
+        let mut refreshed = false;
+        loop {
+            let token = self.token().await?;
+            let url = format!(
+                "{}/open-apis/im/v1/messages/{}/reply",
+                self.config.base_url, job.message_id
+            );
+            let body = json!({
+                "content": json!({ "text": text }).to_string(),
+                "msg_type": "text",
+                "reply_in_thread": false,
+                // Deterministic: the same turn and part always send the same uuid.
+                "uuid": format!("lx-{}-{index}", job.turn_id),
+            });
+            let response = self
+                .http
+                .post(&url)
+                .bearer_auth(&token)
+                .json(&body)
+                .send()
+                .await
+                .map_err(|e| self.retry(job, format!("network error: {}", e.without_url())))?;
+            let status = response.status();
+            let reset = response
+                .headers()
+                .get("x-ogw-ratelimit-reset")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            let answer: Value = response.json().await.unwrap_or(Value::Null);
+            let code = answer.get("code").and_then(Value::as_i64);
+            let msg = answer
+                .get("msg")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            match code {
+                Some(0) => return Ok(()),
+                Some(code) if TOKEN_CODES.contains(&code) && !refreshed => {
+                    refreshed = true;
+                    self.token = None;
+                }
+                _ if status.as_u16() == 429 || code.is_some_and(|c| RATE_CODES.contains(&c)) => {
+                    let after = reset.map_or_else(|| self.backoff(job), Duration::from_secs);
+                    return Err(Failure::Retry(
+                        after,
+                        format!("rate limited by Lark (code {code:?})"),
+                    ));
+                }
+                Some(code) if FINAL_CODES.contains(&code) => {
+                    return Err(Failure::Final(format!(
+                        "Lark refused the reply: code {code} ({msg})"
+                    )));
+                }
+                Some(code) => {
+                    return Err(self.retry(job, format!("Lark answered code {code} ({msg})")));
+                }
+                None => {
+                    return Err(
+                        self.retry(job, format!("Lark answered HTTP {status} without a code"))
+                    );
+                }
+            }
+        }
+    }
+
+    /// The cached tenant token, fetched when missing or within 10 minutes of expiry.
+    async fn token(&mut self) -> Result<String, Failure> {
+        if let Some((token, expires)) = &self.token
+            && Instant::now() + Duration::from_secs(600) < *expires
+        {
+            return Ok(token.clone());
+        }
+        let url = format!(
+            "{}/open-apis/auth/v3/tenant_access_token/internal",
+            self.config.base_url
+        );
+        let retry = |error: String| Failure::Retry(self.config.retry_base, error);
+        let answer: Value = self
+            .http
+            .post(&url)
+            .json(&json!({"app_id": self.config.app_id, "app_secret": self.config.app_secret}))
+            .send()
+            .await
+            .map_err(|e| retry(format!("token request failed: {}", e.without_url())))?
+            .json()
+            .await
+            .map_err(|_| retry("token answer is not JSON".into()))?;
+        let code = answer.get("code").and_then(Value::as_i64);
+        let token = answer.get("tenant_access_token").and_then(Value::as_str);
+        let (Some(0), Some(token)) = (code, token) else {
+            return Err(retry(format!(
+                "Lark refused the tenant token: code {code:?}"
+            )));
+        };
+        let expire = answer.get("expire").and_then(Value::as_u64).unwrap_or(7200);
+        self.token = Some((
+            token.to_owned(),
+            Instant::now() + Duration::from_secs(expire),
+        ));
+        Ok(token.to_owned())
+    }
+
+    fn retry(&self, job: &ReplyJob, error: String) -> Failure {
+        Failure::Retry(self.backoff(job), error)
+    }
+
+    /// Jittered exponential backoff by the reply's attempt count.
+    fn backoff(&self, job: &ReplyJob) -> Duration {
+        backon::ExponentialBuilder::default()
+            .with_min_delay(self.config.retry_base)
+            .with_max_delay(self.config.retry_max)
+            .with_jitter()
+            .without_max_times()
+            .build()
+            .nth(job.attempts.clamp(0, 30) as usize)
+            .unwrap_or(self.config.retry_max)
+    }
+}
+
+/// Splits an answer into parts of at most `limit` bytes on char boundaries,
+/// numbering them ("(1/3)") when there is more than one.
+fn split(text: &str, limit: usize) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut rest = text;
+    while rest.len() > limit {
+        let mut end = limit;
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        parts.push(rest[..end].to_owned());
+        rest = &rest[end..];
+    }
+    parts.push(rest.to_owned());
+    let count = parts.len();
+    if count > 1 {
+        for (i, part) in parts.iter_mut().enumerate() {
+            part.push_str(&format!("\n({}/{count})", i + 1));
+        }
+    }
+    parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split;
+
+    #[test]
+    fn long_answers_split_in_order_on_char_boundaries() {
+        assert_eq!(split("short", 10), vec!["short".to_owned()]);
+        let parts = split(&"é".repeat(10), 7);
+        assert_eq!(parts.len(), 4);
+        assert!(parts[0].starts_with("ééé") && parts[0].ends_with("(1/4)"));
+        let joined: String = parts
+            .iter()
+            .map(|p| p.split('\n').next().unwrap())
+            .collect();
+        assert_eq!(joined, "é".repeat(10));
+    }
+}

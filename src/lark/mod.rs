@@ -1,0 +1,69 @@
+//! The Lark (Feishu) connector: a verified webhook that enqueues text messages
+//! from linked chats, and a durable, idempotent reply path (an outbox written
+//! with the completion, sent by one background dispatcher). Wire facts:
+//! `shared/spec/LARK.md`.
+
+pub mod crypto;
+pub mod dispatcher;
+pub mod webhook;
+
+use std::time::Duration;
+
+/// Lark's Open Platform, China region.
+pub const DEFAULT_BASE_URL: &str = "https://open.feishu.cn";
+
+/// The connector's configuration. Secrets never print in `Debug`.
+#[derive(Clone)]
+pub struct LarkConfig {
+    pub app_id: String,
+    pub app_secret: String,
+    pub verification_token: String,
+    /// When set, events arrive encrypted and signed.
+    pub encrypt_key: Option<String>,
+    /// `https://open.feishu.cn`, `https://open.larksuite.com`, or a fake in tests.
+    pub base_url: String,
+    /// The first retry delay of a failed reply (doubling up to `retry_max`).
+    pub retry_base: Duration,
+    pub retry_max: Duration,
+    /// Replies that keep failing on the network are given up after this many attempts.
+    pub max_attempts: u32,
+    /// Events whose timestamp is further than this from now are refused (replays).
+    pub freshness: Duration,
+}
+
+impl LarkConfig {
+    pub fn new(
+        app_id: String,
+        app_secret: String,
+        verification_token: String,
+        encrypt_key: Option<String>,
+        base_url: String,
+    ) -> Self {
+        Self {
+            app_id,
+            app_secret,
+            verification_token,
+            encrypt_key: encrypt_key.filter(|k| !k.is_empty()),
+            base_url: base_url.trim_end_matches('/').to_owned(),
+            retry_base: Duration::from_secs(1),
+            retry_max: Duration::from_secs(300),
+            max_attempts: 12,
+            freshness: Duration::from_secs(300),
+        }
+    }
+}
+
+impl std::fmt::Debug for LarkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LarkConfig")
+            .field("app_id", &self.app_id)
+            .field("app_secret", &"<redacted>")
+            .field("verification_token", &"<redacted>")
+            .field(
+                "encrypt_key",
+                &self.encrypt_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field("base_url", &self.base_url)
+            .finish()
+    }
+}

@@ -1,0 +1,257 @@
+//! `POST /v1/connectors/lark/events`: Lark's event subscription webhook.
+//! Authenticated by Lark's signature and verification token (never the owner
+//! token); answers 200 only after the message is committed, and 401 for
+//! anything it cannot verify, storing nothing.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::LarkConfig;
+use super::crypto;
+use crate::broker::MAX_TEXT_BYTES;
+use crate::error::{Error, ErrorBody, ErrorCode, Result};
+use crate::http::AppState;
+use crate::store::{LarkEvent, LarkIngest};
+
+pub fn router() -> axum::Router<AppState> {
+    axum::Router::new().route("/v1/connectors/lark/events", post(events))
+}
+
+fn unauthorized(why: &'static str) -> Error {
+    tracing::warn!("lark webhook refused: {why}");
+    Error::new(
+        ErrorCode::Unauthorized,
+        "The Lark event could not be verified.",
+    )
+}
+
+/// Receive a Lark event.
+///
+/// Lark's event subscription webhook (schema 2.0). Answers the
+/// `url_verification` challenge; decrypts `{"encrypt": …}` bodies (AES-256-CBC);
+/// verifies `X-Lark-Signature` over the raw bytes (required when an encrypt key
+/// is configured) and refuses timestamps more than 5 minutes from now; checks
+/// the verification token in constant time. `im.message.receive_v1` text
+/// messages (mentions resolved to `@name`) from a linked chat are enqueued with
+/// `origin: "lark"` and `client_message_id` = the event id, and the 200 comes
+/// only after the commit. Redeliveries are deduplicated durably by
+/// `(app_id, event_id)`, with `message_id` as a second guard. Unlinked chats and
+/// non-text messages are acknowledged and not enqueued. Anything unverified is
+/// 401 and stores nothing; with the connector not configured, 404. Texts over
+/// 64 KiB are truncated with a visible note.
+#[utoipa::path(post, path = "/v1/connectors/lark/events", operation_id = "larkEvents", tag = "lark",
+    security(()),
+    request_body(content = Object, description = "Lark's event body, as Lark sends it (plain or `{\"encrypt\"}`).", content_type = "application/json"),
+    responses(
+        (status = 200, description = "Acknowledged (committed); or the challenge answer `{\"challenge\"}`.", body = Object),
+        (status = 401, description = "`unauthorized`: the event failed verification.", body = ErrorBody),
+        (status = 404, description = "`not_found`: the connector is not configured.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
+        (status = 429, description = "`queue_full`: Lark will redeliver.", body = ErrorBody),
+    ))]
+pub async fn events(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let Some(config) = state.lark.clone() else {
+        return Err(Error::new(
+            ErrorCode::NotFound,
+            "The Lark connector is not configured.",
+        ));
+    };
+    let payload = verified_payload(&config, &headers, &body)?;
+    if payload.get("type").and_then(Value::as_str) == Some("url_verification") {
+        let token = payload
+            .get("token")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if !crypto::secret_eq(token, &config.verification_token) {
+            return Err(unauthorized("wrong verification token on the challenge"));
+        }
+        let challenge = payload.get("challenge").cloned().unwrap_or(Value::Null);
+        return Ok(Json(json!({ "challenge": challenge })).into_response());
+    }
+    let envelope: Envelope =
+        serde_json::from_value(payload).map_err(|_| unauthorized("not a schema 2.0 event"))?;
+    if !crypto::secret_eq(&envelope.header.token, &config.verification_token) {
+        return Err(unauthorized("wrong verification token"));
+    }
+    if envelope.header.app_id != config.app_id {
+        return Err(unauthorized("an event for another app"));
+    }
+    let event = to_event(&config, envelope);
+    match state.broker.lark_event(event).await? {
+        LarkIngest::Enqueued { .. } => tracing::info!("lark message enqueued"),
+        LarkIngest::Duplicate => tracing::info!("lark redelivery acknowledged, not enqueued"),
+        LarkIngest::Unlinked => tracing::info!("lark message from an unlinked chat, not enqueued"),
+        LarkIngest::Unsupported => tracing::info!("lark event not enqueued: not a text message"),
+    }
+    Ok(Json(json!({})).into_response())
+}
+
+/// The event's JSON, after the signature, freshness and decryption checks.
+fn verified_payload(config: &LarkConfig, headers: &HeaderMap, body: &[u8]) -> Result<Value> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let signed = (
+        header("x-lark-request-timestamp"),
+        header("x-lark-request-nonce"),
+        header("x-lark-signature"),
+    );
+    match (&config.encrypt_key, signed) {
+        (Some(key), (Some(timestamp), Some(nonce), Some(signature))) => {
+            if !crypto::signature_matches(timestamp, nonce, key, body, signature) {
+                return Err(unauthorized("wrong signature"));
+            }
+            let sent: i64 = timestamp
+                .parse()
+                .map_err(|_| unauthorized("bad timestamp"))?;
+            let age = (crate::time::now_ms() / 1000 - sent).unsigned_abs();
+            if age > config.freshness.as_secs() {
+                return Err(unauthorized("stale timestamp"));
+            }
+        }
+        (Some(_), _) => return Err(unauthorized("missing signature")),
+        (None, _) => {}
+    }
+    let value: Value = serde_json::from_slice(body).map_err(|_| unauthorized("not JSON"))?;
+    match (
+        value.get("encrypt").and_then(Value::as_str),
+        &config.encrypt_key,
+    ) {
+        (Some(encrypted), Some(key)) => {
+            let plain =
+                crypto::decrypt(key, encrypted).ok_or_else(|| unauthorized("does not decrypt"))?;
+            serde_json::from_slice(&plain).map_err(|_| unauthorized("decrypted body is not JSON"))
+        }
+        (Some(_), None) => Err(unauthorized(
+            "encrypted body while no encrypt key is configured",
+        )),
+        (None, Some(_)) => Err(unauthorized(
+            "plain body while an encrypt key is configured",
+        )),
+        (None, None) => Ok(value),
+    }
+}
+
+#[derive(Deserialize)]
+struct Envelope {
+    header: Header,
+    #[serde(default)]
+    event: Value,
+}
+
+#[derive(Deserialize)]
+struct Header {
+    event_id: String,
+    #[serde(default)]
+    event_type: String,
+    token: String,
+    app_id: String,
+}
+
+#[derive(Deserialize)]
+struct Message {
+    message_id: String,
+    chat_id: String,
+    message_type: String,
+    #[serde(default)]
+    content: String,
+    #[serde(default)]
+    mentions: Vec<Mention>,
+}
+
+#[derive(Deserialize)]
+struct Mention {
+    key: String,
+    #[serde(default)]
+    name: String,
+}
+
+fn to_event(config: &LarkConfig, envelope: Envelope) -> LarkEvent {
+    let mut event = LarkEvent {
+        app_id: config.app_id.clone(),
+        event_id: envelope.header.event_id,
+        message_id: None,
+        chat_id: None,
+        text: None,
+    };
+    if envelope.header.event_type != "im.message.receive_v1" {
+        return event;
+    }
+    let Ok(message) = serde_json::from_value::<Message>(envelope.event["message"].clone()) else {
+        return event;
+    };
+    event.message_id = Some(message.message_id);
+    event.chat_id = Some(message.chat_id);
+    if message.message_type == "text" {
+        event.text = text_of(&message.content, &message.mentions);
+    }
+    event
+}
+
+/// The text of a `text` message, `@_user_N` placeholders resolved to `@name`,
+/// truncated to the broker's limit with a visible note.
+fn text_of(content: &str, mentions: &[Mention]) -> Option<String> {
+    let content: Value = serde_json::from_str(content).ok()?;
+    let mut text = content.get("text")?.as_str()?.to_owned();
+    // Longest keys first, so `@_user_1` never eats into `@_user_10`.
+    let mut mentions: Vec<&Mention> = mentions.iter().collect();
+    mentions.sort_by_key(|m| std::cmp::Reverse(m.key.len()));
+    for mention in mentions {
+        text = text.replace(&mention.key, &format!("@{}", mention.name));
+    }
+    let text = text.trim().to_owned();
+    if text.is_empty() {
+        return None;
+    }
+    Some(truncate(text, MAX_TEXT_BYTES))
+}
+
+fn truncate(text: String, limit: usize) -> String {
+    const NOTE: &str = "\n[truncated by LoopX: the message was longer than 64 KiB]";
+    if text.len() <= limit {
+        return text;
+    }
+    let mut end = limit - NOTE.len();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{NOTE}", &text[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mentions_resolve_by_key_longest_first() {
+        let mentions = vec![
+            Mention {
+                key: "@_user_1".into(),
+                name: "Tom".into(),
+            },
+            Mention {
+                key: "@_user_10".into(),
+                name: "Ann".into(),
+            },
+        ];
+        let text = text_of(r#"{"text":"@_user_1 hi @_user_10"}"#, &mentions).unwrap();
+        assert_eq!(text, "@Tom hi @Ann");
+        assert_eq!(text_of(r#"{"text":"  "}"#, &[]), None);
+        assert_eq!(text_of("not json", &[]), None);
+    }
+
+    #[test]
+    fn long_texts_are_truncated_with_a_note_on_a_char_boundary() {
+        let text = truncate("é".repeat(40_000), MAX_TEXT_BYTES);
+        assert!(text.len() <= MAX_TEXT_BYTES);
+        assert!(text.ends_with("longer than 64 KiB]"));
+    }
+}

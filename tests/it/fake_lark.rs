@@ -1,0 +1,691 @@
+//! A fake Lark (Feishu) Open Platform on loopback that behaves as
+//! `shared/spec/LARK.md` says, for both directions of the connector:
+//!
+//! - the server side the broker's reply path talks to: tenant tokens with an
+//!   `expire`, the reply API with its bearer check, `uuid` de-duplication for an
+//!   hour and failures on demand (invalid token, rate limits, 5xx, final codes);
+//! - the client side that delivers events to the broker's webhook exactly as
+//!   Lark does: `application/json;charset=utf-8`, signed over the exact bytes
+//!   sent, encrypted with AES-256-CBC and a random IV when a key is set.
+
+#![allow(dead_code)]
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aes::cipher::{BlockDecryptMut, BlockEncryptMut, KeyIvInit, block_padding::Pkcs7};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use base64::Engine;
+use loopx::lark::LarkConfig;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub const APP_ID: &str = "cli_9f5343c580712544";
+pub const APP_SECRET: &str = "fake-app-secret-0123456789";
+pub const VERIFICATION_TOKEN: &str = "rvaYgkND1GOiu5MM0E1rncYC6PLtF7JV";
+pub const ENCRYPT_KEY: &str = "fake encrypt key 0123";
+const TENANT_KEY: &str = "2ca1d211f64f6438";
+/// Lark refuses reply bodies over 150 KB (230025).
+pub const MAX_BODY: usize = 150 * 1024;
+/// How long Lark remembers a reply's `uuid`.
+const UUID_WINDOW: Duration = Duration::from_secs(3600);
+
+/// A failure the fake answers a reply request with, instead of sending it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Revokes every token issued so far and answers 400, code 99991663: the
+    /// broker must fetch a new token (its cached one stays refused).
+    TokenInvalid,
+    /// HTTP 429, code 99991400, `x-ogw-ratelimit-reset: 1`.
+    TooManyRequests,
+    /// HTTP 200 (!), code 99991400, `x-ogw-ratelimit-reset: 1`: only the code says so.
+    RateLimitCode,
+    /// HTTP 500 with a plain-text body (a gateway error, not JSON).
+    ServerError,
+    /// HTTP 400, code 230002: the bot is not in the chat. Final.
+    BotNotInChat,
+}
+
+/// One reply request as the fake received it.
+#[derive(Debug, Clone)]
+pub struct ReplyRequest {
+    /// The `{message_id}` path parameter: the Lark message answered.
+    pub message_id: String,
+    /// `content` decoded again: its `text`.
+    pub text: String,
+    pub uuid: String,
+    pub msg_type: String,
+    pub reply_in_thread: Option<bool>,
+    pub bearer: String,
+    pub body_len: usize,
+    pub at: Instant,
+    /// What the fake answered: the Lark `code` (0 for success) and the HTTP status.
+    pub code: i64,
+    pub status: u16,
+    /// A repeated `uuid`: answered with success, no second visible message.
+    pub deduplicated: bool,
+}
+
+#[derive(Default)]
+struct Inner {
+    token_expire: i64,
+    tokens: HashMap<String, Instant>,
+    token_requests: usize,
+    issued: usize,
+    requests: Vec<ReplyRequest>,
+    /// The visible messages the bot posted.
+    replies: Vec<ReplyRequest>,
+    uuids: HashMap<String, (Instant, String)>,
+    failures: VecDeque<Failure>,
+    always: Option<Failure>,
+}
+
+/// The fake Lark server.
+pub struct FakeLark {
+    pub url: String,
+    inner: Arc<Mutex<Inner>>,
+    shutdown: CancellationToken,
+    server: JoinHandle<()>,
+}
+
+impl FakeLark {
+    pub async fn start() -> FakeLark {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let inner = Arc::new(Mutex::new(Inner {
+            token_expire: 7200,
+            ..Inner::default()
+        }));
+        let app = Router::new()
+            .route(
+                "/open-apis/auth/v3/tenant_access_token/internal",
+                post(tenant_token),
+            )
+            .route("/open-apis/im/v1/messages/{message_id}/reply", post(reply))
+            .with_state(inner.clone());
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await
+                .unwrap();
+        });
+        FakeLark {
+            url,
+            inner,
+            shutdown,
+            server,
+        }
+    }
+
+    /// The broker's connector configuration for this fake, with fast retries.
+    pub fn config(&self, encrypt_key: Option<&str>) -> LarkConfig {
+        let mut config = LarkConfig::new(
+            APP_ID.into(),
+            APP_SECRET.into(),
+            VERIFICATION_TOKEN.into(),
+            encrypt_key.map(str::to_owned),
+            self.url.clone(),
+        );
+        config.retry_base = Duration::from_millis(50);
+        config.retry_max = Duration::from_millis(500);
+        config
+    }
+
+    /// The real binary's flags for this fake.
+    pub fn flags(&self, encrypt_key: Option<&str>) -> Vec<String> {
+        lark_flags(&self.url, encrypt_key)
+    }
+
+    /// The `expire` (seconds) of the tokens issued from now on.
+    pub fn set_token_expire(&self, seconds: i64) {
+        self.inner.lock().unwrap().token_expire = seconds;
+    }
+
+    /// The next reply requests fail like this, one failure each, in order.
+    pub fn fail_next(&self, failures: impl IntoIterator<Item = Failure>) {
+        self.inner.lock().unwrap().failures.extend(failures);
+    }
+
+    /// Every reply request fails like this (until set to `None`).
+    pub fn fail_always(&self, failure: Option<Failure>) {
+        self.inner.lock().unwrap().always = failure;
+    }
+
+    pub fn token_requests(&self) -> usize {
+        self.inner.lock().unwrap().token_requests
+    }
+
+    /// Every reply request received, failed and de-duplicated ones included.
+    pub fn requests(&self) -> Vec<ReplyRequest> {
+        self.inner.lock().unwrap().requests.clone()
+    }
+
+    /// The visible messages the bot posted.
+    pub fn replies(&self) -> Vec<ReplyRequest> {
+        self.inner.lock().unwrap().replies.clone()
+    }
+
+    /// The visible replies to one Lark message.
+    pub fn replies_to(&self, message_id: &str) -> Vec<ReplyRequest> {
+        self.replies()
+            .into_iter()
+            .filter(|r| r.message_id == message_id)
+            .collect()
+    }
+
+    /// Waits until `count` reply requests have arrived (panics after `within`).
+    pub async fn wait_for_requests(&self, count: usize, within: Duration) -> Vec<ReplyRequest> {
+        let deadline = Instant::now() + within;
+        loop {
+            let requests = self.requests();
+            if requests.len() >= count {
+                return requests;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {count} reply requests arrived within {within:?}: {requests:?}",
+                requests.len()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Stops answering (the port closes).
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
+    }
+}
+
+impl Drop for FakeLark {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        self.server.abort();
+    }
+}
+
+/// `--lark-…` flags for the real binary.
+pub fn lark_flags(base_url: &str, encrypt_key: Option<&str>) -> Vec<String> {
+    let mut flags = vec![
+        "--lark-app-id".to_owned(),
+        APP_ID.to_owned(),
+        "--lark-app-secret".to_owned(),
+        APP_SECRET.to_owned(),
+        "--lark-verification-token".to_owned(),
+        VERIFICATION_TOKEN.to_owned(),
+        "--lark-base-url".to_owned(),
+        base_url.to_owned(),
+    ];
+    if let Some(key) = encrypt_key {
+        flags.push("--lark-encrypt-key".to_owned());
+        flags.push(key.to_owned());
+    }
+    flags
+}
+
+fn lark_json(status: StatusCode, code: i64, msg: &str, data: Option<Value>) -> Response {
+    let mut body = json!({"code": code, "msg": msg});
+    if let Some(data) = data {
+        body["data"] = data;
+    }
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// `POST /open-apis/auth/v3/tenant_access_token/internal`.
+async fn tenant_token(State(inner): State<Arc<Mutex<Inner>>>, body: Bytes) -> Response {
+    let mut inner = inner.lock().unwrap();
+    inner.token_requests += 1;
+    let Ok(request) = serde_json::from_slice::<Value>(&body) else {
+        return lark_json(StatusCode::BAD_REQUEST, 9499, "Bad Request", None);
+    };
+    if request["app_id"] != APP_ID || request["app_secret"] != APP_SECRET {
+        return lark_json(StatusCode::BAD_REQUEST, 10014, "app secret invalid", None);
+    }
+    inner.issued += 1;
+    let token = format!("t-fake{:04}{}", inner.issued, ulid::Ulid::new());
+    let expire = inner.token_expire;
+    inner.tokens.insert(
+        token.clone(),
+        Instant::now() + Duration::from_secs(expire.max(0) as u64),
+    );
+    // Fields at the top level, as Lark's auth API answers.
+    let body = json!({"code": 0, "msg": "ok", "tenant_access_token": token, "expire": expire});
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// `POST /open-apis/im/v1/messages/{message_id}/reply`.
+async fn reply(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    Path(message_id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let mut inner = inner.lock().unwrap();
+    let now = Instant::now();
+    let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let content = parsed["content"].as_str().unwrap_or_default();
+    let text = serde_json::from_str::<Value>(content)
+        .ok()
+        .and_then(|c| c["text"].as_str().map(str::to_owned));
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
+        .to_owned();
+    let mut request = ReplyRequest {
+        message_id: message_id.clone(),
+        text: text.clone().unwrap_or_default(),
+        uuid: parsed["uuid"].as_str().unwrap_or_default().to_owned(),
+        msg_type: parsed["msg_type"].as_str().unwrap_or_default().to_owned(),
+        reply_in_thread: parsed["reply_in_thread"].as_bool(),
+        bearer: bearer.clone(),
+        body_len: body.len(),
+        at: now,
+        code: 0,
+        status: 200,
+        deduplicated: false,
+    };
+    let (status, code, msg, rate_limited) = 'answer: {
+        // An injected failure is spent only by a request with a valid token
+        // (except the token failure itself, which revokes every token).
+        if inner.failures.front() == Some(&Failure::TokenInvalid) {
+            inner.failures.pop_front();
+            inner.tokens.clear();
+        }
+        let token_ok = inner.tokens.get(&bearer).is_some_and(|expiry| now < *expiry);
+        let failure = if token_ok {
+            inner.failures.pop_front().or(inner.always)
+        } else {
+            None
+        };
+        if !token_ok {
+            break 'answer (
+                StatusCode::BAD_REQUEST,
+                99991663,
+                "Invalid access token for authorization. Please make a request with token attached.",
+                false,
+            );
+        }
+        match failure {
+            Some(Failure::TooManyRequests) => {
+                break 'answer (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    99991400,
+                    "request trigger frequency limit",
+                    true,
+                );
+            }
+            Some(Failure::RateLimitCode) => {
+                break 'answer (
+                    StatusCode::OK,
+                    99991400,
+                    "request trigger frequency limit",
+                    true,
+                );
+            }
+            Some(Failure::ServerError) => {
+                request.code = -1;
+                request.status = 500;
+                inner.requests.push(request);
+                return (StatusCode::INTERNAL_SERVER_ERROR, "upstream connect error").into_response();
+            }
+            Some(Failure::BotNotInChat) => {
+                break 'answer (
+                    StatusCode::BAD_REQUEST,
+                    230002,
+                    "Bot/User can NOT be out of the chat.",
+                    false,
+                );
+            }
+            Some(Failure::TokenInvalid) | None => {}
+        }
+        if body.len() > MAX_BODY {
+            break 'answer (StatusCode::BAD_REQUEST, 230025, "The message is too long.", false);
+        }
+        let uuid_ok = !request.uuid.is_empty() && request.uuid.chars().count() <= 50;
+        if text.is_none()
+            || request.msg_type != "text"
+            || parsed["uuid"].is_string() && !uuid_ok
+        {
+            break 'answer (StatusCode::BAD_REQUEST, 230001, "invalid request parameter", false);
+        }
+        (StatusCode::OK, 0, "success", false)
+    };
+    request.code = code;
+    request.status = status.as_u16();
+    if code != 0 {
+        inner.requests.push(request);
+        let mut response = lark_json(status, code, msg, None);
+        if rate_limited {
+            response
+                .headers_mut()
+                .insert("x-ogw-ratelimit-reset", "1".parse().unwrap());
+            response
+                .headers_mut()
+                .insert("x-ogw-ratelimit-limit", "50".parse().unwrap());
+        }
+        return response;
+    }
+    // Idempotent by uuid for an hour: the same answer, no second message.
+    inner.uuids.retain(|_, (at, _)| now.duration_since(*at) < UUID_WINDOW);
+    let known = if request.uuid.is_empty() {
+        None
+    } else {
+        inner.uuids.get(&request.uuid).map(|(_, id)| id.clone())
+    };
+    let posted_id = match known {
+        Some(id) => {
+            request.deduplicated = true;
+            id
+        }
+        None => {
+            let id = format!("om_reply_{}", ulid::Ulid::new());
+            if !request.uuid.is_empty() {
+                inner.uuids.insert(request.uuid.clone(), (now, id.clone()));
+            }
+            inner.replies.push(request.clone());
+            id
+        }
+    };
+    inner.requests.push(request);
+    lark_json(
+        StatusCode::OK,
+        0,
+        "success",
+        Some(json!({
+            "message_id": posted_id,
+            "root_id": message_id,
+            "parent_id": message_id,
+            "msg_type": "text",
+            "create_time": "1609073151345",
+            "update_time": "1609073151345",
+            "deleted": false,
+            "updated": false,
+            "chat_id": "oc_fake",
+            "sender": {"id": APP_ID, "id_type": "app_id", "sender_type": "app", "tenant_key": TENANT_KEY},
+            "body": {"content": content},
+        })),
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Lark's crypto, on the RustCrypto crates.
+
+type Aes256CbcEnc = cbc::Encryptor<aes::Aes256>;
+type Aes256CbcDec = cbc::Decryptor<aes::Aes256>;
+
+/// `base64(iv ++ AES-256-CBC(key = SHA-256(encrypt_key), PKCS7(plain)))`, random IV.
+pub fn encrypt(encrypt_key: &str, plain: &[u8]) -> String {
+    let key = Sha256::digest(encrypt_key.as_bytes());
+    let mut iv = [0u8; 16];
+    getrandom::fill(&mut iv).unwrap();
+    let mut buffer = vec![0u8; plain.len() + 16];
+    buffer[..plain.len()].copy_from_slice(plain);
+    let ciphertext = Aes256CbcEnc::new_from_slices(&key, &iv)
+        .unwrap()
+        .encrypt_padded_mut::<Pkcs7>(&mut buffer, plain.len())
+        .unwrap();
+    let mut data = iv.to_vec();
+    data.extend_from_slice(ciphertext);
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+/// The inverse of [`encrypt`] (to check the fake against LARK.md's vector).
+pub fn decrypt(encrypt_key: &str, encrypted: &str) -> Option<Vec<u8>> {
+    let mut data = base64::engine::general_purpose::STANDARD
+        .decode(encrypted)
+        .ok()?;
+    if data.len() < 32 || data.len() % 16 != 0 {
+        return None;
+    }
+    let key = Sha256::digest(encrypt_key.as_bytes());
+    let (iv, ciphertext) = data.split_at_mut(16);
+    let plain = Aes256CbcDec::new_from_slices(&key, iv)
+        .ok()?
+        .decrypt_padded_mut::<Pkcs7>(ciphertext)
+        .ok()?;
+    Some(plain.to_vec())
+}
+
+/// `lowercase_hex(SHA-256(timestamp + nonce + encrypt_key ++ body))`.
+pub fn signature(timestamp: &str, nonce: &str, encrypt_key: &str, body: &[u8]) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(timestamp.as_bytes());
+    hasher.update(nonce.as_bytes());
+    hasher.update(encrypt_key.as_bytes());
+    hasher.update(body);
+    hex::encode(hasher.finalize())
+}
+
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+// ---------------------------------------------------------------------------
+// The client side: Lark delivering events to the broker's webhook.
+
+/// One HTTP delivery: the exact bytes and the headers Lark would send.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub body: Vec<u8>,
+    pub timestamp: String,
+    pub nonce: String,
+    /// `None`: the signature headers are left off.
+    pub signature: Option<String>,
+}
+
+/// What the broker answered.
+#[derive(Debug, Clone)]
+pub struct Ack {
+    pub status: u16,
+    pub content_type: String,
+    pub body: Value,
+    pub elapsed: Duration,
+}
+
+impl Ack {
+    pub fn error_code(&self) -> String {
+        self.body["error"]["code"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+/// Lark's event subscription, posting to one broker.
+#[derive(Clone)]
+pub struct LarkEvents {
+    pub url: String,
+    pub app_id: String,
+    pub verification_token: String,
+    pub encrypt_key: Option<String>,
+    http: reqwest::Client,
+}
+
+impl LarkEvents {
+    /// Posts to `{broker_url}/v1/connectors/lark/events` as the app configured
+    /// by [`FakeLark::config`] with this encrypt key.
+    pub fn new(broker_url: &str, encrypt_key: Option<&str>) -> LarkEvents {
+        LarkEvents {
+            url: format!("{broker_url}/v1/connectors/lark/events"),
+            app_id: APP_ID.into(),
+            verification_token: VERIFICATION_TOKEN.into(),
+            encrypt_key: encrypt_key.map(str::to_owned),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// A schema 2.0 `im.message.receive_v1` event with a text message.
+    pub fn text_message(&self, event_id: &str, chat_id: &str, message_id: &str, text: &str) -> Value {
+        self.message(
+            event_id,
+            chat_id,
+            message_id,
+            "text",
+            &json!({"text": text}).to_string(),
+        )
+    }
+
+    /// A schema 2.0 `im.message.receive_v1` event; `content` is the JSON string
+    /// Lark puts in `message.content`. No mentions, no root or parent, and a
+    /// null `user_id`, as Lark may send them.
+    pub fn message(
+        &self,
+        event_id: &str,
+        chat_id: &str,
+        message_id: &str,
+        message_type: &str,
+        content: &str,
+    ) -> Value {
+        json!({
+            "schema": "2.0",
+            "header": {
+                "event_id": event_id,
+                "event_type": "im.message.receive_v1",
+                "create_time": format!("{}000", unix_now()),
+                "token": self.verification_token,
+                "app_id": self.app_id,
+                "tenant_key": TENANT_KEY,
+            },
+            "event": {
+                "sender": {
+                    "sender_id": {
+                        "union_id": "on_8ed6aa67826108097d9ee143816345",
+                        "user_id": null,
+                        "open_id": "ou_84aad35d084aa403a838cf73ee18467",
+                    },
+                    "sender_type": "user",
+                    "tenant_key": "736588c9260f175e",
+                },
+                "message": {
+                    "message_id": message_id,
+                    "create_time": format!("{}000", unix_now()),
+                    "update_time": format!("{}000", unix_now()),
+                    "chat_id": chat_id,
+                    "chat_type": "group",
+                    "message_type": message_type,
+                    "content": content,
+                },
+            },
+        })
+    }
+
+    /// The `url_verification` request (no schema, token at the top level).
+    pub fn challenge(&self, challenge: &str) -> Value {
+        json!({"challenge": challenge, "token": self.verification_token, "type": "url_verification"})
+    }
+
+    /// The bytes Lark sends for this event: `{"encrypt": …}` when a key is set
+    /// (a fresh random IV each time), else the JSON itself.
+    pub fn body(&self, event: &Value) -> Vec<u8> {
+        let plain = serde_json::to_vec(event).unwrap();
+        match &self.encrypt_key {
+            Some(key) => json!({"encrypt": encrypt(key, &plain)}).to_string().into_bytes(),
+            None => plain,
+        }
+    }
+
+    /// Signs these exact bytes now, with a fresh nonce.
+    pub fn sign(&self, body: Vec<u8>) -> Delivery {
+        self.sign_at(body, unix_now())
+    }
+
+    /// Signs these exact bytes with the given timestamp.
+    pub fn sign_at(&self, body: Vec<u8>, timestamp: i64) -> Delivery {
+        let timestamp = timestamp.to_string();
+        let mut nonce = [0u8; 4];
+        getrandom::fill(&mut nonce).unwrap();
+        let nonce = u32::from_le_bytes(nonce).to_string();
+        let key = self.encrypt_key.as_deref().unwrap_or_default();
+        Delivery {
+            signature: Some(signature(&timestamp, &nonce, key, &body)),
+            body,
+            timestamp,
+            nonce,
+        }
+    }
+
+    /// Sends one delivery as Lark does.
+    pub async fn send(&self, delivery: &Delivery) -> Ack {
+        let mut request = self
+            .http
+            .post(&self.url)
+            .header(header::CONTENT_TYPE, "application/json;charset=utf-8")
+            .header(header::USER_AGENT, "Go-http-client/1.1")
+            .timeout(Duration::from_secs(10))
+            .body(delivery.body.clone());
+        if let Some(signature) = &delivery.signature {
+            request = request
+                .header("X-Lark-Request-Timestamp", &delivery.timestamp)
+                .header("X-Lark-Request-Nonce", &delivery.nonce)
+                .header("X-Lark-Signature", signature);
+        }
+        let started = Instant::now();
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let text = response.text().await.unwrap();
+        let elapsed = started.elapsed();
+        let body = serde_json::from_str(&text)
+            .unwrap_or_else(|_| panic!("the webhook answered non-JSON ({status}): {text:?}"));
+        Ack {
+            status,
+            content_type,
+            body,
+            elapsed,
+        }
+    }
+
+    /// Encodes, signs and sends an event: one delivery (a redelivery is just
+    /// another call with the same event).
+    pub async fn post(&self, event: &Value) -> Ack {
+        let delivery = self.sign(self.body(event));
+        self.send(&delivery).await
+    }
+}
+
+#[test]
+fn the_fakes_crypto_matches_larks_test_vectors() {
+    assert_eq!(
+        decrypt("test key", "P37w+VZImNgPEO1RBhJ6RtKl7n6zymIbEG1pReEzghk=").unwrap(),
+        b"hello world"
+    );
+    let body = br#"{"encrypt":"P37w+VZImNgPEO1RBhJ6RtKl7n6zymIbEG1pReEzghk="}"#;
+    assert_eq!(
+        signature("1752346850", "950646929", "test key", body),
+        "44cd1c114dbce2df6d5c0a5e849db7d1c34e597708c36e3112157c8c322e0d1e"
+    );
+    for plain in [&b""[..], b"x", b"0123456789abcdef", "héllo wörld, 你好".as_bytes()] {
+        let one = encrypt("k", plain);
+        let two = encrypt("k", plain);
+        assert_ne!(one, two, "a random IV each time");
+        assert_eq!(decrypt("k", &one).unwrap(), plain);
+        assert_eq!(decrypt("k", &two).unwrap(), plain);
+    }
+}
