@@ -35,6 +35,10 @@ pub enum Command {
     ///
     /// Example: loopx chat send --session-id ses_01JD... --text "Please summarise the failing test."
     Chat(crate::bridge::ChatArgs),
+    /// The Lark connector: link, unlink or show a session's Lark chat.
+    ///
+    /// Example: loopx lark link --session-id ses_01JD... --chat-id oc_...
+    Lark(crate::bridge::LarkArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -57,6 +61,7 @@ pub fn main() -> ExitCode {
         }
         Command::WorkerBridge(args) => crate::bridge::run_worker_bridge(args),
         Command::Chat(args) => crate::bridge::run_chat(args),
+        Command::Lark(args) => crate::bridge::run_lark(args),
     }
 }
 

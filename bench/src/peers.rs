@@ -98,9 +98,16 @@ impl RedisServer {
             .query_async::<()>(&mut conn)
             .await?;
         for lane in 0..lanes {
-            words(&["XGROUP", "CREATE", &format!("{prefix}:{lane}"), "g", "$", "MKSTREAM"])
-                .query_async::<()>(&mut conn)
-                .await?;
+            words(&[
+                "XGROUP",
+                "CREATE",
+                &format!("{prefix}:{lane}"),
+                "g",
+                "$",
+                "MKSTREAM",
+            ])
+            .query_async::<()>(&mut conn)
+            .await?;
         }
         Ok(RedisQueue {
             client: self.client.clone(),
@@ -135,9 +142,15 @@ impl Queue for RedisQueue {
     }
 
     async fn enqueue(&self, conn: &mut Self::Conn, lane: usize) -> Result<()> {
-        words(&["XADD", &format!("{}:{lane}", self.prefix), "*", "m", "hello"])
-            .query_async::<Value>(conn)
-            .await?;
+        words(&[
+            "XADD",
+            &format!("{}:{lane}", self.prefix),
+            "*",
+            "m",
+            "hello",
+        ])
+        .query_async::<Value>(conn)
+        .await?;
         Ok(())
     }
 
@@ -149,9 +162,31 @@ impl Queue for RedisQueue {
     ) -> Result<Option<Vec<u8>>> {
         let stream = format!("{}:{lane}", self.prefix);
         let cmd = if wait {
-            words(&["XREADGROUP", "GROUP", "g", "c", "COUNT", "1", "BLOCK", "0", "STREAMS", &stream, ">"])
+            words(&[
+                "XREADGROUP",
+                "GROUP",
+                "g",
+                "c",
+                "COUNT",
+                "1",
+                "BLOCK",
+                "0",
+                "STREAMS",
+                &stream,
+                ">",
+            ])
         } else {
-            words(&["XREADGROUP", "GROUP", "g", "c", "COUNT", "1", "STREAMS", &stream, ">"])
+            words(&[
+                "XREADGROUP",
+                "GROUP",
+                "g",
+                "c",
+                "COUNT",
+                "1",
+                "STREAMS",
+                &stream,
+                ">",
+            ])
         };
         Ok(first_entry_id(cmd.query_async::<Value>(conn).await?))
     }

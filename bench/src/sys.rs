@@ -188,7 +188,6 @@ pub struct Percentiles {
     pub p50: f64,
     pub p99: f64,
     pub max: f64,
-    pub count: usize,
 }
 
 pub fn percentiles(samples: &mut [Duration]) -> Percentiles {
@@ -204,7 +203,6 @@ pub fn percentiles(samples: &mut [Duration]) -> Percentiles {
         p50: at(0.50),
         p99: at(0.99),
         max: at(1.0),
-        count: samples.len(),
     }
 }
 

@@ -181,6 +181,18 @@ async function allTurns(broker, sessionId) {
 // --- the run ---
 
 const broker = new Broker();
+
+// If this script is interrupted, or exits before `after` ran, the broker
+// child must not outlive it (the browser is a child of playwright, which
+// ends it on exit).
+process.on('exit', () => {
+  if (broker.child && broker.child.exitCode === null && broker.child.signalCode === null) {
+    broker.child.kill('SIGKILL');
+  }
+});
+for (const signal of ['SIGINT', 'SIGTERM']) {
+  process.once(signal, () => process.exit(130));
+}
 let browser;
 let context;
 let page;

@@ -573,7 +573,11 @@ async fn local_usage_errors_exit_2() {
 
 #[tokio::test]
 async fn every_command_has_help_with_an_example() {
-    let commands: [&[&str]; 11] = [
+    let commands: [&[&str]; 15] = [
+        &["lark"],
+        &["lark", "link"],
+        &["lark", "unlink"],
+        &["lark", "status"],
         &["worker-bridge"],
         &["chat"],
         &["worker-bridge", "bind-agent-thread"],
@@ -823,4 +827,47 @@ async fn the_example_bridge_script_answers_and_stops_on_sigterm() {
     }
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("stopped"), "{stderr}");
+}
+
+#[tokio::test]
+async fn lark_link_status_and_unlink_through_the_cli() {
+    let broker = TestBroker::start().await;
+    let host = support::bound_host(&broker.client).await;
+    let sid = host.session_id();
+    let linked = loopx(
+        &broker,
+        &["lark", "link", "--session-id", sid, "--chat-id", "oc_team"],
+    )
+    .await;
+    linked.ok();
+    assert!(linked.stdout.contains("oc_team"), "{linked:?}");
+    let status = loopx(
+        &broker,
+        &["lark", "status", "--session-id", sid, "--format", "json"],
+    )
+    .await;
+    assert_eq!(
+        status.ok().json(),
+        serde_json::json!({"session_id": sid, "chat_id": "oc_team"})
+    );
+    let other = support::bound_host(&broker.client).await;
+    let taken = loopx(
+        &broker,
+        &[
+            "lark",
+            "link",
+            "--session-id",
+            other.session_id(),
+            "--chat-id",
+            "oc_team",
+        ],
+    )
+    .await;
+    assert_eq!(taken.code, 1);
+    assert!(taken.stderr.contains("chat_linked"), "{taken:?}");
+    loopx(&broker, &["lark", "unlink", "--session-id", sid])
+        .await
+        .ok();
+    let after = loopx(&broker, &["lark", "status", "--session-id", sid]).await;
+    assert!(after.ok().stdout.contains("no Lark chat"), "{after:?}");
 }
