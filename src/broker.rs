@@ -75,10 +75,18 @@ pub enum BindAnswer {
 impl Broker {
     /// `shutdown` ends parked claims with `claimed: false`.
     pub fn new(store: Arc<dyn Store>, shutdown: CancellationToken) -> Self {
+        let claimable: Arc<Wakeups> = Default::default();
+        let changes: Arc<Wakeups> = Default::default();
+        // Changes committed by other replicas wake the waiters of this one.
+        let (wake_claims, wake_streams) = (claimable.clone(), changes.clone());
+        store.watch(Arc::new(move |session_id: &str| {
+            wake_claims.wake(session_id);
+            wake_streams.wake(session_id);
+        }));
         Self {
             store,
-            claimable: Default::default(),
-            changes: Default::default(),
+            claimable,
+            changes,
             metrics: Default::default(),
             outbox: Default::default(),
             shutdown,
@@ -301,6 +309,7 @@ impl Broker {
             parked.get_or_insert_with(|| Open::new(&self.metrics.parked_claims));
             tokio::select! {
                 _ = woken => woken_at = Some(Instant::now()),
+                _ = self.recheck() => {}
                 _ = tokio::time::sleep_until(deadline) => break,
                 _ = self.shutdown.cancelled() => break,
             }
@@ -422,6 +431,14 @@ impl Broker {
         self.store.lark_link_status(session_id).await
     }
 
+    /// Resolves after the store's safety re-check interval; never without one.
+    async fn recheck(&self) {
+        match self.store.recheck_interval() {
+            Some(interval) => tokio::time::sleep(interval).await,
+            None => std::future::pending().await,
+        }
+    }
+
     fn changed(&self, session_id: &str) {
         self.claimable.wake(session_id);
         self.changes.wake(session_id);
@@ -533,6 +550,7 @@ impl EventCursor {
             }
             tokio::select! {
                 _ = changed => {}
+                _ = broker.recheck() => {}
                 _ = broker.shutdown.cancelled() => return None,
             }
         }

@@ -235,9 +235,26 @@ pub enum ClaimOutcome {
     Empty,
 }
 
+/// Called with a session id whenever a change to that session may have been
+/// committed elsewhere (another replica): the broker wakes its local waiters.
+pub type ChangeHook = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
+
 /// The durable state behind the broker.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
+    /// Starts delivering changes committed by other processes to `hook`. A
+    /// single-process store (SQLite) has none and ignores it.
+    fn watch(&self, hook: ChangeHook) {
+        let _ = hook;
+    }
+
+    /// How often parked claims and event streams re-check the store even
+    /// without a wake-up, for stores whose cross-process notifications can be
+    /// lost (PostgreSQL while its listening connection is down). `None`: never.
+    fn recheck_interval(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// Answers when the store can serve requests.
     async fn ping(&self) -> Result<()>;
     /// Registers the exact tuple; true when it was new.

@@ -201,9 +201,9 @@ impl FakeLark {
     }
 
     /// Stops answering (the port closes).
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
         self.shutdown.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.server).await;
     }
 }
 
