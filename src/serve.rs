@@ -14,6 +14,7 @@ use crate::config::{self, Secret};
 use crate::http::{self, AppState, OwnerToken};
 use crate::lark::LarkConfig;
 use crate::store::Store;
+use crate::store::postgres::PgStore;
 use crate::store::sqlite::{Durability, SqliteStore};
 
 /// Run the broker.
@@ -26,8 +27,8 @@ pub struct ServeArgs {
     /// [default: $XDG_DATA_HOME/loopx, else ~/.local/share/loopx].
     #[arg(long, env = "LOOPX_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// A PostgreSQL URL for replicas sharing one database (not available yet:
-    /// the embedded SQLite store is used when this is unset).
+    /// A PostgreSQL URL (postgres://…) for replicas sharing one database; the
+    /// embedded SQLite store in the data dir is used when this is unset.
     #[arg(long, env = "LOOPX_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// Read the owner token from this file (LOOPX_TOKEN wins over it).
@@ -70,9 +71,15 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
             args.listen
         ));
     }
-    if args.database_url.is_some() {
+    let database_url = args
+        .database_url
+        .as_deref()
+        .filter(|u| !u.trim().is_empty());
+    if let Some(url) = database_url
+        && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
+    {
         return Err(
-            "--database-url (PostgreSQL) is not available in this build yet; unset it to use the embedded SQLite store"
+            "--database-url must be a postgres:// (or postgresql://) URL; unset it to use the embedded SQLite store"
                 .into(),
         );
     }
@@ -83,24 +90,38 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         .unwrap_or_else(config::default_data_dir);
     config::prepare_data_dir(&data_dir)
         .map_err(|e| format!("cannot create the data dir {}: {e}", data_dir.display()))?;
-    let _lock = lock_data_dir(&data_dir)?;
+    // One process per SQLite file. With PostgreSQL many replicas share the
+    // database, each with a data dir of its own that holds only the owner
+    // token (give them one token: LOOPX_TOKEN or --token-file).
+    let _lock = match database_url {
+        None => Some(lock_data_dir(&data_dir)?),
+        Some(_) => None,
+    };
     let (token, source) = config::owner_token(args.token_file.as_deref(), &data_dir, true)?;
-    let store = SqliteStore::open(&data_dir.join("broker.db"), args.durability)
-        .await
-        .map_err(|e| {
-            format!(
-                "cannot open the store in {}: {}",
-                data_dir.display(),
-                e.message
-            )
-        })?;
+    let store: Arc<dyn Store> = match database_url {
+        Some(url) => Arc::new(
+            PgStore::open(url)
+                .await
+                .map_err(|e| format!("cannot open the PostgreSQL store: {}", e.message))?,
+        ),
+        None => Arc::new(
+            SqliteStore::open(&data_dir.join("broker.db"), args.durability)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "cannot open the store in {}: {}",
+                        data_dir.display(),
+                        e.message
+                    )
+                })?,
+        ),
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
 
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    let store: Arc<dyn Store> = Arc::new(store);
     let broker = Arc::new(Broker::new(store, shutdown.clone()));
     let dispatcher = lark.clone().map(|lark| broker.spawn_lark_dispatcher(lark));
     let state = AppState {

@@ -227,8 +227,10 @@ pub async fn parked<Q: Queue>(
     for _ in 0..count {
         let arrived = tokio::time::timeout(Duration::from_secs(120), arrival_rx.recv())
             .await
-            .map_err(|_| "woken claims did not all answer within 120 s")?
-            .ok_or("a parked claim failed")?;
+            .map_err(|_| "woken claims did not all answer within 120 s")?;
+        let Some(arrived) = arrived else {
+            return Err(format!("a parked claim failed: {}", failure(&mut waiters).await).into());
+        };
         last = last.max(arrived);
     }
     while let Some(joined) = waiters.join_next().await {

@@ -21,8 +21,9 @@ use crate::model::ReplyState;
 use crate::store::{ReplyJob, ReplyUpdate, Store};
 use crate::time::now_ms;
 
-/// Lark's text limit per message, in bytes (150 KB), less room for the part note.
-const PART_BYTES: usize = 150_000 - 64;
+/// Lark's limit on a reply's request body (150 KB), less room for the rest of
+/// the body (uuid, msg_type, the part note).
+const PART_BYTES: usize = 150 * 1024 - 512;
 /// Token codes: refresh the tenant token and retry once.
 const TOKEN_CODES: [i64; 3] = [99991663, 99991671, 99991677];
 /// Rate-limit codes (also HTTP 429).
@@ -32,6 +33,8 @@ const FINAL_CODES: [i64; 5] = [230002, 230011, 230035, 230025, 230001];
 
 /// Why a send did not go through.
 enum Failure {
+    /// Lark asked us to wait: try again after this long. Not a failed attempt.
+    Wait(Duration, String),
     /// Try again after this long.
     Retry(Duration, String),
     /// Never try again.
@@ -88,11 +91,14 @@ impl Dispatcher {
                 .await
                 .unwrap_or_default();
             let busy = !due.is_empty();
+            let shutdown = self.shutdown.clone();
             for job in due {
-                if self.shutdown.is_cancelled() {
-                    return;
+                // A hanging Lark never holds up a shutdown: the reply stays
+                // pending and goes out, with the same uuid, after the restart.
+                tokio::select! {
+                    _ = self.send(job) => {}
+                    _ = shutdown.cancelled() => return,
                 }
-                self.send(job).await;
             }
             if busy {
                 continue;
@@ -117,6 +123,7 @@ impl Dispatcher {
             parts_sent: job.parts_sent,
             state: ReplyState::Pending,
             attempts: job.attempts,
+            failures: job.failures,
             error: None,
             next_attempt_at: now_ms(),
         };
@@ -125,9 +132,19 @@ impl Dispatcher {
             update.attempts += 1;
             match self.send_part(&job, index, &parts[index]).await {
                 Ok(()) => update.parts_sent += 1,
+                Err(Failure::Wait(after, error)) => {
+                    self.metrics
+                        .lark_replies
+                        .with_label_values(&["retried"])
+                        .inc();
+                    update.error = Some(error);
+                    update.next_attempt_at = now_ms() + after.as_millis() as i64;
+                    return self.record(&job, update).await;
+                }
                 Err(Failure::Retry(after, error))
-                    if update.attempts < i64::from(self.config.max_attempts) =>
+                    if update.failures + 1 < i64::from(self.config.max_attempts) =>
                 {
+                    update.failures += 1;
                     self.metrics
                         .lark_replies
                         .with_label_values(&["retried"])
@@ -207,7 +224,7 @@ impl Dispatcher {
                 }
                 _ if status.as_u16() == 429 || code.is_some_and(|c| RATE_CODES.contains(&c)) => {
                     let after = reset.map_or_else(|| self.backoff(job), Duration::from_secs);
-                    return Err(Failure::Retry(
+                    return Err(Failure::Wait(
                         after,
                         format!("rate limited by Lark (code {code:?})"),
                     ));
@@ -278,25 +295,37 @@ impl Dispatcher {
             .with_jitter()
             .without_max_times()
             .build()
-            .nth(job.attempts.clamp(0, 30) as usize)
+            .nth(job.failures.clamp(0, 30) as usize)
             .unwrap_or(self.config.retry_max)
     }
 }
 
-/// Splits an answer into parts of at most `limit` bytes on char boundaries,
-/// numbering them ("(1/3)") when there is more than one.
+/// The bytes a char takes in the reply body, where the text is escaped twice
+/// (`content` is a JSON string holding JSON): `"` becomes four bytes, a
+/// newline three.
+fn body_bytes(c: char) -> usize {
+    match c {
+        '"' | '\\' => 4,
+        '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 3,
+        c if (c as u32) < 0x20 => 7,
+        c => c.len_utf8(),
+    }
+}
+
+/// Splits an answer into parts that each take at most `limit` bytes of the
+/// reply body, on char boundaries, numbering them ("(1/3)") when there is
+/// more than one.
 fn split(text: &str, limit: usize) -> Vec<String> {
     let mut parts = Vec::new();
-    let mut rest = text;
-    while rest.len() > limit {
-        let mut end = limit;
-        while !rest.is_char_boundary(end) {
-            end -= 1;
+    let (mut start, mut size) = (0, 0);
+    for (at, c) in text.char_indices() {
+        if size + body_bytes(c) > limit {
+            parts.push(text[start..at].to_owned());
+            (start, size) = (at, 0);
         }
-        parts.push(rest[..end].to_owned());
-        rest = &rest[end..];
+        size += body_bytes(c);
     }
-    parts.push(rest.to_owned());
+    parts.push(text[start..].to_owned());
     let count = parts.len();
     if count > 1 {
         for (i, part) in parts.iter_mut().enumerate() {
@@ -313,6 +342,8 @@ mod tests {
     #[test]
     fn long_answers_split_in_order_on_char_boundaries() {
         assert_eq!(split("short", 10), vec!["short".to_owned()]);
+        // Quotes take 4 body bytes each.
+        assert_eq!(split(r#""""""#, 8).len(), 2);
         let parts = split(&"é".repeat(10), 7);
         assert_eq!(parts.len(), 4);
         assert!(parts[0].starts_with("ééé") && parts[0].ends_with("(1/4)"));

@@ -6,6 +6,7 @@
 //! [`Store`] is the seam for the backends: SQLite (embedded, the default) now,
 //! PostgreSQL for replicas later.
 
+pub mod postgres;
 pub mod sqlite;
 
 use async_trait::async_trait;
@@ -194,6 +195,8 @@ pub struct ReplyJob {
     pub text: String,
     pub parts_sent: i64,
     pub attempts: i64,
+    /// Failed attempts, not counting rate-limit waits.
+    pub failures: i64,
 }
 
 /// What a send attempt did to a reply.
@@ -202,6 +205,7 @@ pub struct ReplyUpdate {
     pub parts_sent: i64,
     pub state: ReplyState,
     pub attempts: i64,
+    pub failures: i64,
     pub error: Option<String>,
     pub next_attempt_at: i64,
 }

@@ -997,7 +997,8 @@ impl Store for SqliteStore {
 
     async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {
         Ok(sqlx::query_as(
-            "select turn_id, chat_id, message_id, text, parts_sent, attempts from lark_replies
+            "select turn_id, chat_id, message_id, text, parts_sent, attempts, failures
+             from lark_replies
              where state = 'pending' and next_attempt_at <= ? order by next_attempt_at limit ?",
         )
         .bind(now_ms)
@@ -1018,12 +1019,13 @@ impl Store for SqliteStore {
         self.write(move |conn| {
             Box::pin(async move {
                 sqlx::query(
-                    "update lark_replies set parts_sent = ?, state = ?, attempts = ?, error = ?,
-                         next_attempt_at = ?, updated_at = ? where turn_id = ?",
+                    "update lark_replies set parts_sent = ?, state = ?, attempts = ?, failures = ?,
+                         error = ?, next_attempt_at = ?, updated_at = ? where turn_id = ?",
                 )
                 .bind(update.parts_sent)
                 .bind(update.state)
                 .bind(update.attempts)
+                .bind(update.failures)
                 .bind(update.error)
                 .bind(update.next_attempt_at)
                 .bind(now_ms())

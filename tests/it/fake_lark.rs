@@ -86,6 +86,9 @@ struct Inner {
     uuids: HashMap<String, (Instant, String)>,
     failures: VecDeque<Failure>,
     always: Option<Failure>,
+    /// Reply requests are held open without an answer (a hung Lark).
+    hang: bool,
+    hung: usize,
 }
 
 /// The fake Lark server.
@@ -159,6 +162,16 @@ impl FakeLark {
     /// Every reply request fails like this (until set to `None`).
     pub fn fail_always(&self, failure: Option<Failure>) {
         self.inner.lock().unwrap().always = failure;
+    }
+
+    /// Holds every reply request open without answering (or stops doing so).
+    pub fn hang(&self, on: bool) {
+        self.inner.lock().unwrap().hang = on;
+    }
+
+    /// How many reply requests were held open by [`FakeLark::hang`].
+    pub fn hung(&self) -> usize {
+        self.inner.lock().unwrap().hung
     }
 
     pub fn token_requests(&self) -> usize {
@@ -280,9 +293,27 @@ async fn reply(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let hang = {
+        let mut inner = inner.lock().unwrap();
+        inner.hung += usize::from(inner.hang);
+        inner.hang
+    };
+    if hang {
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        return (StatusCode::GATEWAY_TIMEOUT, "upstream request timeout").into_response();
+    }
+    answer_reply(&inner, message_id, &headers, &body)
+}
+
+fn answer_reply(
+    inner: &Mutex<Inner>,
+    message_id: String,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Response {
     let mut inner = inner.lock().unwrap();
     let now = Instant::now();
-    let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let content = parsed["content"].as_str().unwrap_or_default();
     let text = serde_json::from_str::<Value>(content)
         .ok()
@@ -313,7 +344,10 @@ async fn reply(
             inner.failures.pop_front();
             inner.tokens.clear();
         }
-        let token_ok = inner.tokens.get(&bearer).is_some_and(|expiry| now < *expiry);
+        let token_ok = inner
+            .tokens
+            .get(&bearer)
+            .is_some_and(|expiry| now < *expiry);
         let failure = if token_ok {
             inner.failures.pop_front().or(inner.always)
         } else {
@@ -348,7 +382,8 @@ async fn reply(
                 request.code = -1;
                 request.status = 500;
                 inner.requests.push(request);
-                return (StatusCode::INTERNAL_SERVER_ERROR, "upstream connect error").into_response();
+                return (StatusCode::INTERNAL_SERVER_ERROR, "upstream connect error")
+                    .into_response();
             }
             Some(Failure::BotNotInChat) => {
                 break 'answer (
@@ -361,14 +396,21 @@ async fn reply(
             Some(Failure::TokenInvalid) | None => {}
         }
         if body.len() > MAX_BODY {
-            break 'answer (StatusCode::BAD_REQUEST, 230025, "The message is too long.", false);
+            break 'answer (
+                StatusCode::BAD_REQUEST,
+                230025,
+                "The message is too long.",
+                false,
+            );
         }
         let uuid_ok = !request.uuid.is_empty() && request.uuid.chars().count() <= 50;
-        if text.is_none()
-            || request.msg_type != "text"
-            || parsed["uuid"].is_string() && !uuid_ok
-        {
-            break 'answer (StatusCode::BAD_REQUEST, 230001, "invalid request parameter", false);
+        if text.is_none() || request.msg_type != "text" || parsed["uuid"].is_string() && !uuid_ok {
+            break 'answer (
+                StatusCode::BAD_REQUEST,
+                230001,
+                "invalid request parameter",
+                false,
+            );
         }
         (StatusCode::OK, 0, "success", false)
     };
@@ -388,7 +430,9 @@ async fn reply(
         return response;
     }
     // Idempotent by uuid for an hour: the same answer, no second message.
-    inner.uuids.retain(|_, (at, _)| now.duration_since(*at) < UUID_WINDOW);
+    inner
+        .uuids
+        .retain(|_, (at, _)| now.duration_since(*at) < UUID_WINDOW);
     let known = if request.uuid.is_empty() {
         None
     } else {
@@ -423,7 +467,12 @@ async fn reply(
             "deleted": false,
             "updated": false,
             "chat_id": "oc_fake",
-            "sender": {"id": APP_ID, "id_type": "app_id", "sender_type": "app", "tenant_key": TENANT_KEY},
+            "sender": {
+                "id": APP_ID,
+                "id_type": "app_id",
+                "sender_type": "app",
+                "tenant_key": TENANT_KEY,
+            },
             "body": {"content": content},
         })),
     )
@@ -509,7 +558,10 @@ pub struct Ack {
 
 impl Ack {
     pub fn error_code(&self) -> String {
-        self.body["error"]["code"].as_str().unwrap_or_default().to_owned()
+        self.body["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
     }
 }
 
@@ -537,7 +589,13 @@ impl LarkEvents {
     }
 
     /// A schema 2.0 `im.message.receive_v1` event with a text message.
-    pub fn text_message(&self, event_id: &str, chat_id: &str, message_id: &str, text: &str) -> Value {
+    pub fn text_message(
+        &self,
+        event_id: &str,
+        chat_id: &str,
+        message_id: &str,
+        text: &str,
+    ) -> Value {
         self.message(
             event_id,
             chat_id,
@@ -593,7 +651,11 @@ impl LarkEvents {
 
     /// The `url_verification` request (no schema, token at the top level).
     pub fn challenge(&self, challenge: &str) -> Value {
-        json!({"challenge": challenge, "token": self.verification_token, "type": "url_verification"})
+        json!({
+            "challenge": challenge,
+            "token": self.verification_token,
+            "type": "url_verification",
+        })
     }
 
     /// The bytes Lark sends for this event: `{"encrypt": …}` when a key is set
@@ -601,7 +663,9 @@ impl LarkEvents {
     pub fn body(&self, event: &Value) -> Vec<u8> {
         let plain = serde_json::to_vec(event).unwrap();
         match &self.encrypt_key {
-            Some(key) => json!({"encrypt": encrypt(key, &plain)}).to_string().into_bytes(),
+            Some(key) => json!({"encrypt": encrypt(key, &plain)})
+                .to_string()
+                .into_bytes(),
             None => plain,
         }
     }
@@ -681,7 +745,12 @@ fn the_fakes_crypto_matches_larks_test_vectors() {
         signature("1752346850", "950646929", "test key", body),
         "44cd1c114dbce2df6d5c0a5e849db7d1c34e597708c36e3112157c8c322e0d1e"
     );
-    for plain in [&b""[..], b"x", b"0123456789abcdef", "héllo wörld, 你好".as_bytes()] {
+    for plain in [
+        &b""[..],
+        b"x",
+        b"0123456789abcdef",
+        "héllo wörld, 你好".as_bytes(),
+    ] {
         let one = encrypt("k", plain);
         let two = encrypt("k", plain);
         assert_ne!(one, two, "a random IV each time");

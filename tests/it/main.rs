@@ -10,6 +10,8 @@ mod cli;
 mod completions;
 mod durability;
 mod events;
+mod fake_lark;
+mod lark;
 mod metrics;
 mod openapi_drift;
 mod sessions;

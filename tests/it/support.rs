@@ -16,6 +16,8 @@ use loopx::model::{
     BindRequest, ClaimAnswer, ClaimRequest, Claimed, CompleteRequest, EnqueueRequest, Enqueued,
     Origin, RegisterAgentThread, Session,
 };
+use loopx::store::Store;
+use loopx::store::postgres::PgStore;
 use loopx::store::sqlite::{Durability, SqliteStore};
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -24,13 +26,83 @@ use tokio_util::sync::CancellationToken;
 pub const TOKEN: &str = "test-owner-token-0123456789abcdef";
 pub const HOST_SURFACE: &str = "codex-cli";
 
-/// A broker served in this process on 127.0.0.1:0 over a temporary data dir.
+/// A broker served in this process on 127.0.0.1:0 over a temporary data dir:
+/// its SQLite store there, or, when `LOOPX_TEST_DATABASE_URL` names a
+/// PostgreSQL server, a PostgreSQL store on a fresh database of its own.
 pub struct TestBroker {
     pub url: String,
     pub client: Client,
     pub dir: tempfile::TempDir,
     pub shutdown: CancellationToken,
     pub server: Option<JoinHandle<std::io::Result<()>>>,
+    /// The broker's PostgreSQL database, dropped with it.
+    pub database: Option<TestDatabase>,
+}
+
+/// The admin URL of the PostgreSQL server the suite runs against
+/// (`LOOPX_TEST_DATABASE_URL`, e.g. postgres://postgres@127.0.0.1:5432/postgres),
+/// if any.
+pub fn test_database_admin_url() -> Option<String> {
+    std::env::var("LOOPX_TEST_DATABASE_URL")
+        .ok()
+        .filter(|url| !url.trim().is_empty())
+}
+
+/// A fresh, empty database on the test PostgreSQL server, dropped (best
+/// effort, with whatever is still connected to it) when this goes.
+pub struct TestDatabase {
+    pub url: String,
+    admin_url: String,
+    name: String,
+}
+
+impl TestDatabase {
+    /// `None` when the suite runs on SQLite (`LOOPX_TEST_DATABASE_URL` unset).
+    pub async fn create() -> Option<TestDatabase> {
+        use sqlx::Connection;
+        let admin_url = test_database_admin_url()?;
+        let name = format!(
+            "loopx_test_{}",
+            ulid::Ulid::new().to_string().to_lowercase()
+        );
+        let mut admin = sqlx::PgConnection::connect(&admin_url)
+            .await
+            .expect("LOOPX_TEST_DATABASE_URL reaches a PostgreSQL server");
+        sqlx::query(&format!("create database {name}"))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let _ = admin.close().await;
+        let mut url = url::Url::parse(&admin_url).expect("LOOPX_TEST_DATABASE_URL is a URL");
+        url.set_path(&format!("/{name}"));
+        Some(TestDatabase {
+            url: url.to_string(),
+            admin_url,
+            name,
+        })
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
+        // Its own thread and runtime: this may run inside a test's runtime.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                use sqlx::Connection;
+                if let Ok(mut admin) = sqlx::PgConnection::connect(&admin_url).await {
+                    let sql = format!("drop database if exists {name} with (force)");
+                    let _ = sqlx::query(&sql).execute(&mut admin).await;
+                    let _ = admin.close().await;
+                }
+            });
+        });
+        let _ = dropped.join();
+    }
 }
 
 impl TestBroker {
@@ -53,11 +125,17 @@ impl TestBroker {
         lark: Option<LarkConfig>,
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(&dir.path().join("broker.db"), durability)
-            .await
-            .unwrap();
+        let database = TestDatabase::create().await;
+        let store: Arc<dyn Store> = match &database {
+            Some(database) => Arc::new(PgStore::open(&database.url).await.unwrap()),
+            None => Arc::new(
+                SqliteStore::open(&dir.path().join("broker.db"), durability)
+                    .await
+                    .unwrap(),
+            ),
+        };
         let shutdown = CancellationToken::new();
-        let broker = Arc::new(Broker::new(Arc::new(store), shutdown.clone()));
+        let broker = Arc::new(Broker::new(store, shutdown.clone()));
         if let Some(lark) = &lark {
             broker.spawn_lark_dispatcher(lark.clone());
         }
@@ -76,6 +154,7 @@ impl TestBroker {
             dir,
             shutdown,
             server: Some(server),
+            database,
         }
     }
 
@@ -244,13 +323,22 @@ pub fn loopx() -> tokio::process::Command {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_loopx"));
     command
         .env_remove("LOOPX_TOKEN")
-        .env_remove("LOOPX_DATA_DIR");
+        .env_remove("LOOPX_DATA_DIR")
+        .env_remove("LOOPX_DATABASE_URL");
     command
 }
 
 impl Spawned {
     /// Starts `loopx serve` on a free port and waits until it answers.
     pub async fn start(data_dir: &Path, extra: &[&str]) -> Spawned {
+        Self::start_env(data_dir, extra, &[]).await
+    }
+
+    /// As [`Spawned::start`], with more environment for the child. With
+    /// `LOOPX_TOKEN` among it, that is the client's token (replicas share
+    /// one); else the data dir's `owner.token`. Replicas also pass
+    /// `--database-url` in `extra`.
+    pub async fn start_env(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Spawned {
         let port = free_port();
         let url = format!("http://127.0.0.1:{port}");
         let stderr_log = data_dir.with_extension(format!("{port}.log"));
@@ -264,6 +352,7 @@ impl Spawned {
             ])
             .arg(data_dir)
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .kill_on_drop(true)
@@ -272,7 +361,10 @@ impl Spawned {
         let anonymous = Client::new(&url, None);
         for _ in 0..200 {
             if anonymous.healthz().await.is_ok() {
-                let token = std::fs::read_to_string(data_dir.join("owner.token")).unwrap();
+                let token = match env.iter().find(|(name, _)| *name == "LOOPX_TOKEN") {
+                    Some((_, token)) => token.to_string(),
+                    None => std::fs::read_to_string(data_dir.join("owner.token")).unwrap(),
+                };
                 return Spawned {
                     child,
                     client: Client::new(&url, Some(token.trim().to_owned())),

@@ -1,0 +1,1529 @@
+//! The PostgreSQL store (`--database-url postgres://…`), for several broker
+//! replicas sharing one database. It takes every decision of the contract
+//! exactly as the SQLite store does, in the same order, but the database, not
+//! a replica's memory, is what makes them hold across replicas:
+//!
+//! - One transaction per store call (READ COMMITTED). Every write that touches
+//!   a session first locks its row (`select … from sessions where session_id =
+//!   $1 for update`): the per-session serialization point, so one claim per
+//!   session, a claim id answering the same turn on any replica, completion
+//!   fencing, enqueue idempotency and "no close while a claim is active" are
+//!   decided one request at a time per session.
+//! - Unique constraints back up what no session row guards: a claim id used on
+//!   two sessions at once (`claims` primary key), one open session per bound
+//!   tuple, a Lark event or message reaching two replicas at once, one chat per
+//!   session. A unique violation (or a deadlock) that still slips through rolls
+//!   the transaction back and the whole decision is taken again, which then
+//!   sees the winner's commit and answers as the contract says
+//!   (`claim_id_reused`, the existing session, a duplicate Lark event, …).
+//! - Every change that reaches a session's event log also sends
+//!   `pg_notify('loopx_changes', session_id)` in its transaction (delivered on
+//!   commit). [`Store::watch`] keeps one listening connection per replica
+//!   (`PgListener`, application_name `loopx-listener`) and wakes the local
+//!   waiters of each notified session. The listener is re-established with
+//!   backoff when it drops (and pinged every 30 s, so a silently dead
+//!   connection is found); right after it comes back, every open or recently
+//!   closed session is woken once, since notifications sent while it was down
+//!   are lost. As the slow safety net, parked claims and event streams re-check
+//!   the store every 5 s ([`Store::recheck_interval`]).
+//! - The Lark reply outbox hands a due reply to one dispatcher at a time: the
+//!   batch is taken with `for update skip locked` and leased in the same
+//!   statement (its next attempt pushed 30 s ahead); the dispatcher's record of
+//!   the attempt replaces the lease. A dispatcher that dies mid-send leaves the
+//!   reply to be sent again after the lease, with the same Lark uuid.
+//!
+//! Migrations (`migrations/postgres`) run at start-up on a dedicated
+//! connection under sqlx's PostgreSQL advisory lock: sqlx 0.8's
+//! `Migrator::run` takes `pg_advisory_lock(<id of the database name>)` before
+//! reading `_sqlx_migrations` (its `locking` is on by default), so replicas
+//! starting together apply each migration once, one after the other. The
+//! connection is closed afterwards, so a failed migration cannot leave the
+//! session-level lock held in a pool.
+//!
+//! Pool and timeouts: at most [`MAX_CONNECTIONS`] (16) connections per
+//! replica, waiting at most 5 s for one (then 503 `store_unavailable`); every
+//! statement times out after 10 s (`statement_timeout`, which also bounds a
+//! wait for a session's row lock) and a connection idle inside a transaction
+//! for 30 s is ended by the server (`idle_in_transaction_session_timeout`), so
+//! a stuck replica cannot hold a session's lock for long. Connections are
+//! replaced after 30 minutes and closed after 10 idle minutes. While the
+//! database is unreachable, requests answer 503 `store_unavailable` and the
+//! pool reconnects by itself when it returns.
+//!
+//! Times are integer milliseconds (bigint), as in SQLite. Message texts (and
+//! the reply texts built from responses) are stored as `bytea`, their UTF-8
+//! bytes: PostgreSQL text cannot hold U+0000, and a message may contain it.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Connection, Row};
+use tokio_util::sync::CancellationToken;
+
+use super::sqlite::MAX_QUEUED;
+use super::{
+    Bound, ChangeHook, ClaimOutcome, Enqueue, EventRow, HostIdentity, LarkEvent, LarkIngest,
+    ReplyJob, ReplyUpdate, SessionRow, Store, TurnRow,
+};
+use crate::error::{Error, ErrorCode, Result};
+use crate::ids::Minter;
+use crate::model::{
+    BindRequest, CompleteRequest, EnqueueRequest, Ingress, LarkLink, LarkRef, ListSessions,
+    ListTurns, Origin, Receipt, RegisterAgentThread, Released, SessionState, TurnState,
+};
+use crate::time::{now_ms, rfc3339};
+
+/// The channel every change is announced on; the payload is the session id.
+pub const CHANNEL: &str = "loopx_changes";
+/// The most connections one replica opens (the listener's is extra).
+pub const MAX_CONNECTIONS: u32 = 16;
+/// How long a request waits for a connection before answering 503.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often parked claims and event streams re-check the store regardless.
+const RECHECK: Duration = Duration::from_secs(5);
+/// How long a dispatcher holds the replies it took before another may.
+const REPLY_LEASE_MS: i64 = 30_000;
+/// How often the listening connection is proven alive.
+const LISTENER_PING: Duration = Duration::from_secs(30);
+/// How many times one store call takes its decision again after a conflict
+/// that a concurrent transaction caused (unique violation, deadlock).
+const MAX_ATTEMPTS: u32 = 8;
+
+pub struct PgStore {
+    pool: PgPool,
+    /// The listening connection's own pool (no statement timeout: it waits
+    /// forever), and the listener itself until [`Store::watch`] takes it.
+    listen_pool: PgPool,
+    listener: std::sync::Mutex<Option<PgListener>>,
+    minter: Arc<Minter>,
+    /// Ends the listener when the store goes.
+    stop: CancellationToken,
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl PgStore {
+    /// Connects to `url`, runs the migrations under the advisory lock, and
+    /// opens the pool.
+    pub async fn open(url: &str) -> Result<Self> {
+        let base = PgConnectOptions::from_str(url)
+            .map_err(|e| Error::store("reading --database-url", e))?;
+        let mut migrator =
+            PgConnection::connect_with(&base.clone().application_name("loopx-migrate"))
+                .await
+                .map_err(|e| Error::store("connecting to PostgreSQL", e))?;
+        sqlx::migrate!("./migrations/postgres")
+            .run(&mut migrator)
+            .await
+            .map_err(|e| Error::store("migrating the database", e))?;
+        migrator
+            .close()
+            .await
+            .map_err(|e| Error::store("closing the migration connection", e))?;
+        let options = base.clone().application_name("loopx").options([
+            ("statement_timeout", "10s"),
+            ("idle_in_transaction_session_timeout", "30s"),
+        ]);
+        let pool = PgPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .min_connections(1)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .idle_timeout(Duration::from_secs(600))
+            .max_lifetime(Duration::from_secs(1800))
+            .connect_with(options)
+            .await
+            .map_err(|e| Error::store("opening the connection pool", e))?;
+        // Listening before the broker serves: nothing another replica commits
+        // from then on goes unannounced here.
+        let listen_pool = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .connect_lazy_with(base.application_name("loopx-listener"));
+        let listener = start_listening(&listen_pool)
+            .await
+            .map_err(|e| Error::store("listening for other replicas' changes", e))?;
+        tracing::info!(
+            max_connections = MAX_CONNECTIONS,
+            channel = CHANNEL,
+            "PostgreSQL store ready (migrations applied, listening for changes)"
+        );
+        Ok(Self {
+            pool,
+            listen_pool,
+            listener: std::sync::Mutex::new(Some(listener)),
+            minter: Default::default(),
+            stop: CancellationToken::new(),
+        })
+    }
+}
+
+/// Why a decision did not go through: the contract refused it, or the database failed.
+enum Fail {
+    Refused(Error),
+    Db(sqlx::Error),
+}
+
+impl From<sqlx::Error> for Fail {
+    fn from(e: sqlx::Error) -> Self {
+        Fail::Db(e)
+    }
+}
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Self {
+        Fail::Refused(e)
+    }
+}
+
+type Step<T> = std::result::Result<T, Fail>;
+
+/// Whether the failure came from a concurrent transaction, so that taking the
+/// decision again (in a new transaction) answers as the contract says: a unique
+/// violation (the other transaction committed the same key first), a deadlock
+/// or a serialization failure.
+fn is_contention(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(e) => {
+            e.is_unique_violation() || matches!(e.code().as_deref(), Some("40P01" | "40001"))
+        }
+        _ => false,
+    }
+}
+
+/// Ends a transaction: commits a decision, rolls back a refusal, and tells
+/// whether the decision must be taken again.
+async fn settle<T>(
+    tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    outcome: Step<T>,
+    attempt: u32,
+    what: &'static str,
+) -> Result<Option<T>> {
+    match outcome {
+        Ok(value) => {
+            tx.commit().await.map_err(|e| Error::store(what, e))?;
+            Ok(Some(value))
+        }
+        Err(Fail::Refused(e)) => {
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+        Err(Fail::Db(e)) if attempt < MAX_ATTEMPTS && is_contention(&e) => {
+            let _ = tx.rollback().await;
+            tracing::debug!(error = %e, attempt, "{what}: a concurrent transaction won; deciding again");
+            // A short, growing pause, so a deadlock's parties do not meet again.
+            tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 3)).await;
+            Ok(None)
+        }
+        Err(Fail::Db(e)) => {
+            let _ = tx.rollback().await;
+            Err(Error::store(what, e))
+        }
+    }
+}
+
+/// Runs `$body` (an expression using `$conn: &mut PgConnection`, evaluating to
+/// a future of `Step<T>`) in its own transaction, again from the start after a
+/// conflict with a concurrent transaction.
+macro_rules! transaction {
+    ($store:expr, $what:literal, |$conn:ident| $body:expr) => {{
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut tx = $store
+                .pool
+                .begin()
+                .await
+                .map_err(|e| Error::store($what, e))?;
+            let outcome = {
+                let $conn: &mut PgConnection = &mut *tx;
+                $body.await
+            };
+            if let Some(value) = settle(tx, outcome, attempt, $what).await? {
+                break Ok::<_, Error>(value);
+            }
+        }
+    }};
+}
+
+/// An enumeration as the text the columns hold (its snake_case name).
+fn text<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => unreachable!("the model's enumerations serialize as strings"),
+    }
+}
+
+fn decode_error(column: &str, e: impl std::error::Error + Send + Sync + 'static) -> sqlx::Error {
+    sqlx::Error::ColumnDecode {
+        index: column.to_owned(),
+        source: Box::new(e),
+    }
+}
+
+/// An enumeration column.
+fn enumeration<T: DeserializeOwned>(row: &PgRow, column: &str) -> sqlx::Result<T> {
+    let value: String = row.try_get(column)?;
+    serde_json::from_value(serde_json::Value::String(value)).map_err(|e| decode_error(column, e))
+}
+
+/// A nullable enumeration column, or None when the row has no such column.
+fn optional_enumeration<T: DeserializeOwned>(row: &PgRow, column: &str) -> sqlx::Result<Option<T>> {
+    match row.try_get::<Option<String>, _>(column) {
+        Ok(Some(value)) => serde_json::from_value(serde_json::Value::String(value))
+            .map(Some)
+            .map_err(|e| decode_error(column, e)),
+        Ok(None) | Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A `bytea` column that holds UTF-8 text.
+fn utf8(row: &PgRow, column: &str) -> sqlx::Result<String> {
+    let bytes: Vec<u8> = row.try_get(column)?;
+    String::from_utf8(bytes).map_err(|e| decode_error(column, e))
+}
+
+/// A column a joined readback has and a written row has not.
+fn joined<T>(row: &PgRow, column: &str) -> sqlx::Result<Option<T>>
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    match row.try_get::<Option<T>, _>(column) {
+        Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
+        other => other,
+    }
+}
+
+fn session_row(row: PgRow) -> sqlx::Result<SessionRow> {
+    Ok(SessionRow {
+        session_id: row.try_get("session_id")?,
+        goal_id: row.try_get("goal_id")?,
+        agent_id: row.try_get("agent_id")?,
+        host_surface: row.try_get("host_surface")?,
+        host_session_id: row.try_get("host_session_id")?,
+        executor_endpoint_id: row.try_get("executor_endpoint_id")?,
+        state: enumeration(&row, "state")?,
+        created_at: row.try_get("created_at")?,
+        closed_at: row.try_get("closed_at")?,
+        queued_count: row.try_get("queued_count")?,
+        active_claim_id: row.try_get("active_claim_id")?,
+    })
+}
+
+fn turn_row(row: PgRow) -> sqlx::Result<TurnRow> {
+    Ok(TurnRow {
+        turn_id: row.try_get("turn_id")?,
+        session_id: row.try_get("session_id")?,
+        seq: row.try_get("seq")?,
+        origin: enumeration(&row, "origin")?,
+        text: utf8(&row, "text")?,
+        client_message_id: row.try_get("client_message_id")?,
+        lark_chat_id: row.try_get("lark_chat_id")?,
+        lark_message_id: row.try_get("lark_message_id")?,
+        state: enumeration(&row, "state")?,
+        enqueued_at: row.try_get("enqueued_at")?,
+        claimed_at: row.try_get("claimed_at")?,
+        completed_at: row.try_get("completed_at")?,
+        claim_count: row.try_get("claim_count")?,
+        current_claim_id: row.try_get("current_claim_id")?,
+        completion_id: row.try_get("completion_id")?,
+        response: row.try_get("response")?,
+        cancel_reason: optional_enumeration(&row, "cancel_reason")?,
+        reply_state: optional_enumeration(&row, "reply_state")?,
+        reply_attempts: joined(&row, "reply_attempts")?,
+        reply_error: joined(&row, "reply_error")?,
+    })
+}
+
+/// An id that can name no stored row: every stored id is a minted one or a
+/// checked client id, neither of which holds U+0000 (which PostgreSQL text
+/// refuses outright, so asking would be a store error instead of a 404).
+fn unstorable(id: &str) -> bool {
+    id.contains('\0')
+}
+
+const SESSION_COLUMNS: &str = "session_id, goal_id, agent_id, host_surface, host_session_id, \
+     executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id";
+
+const TURN_COLUMNS: &str = "turn_id, session_id, seq, origin, text, client_message_id, \
+     lark_chat_id, lark_message_id, state, enqueued_at, claimed_at, completed_at, claim_count, \
+     current_claim_id, completion_id, response, cancel_reason";
+
+/// A turn with its Lark reply's state, for readbacks.
+const TURN_READBACK: &str = "select t.turn_id, t.session_id, t.seq, t.origin, t.text, \
+     t.client_message_id, t.lark_chat_id, t.lark_message_id, t.state, t.enqueued_at, \
+     t.claimed_at, t.completed_at, t.claim_count, t.current_claim_id, t.completion_id, \
+     t.response, t.cancel_reason, r.state as reply_state, r.attempts as reply_attempts, \
+     r.error as reply_error from turns t left join lark_replies r on r.turn_id = t.turn_id";
+
+async fn load_session<'e, E>(db: E, session_id: &str) -> sqlx::Result<Option<SessionRow>>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    if unstorable(session_id) {
+        return Ok(None);
+    }
+    let sql = format!("select {SESSION_COLUMNS} from sessions where session_id = $1");
+    sqlx::query(&sql)
+        .bind(session_id)
+        .fetch_optional(db)
+        .await?
+        .map(session_row)
+        .transpose()
+}
+
+/// Locks the session's row for the rest of the transaction: every write that
+/// touches a session goes through here first. 404 for an unknown session.
+async fn lock_session(conn: &mut PgConnection, session_id: &str) -> Step<SessionRow> {
+    if unstorable(session_id) {
+        return Err(Error::not_found("session").into());
+    }
+    let sql = format!("select {SESSION_COLUMNS} from sessions where session_id = $1 for update");
+    let row = sqlx::query(&sql)
+        .bind(session_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    match row {
+        Some(row) => Ok(session_row(row)?),
+        None => Err(Error::not_found("session").into()),
+    }
+}
+
+/// The session, locked, if the host identity is the one it is bound to.
+async fn hosted_session(
+    conn: &mut PgConnection,
+    session_id: &str,
+    host: &HostIdentity,
+) -> Step<SessionRow> {
+    let session = lock_session(conn, session_id).await?;
+    if !session.is_bound_to(host) {
+        return Err(Error::new(
+            ErrorCode::HostMismatch,
+            "The host identity does not match this session's binding.",
+        )
+        .into());
+    }
+    Ok(session)
+}
+
+async fn load_turn<'e, E>(db: E, session_id: &str, turn_id: &str) -> sqlx::Result<Option<TurnRow>>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    if unstorable(session_id) || unstorable(turn_id) {
+        return Ok(None);
+    }
+    sqlx::query(&format!(
+        "{TURN_READBACK} where t.session_id = $1 and t.turn_id = $2"
+    ))
+    .bind(session_id)
+    .bind(turn_id)
+    .fetch_optional(db)
+    .await?
+    .map(turn_row)
+    .transpose()
+}
+
+/// Appends one event to the (locked) session's log and announces the change
+/// to every replica (`pg_notify`, delivered on commit), in the caller's
+/// transaction and in one round trip.
+async fn append_event(
+    conn: &mut PgConnection,
+    session_id: &str,
+    turn: Option<(&str, i64)>,
+    state: &str,
+) -> Step<()> {
+    let kind = if turn.is_some() { "turn" } else { "session" };
+    sqlx::query(
+        "with numbered as (
+             update sessions set next_event_no = next_event_no + 1 where session_id = $1
+             returning next_event_no - 1 as event_no
+         ), logged as (
+             insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
+             select $1, event_no, $2, $3, $4, $5, $6 from numbered
+         )
+         select pg_notify($7, $1)",
+    )
+    .bind(session_id)
+    .bind(kind)
+    .bind(turn.map(|t| t.0))
+    .bind(turn.map(|t| t.1))
+    .bind(state)
+    .bind(now_ms())
+    .bind(CHANNEL)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The claimed-at time of a session's active claim, for `claim_active`.
+async fn active_claim_error(conn: &mut PgConnection, claim_id: String) -> Step<Error> {
+    let claimed_at: i64 = sqlx::query_scalar("select claimed_at from claims where claim_id = $1")
+        .bind(&claim_id)
+        .fetch_one(conn)
+        .await?;
+    Ok(Error::claim_active(claim_id, claimed_at))
+}
+
+/// The bind checks, in the contract's order: registration, then the open
+/// session of the tuple (same executor: answered again; another: 409).
+async fn check_bind(conn: &mut PgConnection, bind: &BindRequest) -> Step<Option<SessionRow>> {
+    let registered: Option<i32> = sqlx::query_scalar(
+        "select 1 from agent_threads
+         where goal_id = $1 and agent_id = $2 and host_surface = $3 and host_session_id = $4",
+    )
+    .bind(&bind.goal_id)
+    .bind(&bind.agent_id)
+    .bind(&bind.host_surface)
+    .bind(&bind.host_session_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if registered.is_none() {
+        return Err(Error::new(
+            ErrorCode::NotRegistered,
+            "This exact goal, agent, host surface and host session is not registered; run bind-agent-thread first.",
+        )
+        .into());
+    }
+    let sql = format!(
+        "select {SESSION_COLUMNS} from sessions
+         where goal_id = $1 and agent_id = $2 and host_surface = $3 and host_session_id = $4
+           and state = 'open'"
+    );
+    let open = sqlx::query(&sql)
+        .bind(&bind.goal_id)
+        .bind(&bind.agent_id)
+        .bind(&bind.host_surface)
+        .bind(&bind.host_session_id)
+        .fetch_optional(&mut *conn)
+        .await?
+        .map(session_row)
+        .transpose()?;
+    match open {
+        Some(s) if s.executor_endpoint_id != bind.executor_endpoint_id => Err(Error::new(
+            ErrorCode::SessionExists,
+            "This host session is bound to an open session with another executor endpoint.",
+        )
+        .into()),
+        open => Ok(open),
+    }
+}
+
+async fn bind(conn: &mut PgConnection, bind: &BindRequest, minter: &Minter) -> Step<Bound> {
+    if let Some(existing) = check_bind(conn, bind).await? {
+        return Ok(Bound::Existing(existing));
+    }
+    // Two replicas binding the same tuple at once: the second insert fails on
+    // sessions_open_tuple, and the decision taken again answers the first's session.
+    let session_id = minter.mint("ses");
+    let sql = format!(
+        "insert into sessions (session_id, goal_id, agent_id, host_surface, host_session_id,
+             executor_endpoint_id, state, created_at)
+         values ($1, $2, $3, $4, $5, $6, 'open', $7)
+         returning {SESSION_COLUMNS}"
+    );
+    let row = sqlx::query(&sql)
+        .bind(&session_id)
+        .bind(&bind.goal_id)
+        .bind(&bind.agent_id)
+        .bind(&bind.host_surface)
+        .bind(&bind.host_session_id)
+        .bind(&bind.executor_endpoint_id)
+        .bind(now_ms())
+        .fetch_one(conn)
+        .await?;
+    Ok(Bound::Created(session_row(row)?))
+}
+
+/// Whether a replayed enqueue carries the same body as the stored turn.
+fn same_message(turn: &TurnRow, message: &EnqueueRequest) -> bool {
+    let lark = match (&turn.lark_chat_id, &turn.lark_message_id) {
+        (Some(chat_id), Some(message_id)) => Some(LarkRef {
+            chat_id: chat_id.clone(),
+            message_id: message_id.clone(),
+        }),
+        _ => None,
+    };
+    turn.origin == message.origin
+        && turn.text == message.text
+        && message.ingress == Ingress::SessionQueue
+        && lark == message.lark
+}
+
+async fn enqueue(
+    conn: &mut PgConnection,
+    session_id: &str,
+    message: &EnqueueRequest,
+    minter: &Minter,
+) -> Step<Enqueue> {
+    let session = lock_session(conn, session_id).await?;
+    let closed = || Error::new(ErrorCode::SessionClosed, "The session is closed.");
+    if let Some(client_message_id) = &message.client_message_id {
+        let earlier = sqlx::query(&format!(
+            "select {TURN_COLUMNS} from turns where session_id = $1 and client_message_id = $2"
+        ))
+        .bind(session_id)
+        .bind(client_message_id)
+        .fetch_optional(&mut *conn)
+        .await?
+        .map(turn_row)
+        .transpose()?;
+        if let Some(turn) = earlier {
+            if session.state == SessionState::Closed {
+                return Err(closed().into());
+            }
+            if !same_message(&turn, message) {
+                return Err(Error::new(
+                    ErrorCode::IdempotencyKeyReused,
+                    "This client_message_id was used with another message.",
+                )
+                .into());
+            }
+            return Ok(Enqueue {
+                turn,
+                duplicate: true,
+            });
+        }
+    }
+    if session.state == SessionState::Closed {
+        return Err(closed().into());
+    }
+    if message.ingress == Ingress::LiveSteering {
+        return Err(Error::new(
+            ErrorCode::LiveSteeringUnavailable,
+            "Live steering is unavailable: the host exposes no push transport. Nothing was queued.",
+        )
+        .into());
+    }
+    if session.queued_count >= MAX_QUEUED {
+        return Err(Error::new(
+            ErrorCode::QueueFull,
+            format!("The session already holds {MAX_QUEUED} queued turns."),
+        )
+        .into());
+    }
+    let turn_id = minter.mint("turn");
+    let (lark_chat_id, lark_message_id) = message
+        .lark
+        .as_ref()
+        .map(|l| (Some(l.chat_id.as_str()), Some(l.message_id.as_str())))
+        .unwrap_or_default();
+    let row = sqlx::query(&format!(
+        "insert into turns (turn_id, session_id, seq, origin, text, client_message_id,
+             lark_chat_id, lark_message_id, state, enqueued_at)
+         select $1, session_id, next_seq, $2, $3, $4, $5, $6, 'queued', $7
+         from sessions where session_id = $8
+         returning {TURN_COLUMNS}"
+    ))
+    .bind(&turn_id)
+    .bind(text(&message.origin))
+    .bind(message.text.as_bytes())
+    .bind(&message.client_message_id)
+    .bind(lark_chat_id)
+    .bind(lark_message_id)
+    .bind(now_ms())
+    .bind(session_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    let turn = turn_row(row)?;
+    sqlx::query(
+        "update sessions set next_seq = next_seq + 1, queued_count = queued_count + 1
+         where session_id = $1",
+    )
+    .bind(session_id)
+    .execute(&mut *conn)
+    .await?;
+    append_event(conn, session_id, Some((&turn.turn_id, turn.seq)), "queued").await?;
+    Ok(Enqueue {
+        turn,
+        duplicate: false,
+    })
+}
+
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    session_id: String,
+    turn_id: String,
+    attempt: i64,
+    state: String,
+}
+
+async fn claim(
+    conn: &mut PgConnection,
+    session_id: &str,
+    host: &HostIdentity,
+    claim_id: &str,
+) -> Step<ClaimOutcome> {
+    let session = hosted_session(conn, session_id, host).await?;
+    let earlier: Option<ClaimRow> = sqlx::query_as(
+        "select session_id, turn_id, attempt, state from claims where claim_id = $1",
+    )
+    .bind(claim_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(earlier) = earlier {
+        if earlier.session_id != session_id {
+            return Err(Error::new(
+                ErrorCode::ClaimIdReused,
+                "This claim_id was already used on another session.",
+            )
+            .into());
+        }
+        if earlier.state == "released" {
+            return Err(Error::new(
+                ErrorCode::ClaimReleased,
+                "This claim_id's turn was released; the claim_id is spent. Claim with a new one.",
+            )
+            .into());
+        }
+        let turn = load_turn(&mut *conn, session_id, &earlier.turn_id)
+            .await?
+            .ok_or_else(|| Error::store("replaying a claim", "the claimed turn is missing"))?;
+        return Ok(ClaimOutcome::Claimed {
+            turn: Box::new(turn),
+            attempt: earlier.attempt,
+            replayed: true,
+        });
+    }
+    if session.state == SessionState::Closed {
+        return Err(Error::new(ErrorCode::SessionClosed, "The session is closed.").into());
+    }
+    if let Some(active) = session.active_claim_id {
+        return Err(active_claim_error(conn, active).await?.into());
+    }
+    let head = sqlx::query(&format!(
+        "select {TURN_COLUMNS} from turns where session_id = $1 and state = 'queued'
+         order by seq limit 1"
+    ))
+    .bind(session_id)
+    .fetch_optional(&mut *conn)
+    .await?
+    .map(turn_row)
+    .transpose()?;
+    let Some(head) = head else {
+        return Ok(ClaimOutcome::Empty);
+    };
+    let now = now_ms();
+    let attempt = head.claim_count + 1;
+    // The same claim id claimed on another session at this very moment: this
+    // insert waits for that transaction, fails if it committed, and the
+    // decision taken again answers claim_id_reused.
+    sqlx::query(
+        "insert into claims (claim_id, session_id, turn_id, attempt, state, claimed_at)
+         values ($1, $2, $3, $4, 'active', $5)",
+    )
+    .bind(claim_id)
+    .bind(session_id)
+    .bind(&head.turn_id)
+    .bind(attempt)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    let row = sqlx::query(&format!(
+        "update turns set state = 'claimed', claimed_at = $1, claim_count = $2, current_claim_id = $3
+         where turn_id = $4 returning {TURN_COLUMNS}"
+    ))
+    .bind(now)
+    .bind(attempt)
+    .bind(claim_id)
+    .bind(&head.turn_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    let turn = turn_row(row)?;
+    sqlx::query(
+        "update sessions set active_claim_id = $1, queued_count = queued_count - 1
+         where session_id = $2",
+    )
+    .bind(claim_id)
+    .bind(session_id)
+    .execute(&mut *conn)
+    .await?;
+    append_event(conn, session_id, Some((&turn.turn_id, turn.seq)), "claimed").await?;
+    Ok(ClaimOutcome::Claimed {
+        turn: Box::new(turn),
+        attempt,
+        replayed: false,
+    })
+}
+
+fn receipt(turn: &TurnRow, replayed: bool) -> Receipt {
+    Receipt {
+        completed: true,
+        session_id: turn.session_id.clone(),
+        turn_id: turn.turn_id.clone(),
+        claim_id: turn.current_claim_id.clone().unwrap_or_default(),
+        completion_id: turn.completion_id.clone().unwrap_or_default(),
+        completed_at: turn.completed_at.map(rfc3339).unwrap_or_default(),
+        replayed,
+    }
+}
+
+async fn complete(
+    conn: &mut PgConnection,
+    session_id: &str,
+    turn_id: &str,
+    completion: &CompleteRequest,
+) -> Step<Receipt> {
+    let host = HostIdentity {
+        host_surface: completion.host_surface.clone(),
+        host_session_id: completion.host_session_id.clone(),
+    };
+    hosted_session(conn, session_id, &host).await?;
+    let turn = load_turn(&mut *conn, session_id, turn_id)
+        .await?
+        .ok_or_else(|| Error::not_found("turn"))?;
+    let response = serde_json::Value::Object(completion.response.clone());
+    let reused = || {
+        Error::new(
+            ErrorCode::IdempotencyKeyReused,
+            "This completion_id was used with another claim, turn or response.",
+        )
+    };
+    if turn.completion_id.as_deref() == Some(completion.completion_id.as_str()) {
+        let stored: Option<serde_json::Value> = turn
+            .response
+            .as_deref()
+            .and_then(|r| serde_json::from_str(r).ok());
+        let same = turn.current_claim_id.as_deref() == Some(completion.claim_id.as_str())
+            && stored.as_ref() == Some(&response);
+        return if same {
+            Ok(receipt(&turn, true))
+        } else {
+            Err(reused().into())
+        };
+    }
+    let used_elsewhere: Option<i32> =
+        sqlx::query_scalar("select 1 from turns where session_id = $1 and completion_id = $2")
+            .bind(session_id)
+            .bind(&completion.completion_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if used_elsewhere.is_some() {
+        return Err(reused().into());
+    }
+    match turn.state {
+        TurnState::Completed => {
+            return Err(Error::new(
+                ErrorCode::AlreadyCompleted,
+                "The turn is already completed by another completion.",
+            )
+            .into());
+        }
+        TurnState::Queued | TurnState::Cancelled => {
+            return Err(Error::new(
+                ErrorCode::NotClaimed,
+                "The turn is not claimed; claim it before completing it.",
+            )
+            .into());
+        }
+        TurnState::Claimed if turn.current_claim_id.as_deref() != Some(&completion.claim_id) => {
+            return Err(Error::new(
+                ErrorCode::ClaimMismatch,
+                "The turn is held by another claim.",
+            )
+            .into());
+        }
+        TurnState::Claimed => {}
+    }
+    let row = sqlx::query(&format!(
+        "update turns set state = 'completed', completed_at = $1, completion_id = $2, response = $3
+         where turn_id = $4 returning {TURN_COLUMNS}"
+    ))
+    .bind(now_ms())
+    .bind(&completion.completion_id)
+    .bind(response.to_string())
+    .bind(turn_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    let turn = turn_row(row)?;
+    sqlx::query("update claims set state = 'completed' where claim_id = $1")
+        .bind(&completion.claim_id)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("update sessions set active_claim_id = null where session_id = $1")
+        .bind(session_id)
+        .execute(&mut *conn)
+        .await?;
+    append_event(
+        conn,
+        session_id,
+        Some((&turn.turn_id, turn.seq)),
+        "completed",
+    )
+    .await?;
+    if let (Some(chat_id), Some(message_id)) = (&turn.lark_chat_id, &turn.lark_message_id) {
+        let message = response["message"].as_str().unwrap_or_default();
+        let now = now_ms();
+        sqlx::query(
+            "insert into lark_replies (turn_id, session_id, chat_id, message_id, text, state,
+                 next_attempt_at, created_at, updated_at)
+             values ($1, $2, $3, $4, $5, 'pending', $6, $6, $6)",
+        )
+        .bind(&turn.turn_id)
+        .bind(session_id)
+        .bind(chat_id)
+        .bind(message_id)
+        .bind(message.as_bytes())
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(receipt(&turn, false))
+}
+
+async fn release(
+    conn: &mut PgConnection,
+    session_id: &str,
+    claim_id: &str,
+    host: &HostIdentity,
+) -> Step<Released> {
+    hosted_session(conn, session_id, host).await?;
+    let claim: ClaimRow = sqlx::query_as(
+        "select session_id, turn_id, attempt, state from claims
+         where claim_id = $1 and session_id = $2",
+    )
+    .bind(claim_id)
+    .bind(session_id)
+    .fetch_optional(&mut *conn)
+    .await?
+    .ok_or_else(|| Error::not_found("claim on this session"))?;
+    let released = Released {
+        released: true,
+        turn_id: claim.turn_id.clone(),
+    };
+    match claim.state.as_str() {
+        "completed" => Err(Error::new(
+            ErrorCode::AlreadyCompleted,
+            "The claimed turn is already completed; there is nothing to release.",
+        )
+        .into()),
+        "released" => Ok(released),
+        _ => {
+            sqlx::query(
+                "update claims set state = 'released', released_at = $1 where claim_id = $2",
+            )
+            .bind(now_ms())
+            .bind(claim_id)
+            .execute(&mut *conn)
+            .await?;
+            let seq: i64 = sqlx::query_scalar(
+                "update turns set state = 'queued', claimed_at = null, current_claim_id = null
+                 where turn_id = $1 returning seq",
+            )
+            .bind(&claim.turn_id)
+            .fetch_one(&mut *conn)
+            .await?;
+            sqlx::query(
+                "update sessions set active_claim_id = null, queued_count = queued_count + 1
+                 where session_id = $1",
+            )
+            .bind(session_id)
+            .execute(&mut *conn)
+            .await?;
+            append_event(conn, session_id, Some((&claim.turn_id, seq)), "released").await?;
+            Ok(released)
+        }
+    }
+}
+
+async fn close(conn: &mut PgConnection, session_id: &str) -> Step<(SessionRow, u64)> {
+    let session = lock_session(conn, session_id).await?;
+    if session.state == SessionState::Closed {
+        return Ok((session, 0));
+    }
+    if let Some(active) = session.active_claim_id {
+        return Err(active_claim_error(conn, active).await?.into());
+    }
+    // One `cancelled` event per queued turn, numbered in seq order.
+    let cancelled = sqlx::query(
+        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
+         select t.session_id, s.next_event_no - 1 + row_number() over (order by t.seq),
+                'turn', t.turn_id, t.seq, 'cancelled', $1
+         from turns t join sessions s on s.session_id = t.session_id
+         where t.session_id = $2 and t.state = 'queued'",
+    )
+    .bind(now_ms())
+    .bind(session_id)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    sqlx::query("update sessions set next_event_no = next_event_no + $1 where session_id = $2")
+        .bind(cancelled as i64)
+        .bind(session_id)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(
+        "update turns set state = 'cancelled', cancel_reason = 'session_closed'
+         where session_id = $1 and state = 'queued'",
+    )
+    .bind(session_id)
+    .execute(&mut *conn)
+    .await?;
+    let row = sqlx::query(&format!(
+        "update sessions set state = 'closed', closed_at = $1, queued_count = 0
+         where session_id = $2 returning {SESSION_COLUMNS}"
+    ))
+    .bind(now_ms())
+    .bind(session_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    let closed = session_row(row)?;
+    append_event(conn, session_id, None, "closed").await?;
+    sqlx::query("delete from lark_links where session_id = $1")
+        .bind(session_id)
+        .execute(&mut *conn)
+        .await?;
+    Ok((closed, cancelled))
+}
+
+async fn lark_link(conn: &mut PgConnection, session_id: &str, chat_id: &str) -> Step<LarkLink> {
+    let session = lock_session(conn, session_id).await?;
+    if session.state == SessionState::Closed {
+        return Err(Error::new(ErrorCode::SessionClosed, "The session is closed.").into());
+    }
+    let holder: Option<String> =
+        sqlx::query_scalar("select session_id from lark_links where chat_id = $1")
+            .bind(chat_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if holder.as_deref().is_some_and(|h| h != session_id) {
+        return Err(Error::new(
+            ErrorCode::ChatLinked,
+            "This Lark chat is linked to another open session; unlink it there first.",
+        )
+        .into());
+    }
+    sqlx::query("delete from lark_links where session_id = $1")
+        .bind(session_id)
+        .execute(&mut *conn)
+        .await?;
+    // The same chat linked to another session at this very moment: this insert
+    // waits for that transaction, fails if it committed, and the decision
+    // taken again answers chat_linked.
+    sqlx::query("insert into lark_links (chat_id, session_id, linked_at) values ($1, $2, $3)")
+        .bind(chat_id)
+        .bind(session_id)
+        .bind(now_ms())
+        .execute(&mut *conn)
+        .await?;
+    Ok(LarkLink {
+        session_id: session_id.to_owned(),
+        chat_id: Some(chat_id.to_owned()),
+    })
+}
+
+async fn lark_unlink(conn: &mut PgConnection, session_id: &str) -> Step<LarkLink> {
+    lock_session(conn, session_id).await?;
+    sqlx::query("delete from lark_links where session_id = $1")
+        .bind(session_id)
+        .execute(conn)
+        .await?;
+    Ok(LarkLink {
+        session_id: session_id.to_owned(),
+        chat_id: None,
+    })
+}
+
+async fn lark_event(
+    conn: &mut PgConnection,
+    event: &LarkEvent,
+    minter: &Minter,
+) -> Step<LarkIngest> {
+    // Recorded first, once: a redelivery (same event id) or the same message
+    // under another event id conflicts with either unique key and is a
+    // duplicate. The same event reaching two replicas at once: the second
+    // insert waits for the first transaction and then finds its row.
+    let recorded = sqlx::query(
+        "insert into lark_events (app_id, event_id, message_id, received_at)
+         values ($1, $2, $3, $4) on conflict do nothing",
+    )
+    .bind(&event.app_id)
+    .bind(&event.event_id)
+    .bind(&event.message_id)
+    .bind(now_ms())
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if recorded == 0 {
+        return Ok(LarkIngest::Duplicate);
+    }
+    let (Some(text), Some(chat_id), Some(message_id)) =
+        (&event.text, &event.chat_id, &event.message_id)
+    else {
+        return Ok(LarkIngest::Unsupported);
+    };
+    // The chat's session, read again once its row is locked: a close or an
+    // unlink committed in between (on any replica) is then seen.
+    let link = "select session_id from lark_links where chat_id = $1";
+    let mut linked: Option<String> = sqlx::query_scalar(link)
+        .bind(chat_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let session_id = loop {
+        let Some(candidate) = linked else {
+            return Ok(LarkIngest::Unlinked);
+        };
+        lock_session(conn, &candidate).await?;
+        linked = sqlx::query_scalar(link)
+            .bind(chat_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if linked.as_deref() == Some(candidate.as_str()) {
+            break candidate;
+        }
+    };
+    let message = EnqueueRequest {
+        origin: Origin::Lark,
+        text: text.clone(),
+        client_message_id: Some(event.event_id.clone()),
+        ingress: Ingress::SessionQueue,
+        lark: Some(LarkRef {
+            chat_id: chat_id.clone(),
+            message_id: message_id.clone(),
+        }),
+    };
+    let done = enqueue(conn, &session_id, &message, minter).await?;
+    Ok(LarkIngest::Enqueued {
+        session_id,
+        turn: Box::new(done.turn),
+    })
+}
+
+async fn start_listening(listen_pool: &PgPool) -> sqlx::Result<PgListener> {
+    let mut listener = PgListener::connect_with(listen_pool).await?;
+    listener.listen(CHANNEL).await?;
+    Ok(listener)
+}
+
+/// Listens on [`CHANNEL`] until `stop`, calling `hook` with each notified
+/// session id. A lost connection is re-established with backoff; since what
+/// was announced meanwhile is lost, every open or recently closed session is
+/// then woken once (the waiters re-check the store).
+async fn listen(
+    mut listener: Option<PgListener>,
+    listen_pool: PgPool,
+    pool: PgPool,
+    hook: ChangeHook,
+    stop: CancellationToken,
+) {
+    let mut backoff = Duration::from_millis(100);
+    // When notifications may have started to go missing.
+    let mut lost_since: Option<i64> = None;
+    loop {
+        let connected = match listener.take() {
+            Some(listener) => Ok(listener),
+            None => tokio::select! {
+                _ = stop.cancelled() => return,
+                connected = start_listening(&listen_pool) => connected,
+            },
+        };
+        match connected {
+            Ok(mut listener) => {
+                backoff = Duration::from_millis(100);
+                if let Some(since) = lost_since.take() {
+                    tracing::info!("listening for other replicas' changes again");
+                    wake_recent(&pool, &hook, since).await;
+                }
+                let error = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    error = relay(&mut listener, &pool, &hook) => error,
+                };
+                tracing::warn!(%error, "lost the connection that listens for other replicas' changes; reconnecting");
+                lost_since = Some(now_ms());
+            }
+            Err(error) => {
+                tracing::warn!(%error, retry_in_ms = backoff.as_millis() as u64, "cannot listen for other replicas' changes");
+                lost_since.get_or_insert_with(now_ms);
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Hands each notification to `hook` until the listening connection fails
+/// for good (a drop that `PgListener` re-established at once is handled here).
+async fn relay(listener: &mut PgListener, pool: &PgPool, hook: &ChangeHook) -> sqlx::Error {
+    loop {
+        tokio::select! {
+            received = listener.try_recv() => match received {
+                Ok(Some(notification)) => hook(notification.payload()),
+                Ok(None) => {
+                    // The connection dropped and PgListener listens again on a
+                    // new one; what was announced in between is lost.
+                    tracing::info!("the listening connection dropped and was re-established");
+                    wake_recent(pool, hook, now_ms()).await;
+                }
+                Err(error) => return error,
+            },
+            _ = tokio::time::sleep(LISTENER_PING) => {
+                // A silently dead connection (no reset ever arrives) would
+                // otherwise listen to nothing for hours.
+                let ping = sqlx::query("select 1").execute(&mut *listener);
+                match tokio::time::timeout(ACQUIRE_TIMEOUT, ping).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(error)) => return error,
+                    Err(_) => return sqlx::Error::PoolTimedOut,
+                }
+            }
+        }
+    }
+}
+
+/// Wakes every open session, and every session closed since shortly before
+/// `since`: their waiters re-check the store for what they may have missed.
+async fn wake_recent(pool: &PgPool, hook: &ChangeHook, since: i64) {
+    let sessions: sqlx::Result<Vec<String>> = sqlx::query_scalar(
+        "select session_id from sessions where state = 'open' or closed_at >= $1",
+    )
+    .bind(since - 60_000)
+    .fetch_all(pool)
+    .await;
+    match sessions {
+        Ok(sessions) => sessions.iter().for_each(|s| hook(s)),
+        // The periodic re-check still covers them.
+        Err(error) => tracing::warn!(%error, "cannot list the sessions to wake after a reconnect"),
+    }
+}
+
+#[async_trait]
+impl Store for PgStore {
+    fn watch(&self, hook: ChangeHook) {
+        let listener = self
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        tokio::spawn(listen(
+            listener,
+            self.listen_pool.clone(),
+            self.pool.clone(),
+            hook,
+            self.stop.clone(),
+        ));
+    }
+
+    fn recheck_interval(&self) -> Option<Duration> {
+        Some(RECHECK)
+    }
+
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("select 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn register(&self, thread: RegisterAgentThread) -> Result<bool> {
+        let inserted = sqlx::query(
+            "insert into agent_threads (goal_id, agent_id, host_surface, host_session_id, registered_at)
+             values ($1, $2, $3, $4, $5) on conflict do nothing",
+        )
+        .bind(&thread.goal_id)
+        .bind(&thread.agent_id)
+        .bind(&thread.host_surface)
+        .bind(&thread.host_session_id)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        Ok(inserted.rows_affected() == 1)
+    }
+
+    async fn preview_bind(&self, request: BindRequest) -> Result<Option<SessionRow>> {
+        let mut conn = self.pool.acquire().await?;
+        match check_bind(&mut conn, &request).await {
+            Ok(open) => Ok(open),
+            Err(Fail::Refused(e)) => Err(e),
+            Err(Fail::Db(e)) => Err(e.into()),
+        }
+    }
+
+    async fn bind(&self, request: BindRequest) -> Result<Bound> {
+        transaction!(self, "binding a session", |conn| bind(
+            conn,
+            &request,
+            &self.minter
+        ))
+    }
+
+    async fn session(&self, session_id: &str) -> Result<Option<SessionRow>> {
+        Ok(load_session(&self.pool, session_id).await?)
+    }
+
+    async fn sessions(&self, filter: ListSessions, limit: u32) -> Result<Vec<SessionRow>> {
+        let sql = format!(
+            "select {SESSION_COLUMNS} from sessions
+             where ($1::text is null or state = $1) and ($2::text is null or goal_id = $2)
+               and ($3::text is null or agent_id = $3) and ($4::text is null or session_id > $4)
+             order by session_id limit $5"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(filter.state.as_ref().map(text))
+            .bind(filter.goal_id)
+            .bind(filter.agent_id)
+            .bind(filter.cursor)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(session_row)
+            .collect::<sqlx::Result<_>>()?)
+    }
+
+    async fn enqueue(&self, session_id: String, message: EnqueueRequest) -> Result<Enqueue> {
+        transaction!(self, "enqueueing", |conn| enqueue(
+            conn,
+            &session_id,
+            &message,
+            &self.minter
+        ))
+    }
+
+    async fn claim(
+        &self,
+        session_id: String,
+        host: HostIdentity,
+        claim_id: String,
+    ) -> Result<ClaimOutcome> {
+        transaction!(self, "claiming", |conn| claim(
+            conn,
+            &session_id,
+            &host,
+            &claim_id
+        ))
+    }
+
+    async fn complete(
+        &self,
+        session_id: String,
+        turn_id: String,
+        completion: CompleteRequest,
+    ) -> Result<Receipt> {
+        transaction!(self, "completing", |conn| complete(
+            conn,
+            &session_id,
+            &turn_id,
+            &completion
+        ))
+    }
+
+    async fn release(
+        &self,
+        session_id: String,
+        claim_id: String,
+        host: HostIdentity,
+    ) -> Result<Released> {
+        transaction!(self, "releasing", |conn| release(
+            conn,
+            &session_id,
+            &claim_id,
+            &host
+        ))
+    }
+
+    async fn close(&self, session_id: String) -> Result<(SessionRow, u64)> {
+        transaction!(self, "closing", |conn| close(conn, &session_id))
+    }
+
+    async fn lark_link(&self, session_id: String, chat_id: String) -> Result<LarkLink> {
+        transaction!(self, "linking a Lark chat", |conn| lark_link(
+            conn,
+            &session_id,
+            &chat_id
+        ))
+    }
+
+    async fn lark_unlink(&self, session_id: String) -> Result<LarkLink> {
+        transaction!(self, "unlinking a Lark chat", |conn| lark_unlink(
+            conn,
+            &session_id
+        ))
+    }
+
+    async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink> {
+        if load_session(&self.pool, session_id).await?.is_none() {
+            return Err(Error::not_found("session"));
+        }
+        let chat_id = sqlx::query_scalar("select chat_id from lark_links where session_id = $1")
+            .bind(session_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(LarkLink {
+            session_id: session_id.to_owned(),
+            chat_id,
+        })
+    }
+
+    async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest> {
+        transaction!(self, "recording a Lark event", |conn| lark_event(
+            conn,
+            &event,
+            &self.minter
+        ))
+    }
+
+    async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {
+        // Taken and leased in one statement: rows another dispatcher holds are
+        // skipped, and the lease keeps them from the next batch of anyone.
+        let rows = sqlx::query(
+            "with due as (
+                 select turn_id, next_attempt_at from lark_replies
+                 where state = 'pending' and next_attempt_at <= $1
+                 order by next_attempt_at limit $2
+                 for update skip locked
+             )
+             update lark_replies r set next_attempt_at = $1 + $3
+             from due where r.turn_id = due.turn_id
+             returning r.turn_id, r.chat_id, r.message_id, r.text, r.parts_sent, r.attempts, r.failures,
+                       due.next_attempt_at as due_at",
+        )
+        .bind(now_ms)
+        .bind(i64::from(limit))
+        .bind(REPLY_LEASE_MS)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut jobs = rows
+            .into_iter()
+            .map(|row| {
+                Ok((
+                    row.try_get::<i64, _>("due_at")?,
+                    ReplyJob {
+                        turn_id: row.try_get("turn_id")?,
+                        chat_id: row.try_get("chat_id")?,
+                        message_id: row.try_get("message_id")?,
+                        text: utf8(&row, "text")?,
+                        parts_sent: row.try_get("parts_sent")?,
+                        attempts: row.try_get("attempts")?,
+                        failures: row.try_get("failures")?,
+                    },
+                ))
+            })
+            .collect::<sqlx::Result<Vec<_>>>()?;
+        jobs.sort_by_key(|(due_at, _)| *due_at);
+        Ok(jobs.into_iter().map(|(_, job)| job).collect())
+    }
+
+    async fn next_reply_due(&self) -> Result<Option<i64>> {
+        Ok(sqlx::query_scalar(
+            "select min(next_attempt_at) from lark_replies where state = 'pending'",
+        )
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    async fn record_reply(&self, turn_id: String, update: ReplyUpdate) -> Result<()> {
+        // A diagnostic from afar: never let a stray U+0000 make it unstorable.
+        let error = update.error.map(|e| e.replace('\0', "\u{fffd}"));
+        sqlx::query(
+            "update lark_replies set parts_sent = $1, state = $2, attempts = $3, error = $4,
+                 next_attempt_at = $5, updated_at = $6, failures = $8 where turn_id = $7",
+        )
+        .bind(update.parts_sent)
+        .bind(text(&update.state))
+        .bind(update.attempts)
+        .bind(error)
+        .bind(update.next_attempt_at)
+        .bind(now_ms())
+        .bind(&turn_id)
+        .bind(update.failures)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn queue_stats(&self) -> Result<(i64, Option<i64>)> {
+        Ok(sqlx::query_as(
+            "select (select coalesce(sum(queued_count), 0)::bigint from sessions),
+                    (select min(enqueued_at) from turns where state = 'queued')",
+        )
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    async fn last_event_no(&self, session_id: &str) -> Result<i64> {
+        if unstorable(session_id) {
+            return Err(Error::not_found("session"));
+        }
+        let next: Option<i64> =
+            sqlx::query_scalar("select next_event_no from sessions where session_id = $1")
+                .bind(session_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        next.map(|n| n - 1)
+            .ok_or_else(|| Error::not_found("session"))
+    }
+
+    async fn events(&self, session_id: &str, after: i64, limit: u32) -> Result<Vec<EventRow>> {
+        if unstorable(session_id) {
+            return Ok(Vec::new());
+        }
+        Ok(sqlx::query_as(
+            "select event_no, kind, turn_id, seq, state from session_events
+             where session_id = $1 and event_no > $2 order by event_no limit $3",
+        )
+        .bind(session_id)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn turn(&self, session_id: &str, turn_id: &str) -> Result<TurnRow> {
+        if load_session(&self.pool, session_id).await?.is_none() {
+            return Err(Error::not_found("session"));
+        }
+        load_turn(&self.pool, session_id, turn_id)
+            .await?
+            .ok_or_else(|| Error::not_found("turn"))
+    }
+
+    async fn turns(
+        &self,
+        session_id: &str,
+        page: ListTurns,
+        limit: u32,
+    ) -> Result<(Vec<TurnRow>, bool)> {
+        if load_session(&self.pool, session_id).await?.is_none() {
+            return Err(Error::not_found("session"));
+        }
+        // Paging back (before_seq alone) reads newest first, then restores seq order.
+        let backwards = page.before_seq.is_some() && page.after_seq.is_none();
+        let sql = if backwards {
+            "where t.session_id = $1 and t.seq < $3 order by t.seq desc limit $4"
+        } else {
+            "where t.session_id = $1 and t.seq > $2 and ($3::bigint is null or t.seq < $3)
+             order by t.seq limit $4"
+        };
+        let sql = format!("{TURN_READBACK} {sql}");
+        let rows = sqlx::query(&sql)
+            .bind(session_id)
+            .bind(page.after_seq.unwrap_or(0))
+            .bind(page.before_seq)
+            .bind(i64::from(limit) + 1)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut turns = rows
+            .into_iter()
+            .map(turn_row)
+            .collect::<sqlx::Result<Vec<_>>>()?;
+        let has_more = turns.len() > limit as usize;
+        turns.truncate(limit as usize);
+        if backwards {
+            turns.reverse();
+        }
+        Ok((turns, has_more))
+    }
+}
