@@ -447,9 +447,21 @@ impl Broker {
     /// Where a new event stream starts: after `last_event_id` when the client
     /// resumes, else after the latest event (the stream starts from now).
     /// 404 for an unknown session.
-    pub async fn events_start(&self, session_id: &str, last_event_id: Option<i64>) -> Result<i64> {
+    /// Also answers whether the stream is over before it starts: a closed
+    /// session whose log the client has seen to the end.
+    pub async fn events_start(
+        &self,
+        session_id: &str,
+        last_event_id: Option<i64>,
+    ) -> Result<(i64, bool)> {
         let latest = self.store.last_event_no(session_id).await?;
-        Ok(last_event_id.unwrap_or(latest))
+        let after = last_event_id.unwrap_or(latest);
+        let closed = self
+            .store
+            .session(session_id)
+            .await?
+            .is_some_and(|s| s.state == SessionState::Closed);
+        Ok((after, closed && after >= latest))
     }
 
     /// The session's events after `after`, then each new one as it is
@@ -460,7 +472,7 @@ impl Broker {
     pub fn events(
         self: &Arc<Self>,
         session_id: String,
-        after: i64,
+        (after, ended): (i64, bool),
     ) -> impl futures_util::Stream<Item = LoggedEvent> + Send + 'static {
         let cursor = EventCursor {
             _open: Open::new(&self.metrics.sse_streams),
@@ -469,7 +481,7 @@ impl Broker {
             session_id,
             after,
             pending: Default::default(),
-            finished: false,
+            finished: ended,
         };
         futures_util::stream::unfold(cursor, EventCursor::next)
     }

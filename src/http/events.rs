@@ -28,7 +28,8 @@ pub fn router() -> axum::Router<AppState> {
 /// across a broker restart. Without `Last-Event-ID` the stream starts from now;
 /// `Last-Event-ID: 0` replays the whole log. Events are content-free: read the
 /// turn for its text. A comment line every 15 s keeps proxies open. The stream
-/// ends after the session's `closed` event and when the broker shuts down.
+/// ends after the session's `closed` event (at once for a closed session whose
+/// log the client has seen) and when the broker shuts down.
 /// A client that reads slowly is served from the log at its own pace: the
 /// broker holds at most one small page of events per stream.
 #[utoipa::path(get, path = "/v1/sessions/{session_id}/events", operation_id = "streamSessionEvents", tag = "sessions",
@@ -60,11 +61,11 @@ pub async fn events(
                 })?,
         ),
     };
-    let after = state
+    let start = state
         .broker
         .events_start(&session_id, last_event_id)
         .await?;
-    let stream = state.broker.events(session_id, after).map(|event| {
+    let stream = state.broker.events(session_id, start).map(|event| {
         Ok::<_, Infallible>(
             Event::default()
                 .id(event.id.to_string())

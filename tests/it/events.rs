@@ -314,3 +314,25 @@ async fn a_stalled_subscriber_does_not_grow_the_broker_and_loses_nothing() {
     assert_eq!(ids, (1..=4200).collect::<Vec<_>>());
     broker.terminate().await;
 }
+
+#[tokio::test]
+async fn a_closed_sessions_stream_ends_once_its_log_is_seen() {
+    let broker = TestBroker::start().await;
+    let host = bound_host(&broker.client).await;
+    enqueue(&broker.client, &host, "x").await;
+    broker.client.close(host.session_id()).await.unwrap();
+    // From now: nothing more will ever happen, so the stream ends at once.
+    let mut now = subscribe(&broker.url, TOKEN, host.session_id(), None).await;
+    let end = tokio::time::timeout(Duration::from_secs(5), now.next())
+        .await
+        .unwrap();
+    assert!(end.is_none());
+    // A resume before the end replays the rest, then ends.
+    let mut resumed = subscribe(&broker.url, TOKEN, host.session_id(), Some(1)).await;
+    let rest = take(&mut resumed, 2).await;
+    assert_eq!(states(&rest), ["turn:cancelled", "session:closed"]);
+    let end = tokio::time::timeout(Duration::from_secs(5), resumed.next())
+        .await
+        .unwrap();
+    assert!(end.is_none());
+}
