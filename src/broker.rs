@@ -273,10 +273,19 @@ impl Broker {
             let woken = subscription.signal().notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            let outcome = self
+            let outcome = match self
                 .store
                 .claim(session_id.to_owned(), host.clone(), claim.claim_id.clone())
-                .await?;
+                .await
+            {
+                // Once parked, a store outage keeps the claim parked (it
+                // re-checks and ends `claimed: false` at the deadline); only a
+                // claim's first look answers 503.
+                Err(e) if parked.is_some() && e.code == ErrorCode::StoreUnavailable => {
+                    ClaimOutcome::Empty
+                }
+                outcome => outcome?,
+            };
             if let ClaimOutcome::Claimed {
                 turn,
                 attempt,

@@ -41,7 +41,9 @@
 //! session-level lock held in a pool.
 //!
 //! Pool and timeouts: at most [`MAX_CONNECTIONS`] (16) connections per
-//! replica, waiting at most 5 s for one (then 503 `store_unavailable`); every
+//! replica, plus its listening one (so give the server `max_connections` of
+//! at least 17 per replica, plus headroom), waiting at most 5 s for a
+//! connection (then 503 `store_unavailable`); every
 //! statement times out after 10 s (`statement_timeout`, which also bounds a
 //! wait for a session's row lock) and a connection idle inside a transaction
 //! for 30 s is ended by the server (`idle_in_transaction_session_timeout`), so
@@ -49,6 +51,11 @@
 //! replaced after 30 minutes and closed after 10 idle minutes. While the
 //! database is unreachable, requests answer 503 `store_unavailable` and the
 //! pool reconnects by itself when it returns.
+//!
+//! A 2xx still means committed: each call's transaction has committed before
+//! it answers. How durable a commit is belongs to the PostgreSQL server
+//! (`synchronous_commit`, `fsync`, replication); `--durability` applies to
+//! SQLite only.
 //!
 //! Times are integer milliseconds (bigint), as in SQLite. Message texts (and
 //! the reply texts built from responses) are stored as `bytea`, their UTF-8

@@ -14,4 +14,5 @@ mod fake_lark;
 mod lark;
 mod metrics;
 mod openapi_drift;
+mod replicas;
 mod sessions;
