@@ -8,6 +8,7 @@
 
 pub mod postgres;
 pub mod sqlite;
+mod sync_sql;
 
 use async_trait::async_trait;
 

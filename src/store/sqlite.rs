@@ -8,12 +8,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures_util::future::BoxFuture;
+use rusqlite::Connection;
+use sqlx::Connection as _;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteSynchronous,
 };
-use sqlx::{Connection, SqliteExecutor};
+
+use super::sync_sql as sql;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
@@ -44,7 +45,7 @@ pub const MAX_QUEUED: i64 = 10_000;
 
 /// A write, run by the writer inside its savepoint. It answers whether its
 /// changes are kept, and the reply to send once the batch has committed.
-type Job = Box<dyn for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Finished> + Send>;
+type Job = Box<dyn FnOnce(&Connection) -> Finished + Send>;
 type Reply = Box<dyn FnOnce(Result<()>) + Send>;
 struct Finished {
     keep: bool,
@@ -64,19 +65,18 @@ impl SqliteStore {
         let options = SqliteConnectOptions::new()
             .filename(path)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(match durability {
-                Durability::Full => SqliteSynchronous::Full,
-                Durability::Relaxed => SqliteSynchronous::Normal,
-            })
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(5));
-        let mut writer = SqliteConnection::connect_with(&options)
+        let mut migrator = SqliteConnection::connect_with(&options)
             .await
             .map_err(|e| Error::store("opening the database", e))?;
         sqlx::migrate!("./migrations/sqlite")
-            .run(&mut writer)
+            .run(&mut migrator)
             .await
             .map_err(|e| Error::store("migrating the database", e))?;
+        let _ = migrator.close().await;
+        let writer =
+            open_writer(path, durability).map_err(|e| Error::store("opening the writer", e))?;
         let reads = SqlitePoolOptions::new()
             .max_connections(4)
             .min_connections(1)
@@ -84,7 +84,10 @@ impl SqliteStore {
             .await
             .map_err(|e| Error::store("opening the read pool", e))?;
         let (jobs, queue) = mpsc::channel(4 * MAX_BATCH);
-        tokio::spawn(run_writer(writer, queue));
+        std::thread::Builder::new()
+            .name("loopx-sqlite-writer".into())
+            .spawn(move || run_writer(writer, queue))
+            .map_err(|e| Error::store("starting the writer", e))?;
         Ok(Self {
             jobs,
             reads,
@@ -97,19 +100,17 @@ impl SqliteStore {
     async fn write<T, F>(&self, op: F) -> Result<T>
     where
         T: Send + 'static,
-        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T>> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
-        let job = job(move |conn| {
-            Box::pin(async move {
-                let outcome = op(conn).await;
-                Finished {
-                    keep: outcome.is_ok(),
-                    reply: Box::new(move |committed| {
-                        let _ = tx.send(committed.and(outcome));
-                    }),
-                }
-            })
+        let job: Job = Box::new(move |conn| {
+            let outcome = op(conn);
+            Finished {
+                keep: outcome.is_ok(),
+                reply: Box::new(move |committed| {
+                    let _ = tx.send(committed.and(outcome));
+                }),
+            }
         });
         let stopped = || Error::store("writing", "the writer has stopped");
         self.jobs.send(job).await.map_err(|_| stopped())?;
@@ -117,11 +118,20 @@ impl SqliteStore {
     }
 }
 
-fn job<F>(f: F) -> Job
-where
-    F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Finished> + Send + 'static,
-{
-    Box::new(f)
+/// The writer's connection: WAL, the chosen durability, foreign keys, a busy
+/// timeout, and room in the statement cache for every statement it runs.
+fn open_writer(path: &Path, durability: Durability) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    conn.pragma_update(None, "journal_mode", "wal")?;
+    let synchronous = match durability {
+        Durability::Full => "full",
+        Durability::Relaxed => "normal",
+    };
+    conn.pragma_update(None, "synchronous", synchronous)?;
+    conn.pragma_update(None, "foreign_keys", "on")?;
+    conn.set_prepared_statement_cache_capacity(128);
+    Ok(conn)
 }
 
 /// The database file is created owner-only before SQLite opens it; SQLite
@@ -136,11 +146,20 @@ fn create_private_file(path: &Path) -> std::io::Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
 }
 
-async fn run_writer(mut conn: SqliteConnection, mut queue: mpsc::Receiver<Job>) {
+/// The writer thread: takes every waiting job (up to a batch), runs them in
+/// one transaction, commits once, then answers them all.
+fn run_writer(conn: Connection, mut queue: mpsc::Receiver<Job>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut replies = Vec::with_capacity(MAX_BATCH);
-    while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let committed = run_batch(&mut conn, &mut batch, &mut replies).await;
+    while let Some(first) = queue.blocking_recv() {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let committed = run_batch(&conn, &mut batch, &mut replies);
         // Jobs left in `batch` after a failure are dropped: their callers see
         // a closed reply channel and answer store_unavailable.
         batch.clear();
@@ -148,48 +167,42 @@ async fn run_writer(mut conn: SqliteConnection, mut queue: mpsc::Receiver<Job>) 
             reply(committed.clone());
         }
     }
-    let _ = conn.close().await;
 }
 
-async fn run_batch(
-    conn: &mut SqliteConnection,
-    batch: &mut Vec<Job>,
-    replies: &mut Vec<Reply>,
-) -> Result<()> {
-    let result = async {
-        execute(conn, "begin immediate").await?;
+fn run_batch(conn: &Connection, batch: &mut Vec<Job>, replies: &mut Vec<Reply>) -> Result<()> {
+    let result = (|| {
+        execute(conn, "begin immediate")?;
         for job in batch.drain(..) {
-            execute(conn, "savepoint job").await?;
-            let finished = job(&mut *conn).await;
+            execute(conn, "savepoint job")?;
+            let finished = job(conn);
             replies.push(finished.reply);
             if !finished.keep {
-                execute(conn, "rollback to job").await?;
+                execute(conn, "rollback to job")?;
             }
-            execute(conn, "release job").await?;
+            execute(conn, "release job")?;
         }
-        execute(conn, "commit").await
-    }
-    .await;
+        execute(conn, "commit")
+    })();
     if result.is_err() {
-        let _ = execute(conn, "rollback").await;
+        let _ = execute(conn, "rollback");
     }
     result
 }
 
-async fn execute(conn: &mut SqliteConnection, sql: &'static str) -> Result<()> {
-    sqlx::query(sql).execute(conn).await?;
+fn execute(conn: &Connection, statement: &'static str) -> Result<()> {
+    conn.prepare_cached(statement)?.execute([])?;
     Ok(())
 }
 
 /// Appends one event to the session's log, in the caller's transaction.
-async fn append_event(
-    conn: &mut SqliteConnection,
+fn append_event(
+    conn: &Connection,
     session_id: &str,
     turn: Option<(&str, i64)>,
     state: &str,
 ) -> Result<()> {
     let kind = if turn.is_some() { "turn" } else { "session" };
-    sqlx::query(
+    sql::query(
         "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
          select session_id, next_event_no, ?, ?, ?, ?, ? from sessions where session_id = ?",
     )
@@ -199,12 +212,10 @@ async fn append_event(
     .bind(state)
     .bind(now_ms())
     .bind(session_id)
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query("update sessions set next_event_no = next_event_no + 1 where session_id = ?")
+    .execute(conn)?;
+    sql::query("update sessions set next_event_no = next_event_no + 1 where session_id = ?")
         .bind(session_id)
-        .execute(conn)
-        .await?;
+        .execute(conn)?;
     Ok(())
 }
 
@@ -215,10 +226,8 @@ const TURN_READBACK: &str = "select t.*, r.state as reply_state, r.attempts as r
 const SESSION_COLUMNS: &str = "session_id, goal_id, agent_id, host_surface, host_session_id, \
      executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id";
 
-async fn load_session<'e>(
-    db: impl SqliteExecutor<'e>,
-    session_id: &str,
-) -> Result<Option<SessionRow>> {
+/// A session, read through the read pool.
+async fn read_session(db: &SqlitePool, session_id: &str) -> Result<Option<SessionRow>> {
     let sql = format!("select {SESSION_COLUMNS} from sessions where session_id = ?");
     Ok(sqlx::query_as(&sql)
         .bind(session_id)
@@ -226,33 +235,8 @@ async fn load_session<'e>(
         .await?)
 }
 
-async fn existing_session(conn: &mut SqliteConnection, session_id: &str) -> Result<SessionRow> {
-    load_session(conn, session_id)
-        .await?
-        .ok_or_else(|| Error::not_found("session"))
-}
-
-/// The session, if the host identity is the one it is bound to.
-async fn hosted_session(
-    conn: &mut SqliteConnection,
-    session_id: &str,
-    host: &HostIdentity,
-) -> Result<SessionRow> {
-    let session = existing_session(conn, session_id).await?;
-    if !session.is_bound_to(host) {
-        return Err(Error::new(
-            ErrorCode::HostMismatch,
-            "The host identity does not match this session's binding.",
-        ));
-    }
-    Ok(session)
-}
-
-async fn load_turn<'e>(
-    db: impl SqliteExecutor<'e>,
-    session_id: &str,
-    turn_id: &str,
-) -> Result<Option<TurnRow>> {
+/// A turn with its reply, read through the read pool.
+async fn read_turn(db: &SqlitePool, session_id: &str, turn_id: &str) -> Result<Option<TurnRow>> {
     Ok(sqlx::query_as(&format!(
         "{TURN_READBACK} where t.session_id = ? and t.turn_id = ?"
     ))
@@ -262,19 +246,48 @@ async fn load_turn<'e>(
     .await?)
 }
 
+fn load_session(db: &Connection, session_id: &str) -> Result<Option<SessionRow>> {
+    let sql = format!("select {SESSION_COLUMNS} from sessions where session_id = ?");
+    sql::query_as(&sql).bind(session_id).fetch_optional(db)
+}
+
+fn existing_session(conn: &Connection, session_id: &str) -> Result<SessionRow> {
+    load_session(conn, session_id)?.ok_or_else(|| Error::not_found("session"))
+}
+
+/// The session, if the host identity is the one it is bound to.
+fn hosted_session(conn: &Connection, session_id: &str, host: &HostIdentity) -> Result<SessionRow> {
+    let session = existing_session(conn, session_id)?;
+    if !session.is_bound_to(host) {
+        return Err(Error::new(
+            ErrorCode::HostMismatch,
+            "The host identity does not match this session's binding.",
+        ));
+    }
+    Ok(session)
+}
+
+fn load_turn(db: &Connection, session_id: &str, turn_id: &str) -> Result<Option<TurnRow>> {
+    sql::query_as(&format!(
+        "{TURN_READBACK} where t.session_id = ? and t.turn_id = ?"
+    ))
+    .bind(session_id)
+    .bind(turn_id)
+    .fetch_optional(db)
+}
+
 /// The claimed-at time of a session's active claim, for `claim_active`.
-async fn active_claim_error(conn: &mut SqliteConnection, claim_id: String) -> Result<Error> {
-    let claimed_at: i64 = sqlx::query_scalar("select claimed_at from claims where claim_id = ?")
+fn active_claim_error(conn: &Connection, claim_id: String) -> Result<Error> {
+    let claimed_at: i64 = sql::query_scalar("select claimed_at from claims where claim_id = ?")
         .bind(&claim_id)
-        .fetch_one(conn)
-        .await?;
+        .fetch_one(conn)?;
     Ok(Error::claim_active(claim_id, claimed_at))
 }
 
 /// The bind checks, in the contract's order: registration, then the open
 /// session of the tuple (same executor: answered again; another: 409).
-async fn check_bind(conn: &mut SqliteConnection, bind: &BindRequest) -> Result<Option<SessionRow>> {
-    let registered: Option<i64> = sqlx::query_scalar(
+fn check_bind(conn: &Connection, bind: &BindRequest) -> Result<Option<SessionRow>> {
+    let registered: Option<i64> = sql::query_scalar(
         "select 1 from agent_threads
          where goal_id = ? and agent_id = ? and host_surface = ? and host_session_id = ?",
     )
@@ -282,8 +295,7 @@ async fn check_bind(conn: &mut SqliteConnection, bind: &BindRequest) -> Result<O
     .bind(&bind.agent_id)
     .bind(&bind.host_surface)
     .bind(&bind.host_session_id)
-    .fetch_optional(&mut *conn)
-    .await?;
+    .fetch_optional(conn)?;
     if registered.is_none() {
         return Err(Error::new(
             ErrorCode::NotRegistered,
@@ -294,13 +306,12 @@ async fn check_bind(conn: &mut SqliteConnection, bind: &BindRequest) -> Result<O
         "select {SESSION_COLUMNS} from sessions
          where goal_id = ? and agent_id = ? and host_surface = ? and host_session_id = ? and state = 'open'"
     );
-    let open: Option<SessionRow> = sqlx::query_as(&sql)
+    let open: Option<SessionRow> = sql::query_as(&sql)
         .bind(&bind.goal_id)
         .bind(&bind.agent_id)
         .bind(&bind.host_surface)
         .bind(&bind.host_session_id)
-        .fetch_optional(&mut *conn)
-        .await?;
+        .fetch_optional(conn)?;
     match open {
         Some(s) if s.executor_endpoint_id != bind.executor_endpoint_id => Err(Error::new(
             ErrorCode::SessionExists,
@@ -310,12 +321,12 @@ async fn check_bind(conn: &mut SqliteConnection, bind: &BindRequest) -> Result<O
     }
 }
 
-async fn bind(conn: &mut SqliteConnection, bind: BindRequest, minter: &Minter) -> Result<Bound> {
-    if let Some(existing) = check_bind(conn, &bind).await? {
+fn bind(conn: &Connection, bind: BindRequest, minter: &Minter) -> Result<Bound> {
+    if let Some(existing) = check_bind(conn, &bind)? {
         return Ok(Bound::Existing(existing));
     }
     let session_id = minter.mint("ses");
-    sqlx::query(
+    sql::query(
         "insert into sessions (session_id, goal_id, agent_id, host_surface, host_session_id,
              executor_endpoint_id, state, created_at)
          values (?, ?, ?, ?, ?, ?, 'open', ?)",
@@ -327,9 +338,8 @@ async fn bind(conn: &mut SqliteConnection, bind: BindRequest, minter: &Minter) -
     .bind(&bind.host_session_id)
     .bind(&bind.executor_endpoint_id)
     .bind(now_ms())
-    .execute(&mut *conn)
-    .await?;
-    Ok(Bound::Created(existing_session(conn, &session_id).await?))
+    .execute(conn)?;
+    Ok(Bound::Created(existing_session(conn, &session_id)?))
 }
 
 /// Whether a replayed enqueue carries the same body as the stored turn.
@@ -347,21 +357,20 @@ fn same_message(turn: &TurnRow, message: &EnqueueRequest) -> bool {
         && lark == message.lark
 }
 
-async fn enqueue(
-    conn: &mut SqliteConnection,
+fn enqueue(
+    conn: &Connection,
     session_id: String,
     message: EnqueueRequest,
     minter: &Minter,
 ) -> Result<Enqueue> {
-    let session = existing_session(conn, &session_id).await?;
+    let session = existing_session(conn, &session_id)?;
     let closed = || Error::new(ErrorCode::SessionClosed, "The session is closed.");
     if let Some(client_message_id) = &message.client_message_id {
         let earlier: Option<TurnRow> =
-            sqlx::query_as("select * from turns where session_id = ? and client_message_id = ?")
+            sql::query_as("select * from turns where session_id = ? and client_message_id = ?")
                 .bind(&session_id)
                 .bind(client_message_id)
-                .fetch_optional(&mut *conn)
-                .await?;
+                .fetch_optional(conn)?;
         if let Some(turn) = earlier {
             if session.state == SessionState::Closed {
                 return Err(closed());
@@ -398,7 +407,7 @@ async fn enqueue(
         .lark
         .map(|l| (Some(l.chat_id), Some(l.message_id)))
         .unwrap_or_default();
-    let turn = sqlx::query_as(
+    let turn = sql::query_as(
         "insert into turns (turn_id, session_id, seq, origin, text, client_message_id,
              lark_chat_id, lark_message_id, state, enqueued_at)
          select ?, session_id, next_seq, ?, ?, ?, ?, ?, 'queued', ? from sessions where session_id = ?
@@ -412,24 +421,21 @@ async fn enqueue(
     .bind(lark_message_id)
     .bind(now_ms())
     .bind(&session_id)
-    .fetch_one(&mut *conn)
-    .await?;
-    sqlx::query(
+    .fetch_one(conn)?;
+    sql::query(
         "update sessions set next_seq = next_seq + 1, queued_count = queued_count + 1
          where session_id = ?",
     )
     .bind(&session_id)
-    .execute(&mut *conn)
-    .await?;
+    .execute(conn)?;
     let turn: TurnRow = turn;
-    append_event(conn, &session_id, Some((&turn.turn_id, turn.seq)), "queued").await?;
+    append_event(conn, &session_id, Some((&turn.turn_id, turn.seq)), "queued")?;
     Ok(Enqueue {
         turn,
         duplicate: false,
     })
 }
 
-#[derive(sqlx::FromRow)]
 struct ClaimRow {
     session_id: String,
     turn_id: String,
@@ -437,18 +443,28 @@ struct ClaimRow {
     state: String,
 }
 
-async fn claim(
-    conn: &mut SqliteConnection,
+impl sql::FromRow for ClaimRow {
+    fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(ClaimRow {
+            session_id: r.get("session_id")?,
+            turn_id: r.get("turn_id")?,
+            attempt: r.get("attempt")?,
+            state: r.get("state")?,
+        })
+    }
+}
+
+fn claim(
+    conn: &Connection,
     session_id: String,
     host: HostIdentity,
     claim_id: String,
 ) -> Result<ClaimOutcome> {
-    let session = hosted_session(conn, &session_id, &host).await?;
+    let session = hosted_session(conn, &session_id, &host)?;
     let earlier: Option<ClaimRow> =
-        sqlx::query_as("select session_id, turn_id, attempt, state from claims where claim_id = ?")
+        sql::query_as("select session_id, turn_id, attempt, state from claims where claim_id = ?")
             .bind(&claim_id)
-            .fetch_optional(&mut *conn)
-            .await?;
+            .fetch_optional(conn)?;
     if let Some(earlier) = earlier {
         if earlier.session_id != session_id {
             return Err(Error::new(
@@ -462,8 +478,7 @@ async fn claim(
                 "This claim_id's turn was released; the claim_id is spent. Claim with a new one.",
             ));
         }
-        let turn = load_turn(&mut *conn, &session_id, &earlier.turn_id)
-            .await?
+        let turn = load_turn(conn, &session_id, &earlier.turn_id)?
             .ok_or_else(|| Error::store("replaying a claim", "the claimed turn is missing"))?;
         return Ok(ClaimOutcome::Claimed {
             turn: Box::new(turn),
@@ -478,20 +493,19 @@ async fn claim(
         ));
     }
     if let Some(active) = session.active_claim_id {
-        return Err(active_claim_error(conn, active).await?);
+        return Err(active_claim_error(conn, active)?);
     }
-    let head: Option<TurnRow> = sqlx::query_as(
+    let head: Option<TurnRow> = sql::query_as(
         "select * from turns where session_id = ? and state = 'queued' order by seq limit 1",
     )
     .bind(&session_id)
-    .fetch_optional(&mut *conn)
-    .await?;
+    .fetch_optional(conn)?;
     let Some(head) = head else {
         return Ok(ClaimOutcome::Empty);
     };
     let now = now_ms();
     let attempt = head.claim_count + 1;
-    sqlx::query(
+    sql::query(
         "insert into claims (claim_id, session_id, turn_id, attempt, state, claimed_at)
          values (?, ?, ?, ?, 'active', ?)",
     )
@@ -500,9 +514,8 @@ async fn claim(
     .bind(&head.turn_id)
     .bind(attempt)
     .bind(now)
-    .execute(&mut *conn)
-    .await?;
-    let turn: TurnRow = sqlx::query_as(
+    .execute(conn)?;
+    let turn: TurnRow = sql::query_as(
         "update turns set state = 'claimed', claimed_at = ?, claim_count = ?, current_claim_id = ?
          where turn_id = ? returning *",
     )
@@ -510,23 +523,20 @@ async fn claim(
     .bind(attempt)
     .bind(&claim_id)
     .bind(&head.turn_id)
-    .fetch_one(&mut *conn)
-    .await?;
-    sqlx::query(
+    .fetch_one(conn)?;
+    sql::query(
         "update sessions set active_claim_id = ?, queued_count = queued_count - 1
          where session_id = ?",
     )
     .bind(&claim_id)
     .bind(&session_id)
-    .execute(&mut *conn)
-    .await?;
+    .execute(conn)?;
     append_event(
         conn,
         &session_id,
         Some((&turn.turn_id, turn.seq)),
         "claimed",
-    )
-    .await?;
+    )?;
     Ok(ClaimOutcome::Claimed {
         turn: Box::new(turn),
         attempt,
@@ -546,8 +556,8 @@ fn receipt(turn: &TurnRow, replayed: bool) -> Receipt {
     }
 }
 
-async fn complete(
-    conn: &mut SqliteConnection,
+fn complete(
+    conn: &Connection,
     session_id: String,
     turn_id: String,
     completion: CompleteRequest,
@@ -556,10 +566,8 @@ async fn complete(
         host_surface: completion.host_surface,
         host_session_id: completion.host_session_id,
     };
-    hosted_session(conn, &session_id, &host).await?;
-    let turn = load_turn(&mut *conn, &session_id, &turn_id)
-        .await?
-        .ok_or_else(|| Error::not_found("turn"))?;
+    hosted_session(conn, &session_id, &host)?;
+    let turn = load_turn(conn, &session_id, &turn_id)?.ok_or_else(|| Error::not_found("turn"))?;
     let response = serde_json::Value::Object(completion.response);
     let reused = || {
         Error::new(
@@ -581,11 +589,10 @@ async fn complete(
         };
     }
     let used_elsewhere: Option<i64> =
-        sqlx::query_scalar("select 1 from turns where session_id = ? and completion_id = ?")
+        sql::query_scalar("select 1 from turns where session_id = ? and completion_id = ?")
             .bind(&session_id)
             .bind(&completion.completion_id)
-            .fetch_optional(&mut *conn)
-            .await?;
+            .fetch_optional(conn)?;
     if used_elsewhere.is_some() {
         return Err(reused());
     }
@@ -610,7 +617,7 @@ async fn complete(
         }
         TurnState::Claimed => {}
     }
-    let turn: TurnRow = sqlx::query_as(
+    let turn: TurnRow = sql::query_as(
         "update turns set state = 'completed', completed_at = ?, completion_id = ?, response = ?
          where turn_id = ? returning *",
     )
@@ -618,27 +625,23 @@ async fn complete(
     .bind(&completion.completion_id)
     .bind(response.to_string())
     .bind(&turn_id)
-    .fetch_one(&mut *conn)
-    .await?;
-    sqlx::query("update claims set state = 'completed' where claim_id = ?")
+    .fetch_one(conn)?;
+    sql::query("update claims set state = 'completed' where claim_id = ?")
         .bind(&completion.claim_id)
-        .execute(&mut *conn)
-        .await?;
-    sqlx::query("update sessions set active_claim_id = null where session_id = ?")
+        .execute(conn)?;
+    sql::query("update sessions set active_claim_id = null where session_id = ?")
         .bind(&session_id)
-        .execute(&mut *conn)
-        .await?;
+        .execute(conn)?;
     append_event(
         conn,
         &session_id,
         Some((&turn.turn_id, turn.seq)),
         "completed",
-    )
-    .await?;
+    )?;
     if let (Some(chat_id), Some(message_id)) = (&turn.lark_chat_id, &turn.lark_message_id) {
         let message = response["message"].as_str().unwrap_or_default();
         let now = now_ms();
-        sqlx::query(
+        sql::query(
             "insert into lark_replies (turn_id, session_id, chat_id, message_id, text, state,
                  next_attempt_at, created_at, updated_at)
              values (?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
@@ -651,26 +654,24 @@ async fn complete(
         .bind(now)
         .bind(now)
         .bind(now)
-        .execute(&mut *conn)
-        .await?;
+        .execute(conn)?;
     }
     Ok(receipt(&turn, false))
 }
 
-async fn release(
-    conn: &mut SqliteConnection,
+fn release(
+    conn: &Connection,
     session_id: String,
     claim_id: String,
     host: HostIdentity,
 ) -> Result<Released> {
-    hosted_session(conn, &session_id, &host).await?;
-    let claim: ClaimRow = sqlx::query_as(
+    hosted_session(conn, &session_id, &host)?;
+    let claim: ClaimRow = sql::query_as(
         "select session_id, turn_id, attempt, state from claims where claim_id = ? and session_id = ?",
     )
     .bind(&claim_id)
     .bind(&session_id)
-    .fetch_optional(&mut *conn)
-    .await?
+    .fetch_optional(conn)?
     .ok_or_else(|| Error::not_found("claim on this session"))?;
     let released = Released {
         released: true,
@@ -683,41 +684,38 @@ async fn release(
         )),
         "released" => Ok(released),
         _ => {
-            sqlx::query("update claims set state = 'released', released_at = ? where claim_id = ?")
+            sql::query("update claims set state = 'released', released_at = ? where claim_id = ?")
                 .bind(now_ms())
                 .bind(&claim_id)
-                .execute(&mut *conn)
-                .await?;
-            let seq: i64 = sqlx::query_scalar(
+                .execute(conn)?;
+            let seq: i64 = sql::query_scalar(
                 "update turns set state = 'queued', claimed_at = null, current_claim_id = null
                  where turn_id = ? returning seq",
             )
             .bind(&claim.turn_id)
-            .fetch_one(&mut *conn)
-            .await?;
-            sqlx::query(
+            .fetch_one(conn)?;
+            sql::query(
                 "update sessions set active_claim_id = null, queued_count = queued_count + 1
                  where session_id = ?",
             )
             .bind(&session_id)
-            .execute(&mut *conn)
-            .await?;
-            append_event(conn, &session_id, Some((&claim.turn_id, seq)), "released").await?;
+            .execute(conn)?;
+            append_event(conn, &session_id, Some((&claim.turn_id, seq)), "released")?;
             Ok(released)
         }
     }
 }
 
-async fn close(conn: &mut SqliteConnection, session_id: String) -> Result<(SessionRow, u64)> {
-    let session = existing_session(conn, &session_id).await?;
+fn close(conn: &Connection, session_id: String) -> Result<(SessionRow, u64)> {
+    let session = existing_session(conn, &session_id)?;
     if session.state == SessionState::Closed {
         return Ok((session, 0));
     }
     if let Some(active) = session.active_claim_id {
-        return Err(active_claim_error(conn, active).await?);
+        return Err(active_claim_error(conn, active)?);
     }
     // One `cancelled` event per queued turn, numbered in seq order.
-    let cancelled = sqlx::query(
+    let cancelled = sql::query(
         "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
          select t.session_id, s.next_event_no - 1 + row_number() over (order by t.seq),
                 'turn', t.turn_id, t.seq, 'cancelled', ?
@@ -726,42 +724,33 @@ async fn close(conn: &mut SqliteConnection, session_id: String) -> Result<(Sessi
     )
     .bind(now_ms())
     .bind(&session_id)
-    .execute(&mut *conn)
-    .await?
+    .execute(conn)?
     .rows_affected();
-    sqlx::query("update sessions set next_event_no = next_event_no + ? where session_id = ?")
+    sql::query("update sessions set next_event_no = next_event_no + ? where session_id = ?")
         .bind(cancelled as i64)
         .bind(&session_id)
-        .execute(&mut *conn)
-        .await?;
-    sqlx::query(
+        .execute(conn)?;
+    sql::query(
         "update turns set state = 'cancelled', cancel_reason = 'session_closed'
          where session_id = ? and state = 'queued'",
     )
     .bind(&session_id)
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query(
+    .execute(conn)?;
+    sql::query(
         "update sessions set state = 'closed', closed_at = ?, queued_count = 0 where session_id = ?",
     )
     .bind(now_ms())
     .bind(&session_id)
-    .execute(&mut *conn)
-    .await?;
-    append_event(conn, &session_id, None, "closed").await?;
-    sqlx::query("delete from lark_links where session_id = ?")
+    .execute(conn)?;
+    append_event(conn, &session_id, None, "closed")?;
+    sql::query("delete from lark_links where session_id = ?")
         .bind(&session_id)
-        .execute(&mut *conn)
-        .await?;
-    Ok((existing_session(conn, &session_id).await?, cancelled))
+        .execute(conn)?;
+    Ok((existing_session(conn, &session_id)?, cancelled))
 }
 
-async fn lark_link(
-    conn: &mut SqliteConnection,
-    session_id: String,
-    chat_id: String,
-) -> Result<LarkLink> {
-    let session = existing_session(conn, &session_id).await?;
+fn lark_link(conn: &Connection, session_id: String, chat_id: String) -> Result<LarkLink> {
+    let session = existing_session(conn, &session_id)?;
     if session.state == SessionState::Closed {
         return Err(Error::new(
             ErrorCode::SessionClosed,
@@ -769,67 +758,57 @@ async fn lark_link(
         ));
     }
     let holder: Option<String> =
-        sqlx::query_scalar("select session_id from lark_links where chat_id = ?")
+        sql::query_scalar("select session_id from lark_links where chat_id = ?")
             .bind(&chat_id)
-            .fetch_optional(&mut *conn)
-            .await?;
+            .fetch_optional(conn)?;
     if holder.as_ref().is_some_and(|h| *h != session_id) {
         return Err(Error::new(
             ErrorCode::ChatLinked,
             "This Lark chat is linked to another open session; unlink it there first.",
         ));
     }
-    sqlx::query("delete from lark_links where session_id = ?")
+    sql::query("delete from lark_links where session_id = ?")
         .bind(&session_id)
-        .execute(&mut *conn)
-        .await?;
-    sqlx::query("insert into lark_links (chat_id, session_id, linked_at) values (?, ?, ?)")
+        .execute(conn)?;
+    sql::query("insert into lark_links (chat_id, session_id, linked_at) values (?, ?, ?)")
         .bind(&chat_id)
         .bind(&session_id)
         .bind(now_ms())
-        .execute(&mut *conn)
-        .await?;
+        .execute(conn)?;
     Ok(LarkLink {
         session_id,
         chat_id: Some(chat_id),
     })
 }
 
-async fn lark_event(
-    conn: &mut SqliteConnection,
-    event: LarkEvent,
-    minter: &Minter,
-) -> Result<LarkIngest> {
-    let seen: Option<i64> = sqlx::query_scalar(
+fn lark_event(conn: &Connection, event: LarkEvent, minter: &Minter) -> Result<LarkIngest> {
+    let seen: Option<i64> = sql::query_scalar(
         "select 1 from lark_events where app_id = ?1 and (event_id = ?2 or message_id = ?3)",
     )
     .bind(&event.app_id)
     .bind(&event.event_id)
     .bind(&event.message_id)
-    .fetch_optional(&mut *conn)
-    .await?;
+    .fetch_optional(conn)?;
     if seen.is_some() {
         return Ok(LarkIngest::Duplicate);
     }
-    sqlx::query(
+    sql::query(
         "insert into lark_events (app_id, event_id, message_id, received_at) values (?, ?, ?, ?)",
     )
     .bind(&event.app_id)
     .bind(&event.event_id)
     .bind(&event.message_id)
     .bind(now_ms())
-    .execute(&mut *conn)
-    .await?;
+    .execute(conn)?;
     let (Some(text), Some(chat_id), Some(message_id)) =
         (event.text, event.chat_id, event.message_id)
     else {
         return Ok(LarkIngest::Unsupported);
     };
     let linked: Option<String> =
-        sqlx::query_scalar("select session_id from lark_links where chat_id = ?")
+        sql::query_scalar("select session_id from lark_links where chat_id = ?")
             .bind(&chat_id)
-            .fetch_optional(&mut *conn)
-            .await?;
+            .fetch_optional(conn)?;
     let Some(session_id) = linked else {
         return Ok(LarkIngest::Unlinked);
     };
@@ -843,7 +822,7 @@ async fn lark_event(
             message_id,
         }),
     };
-    let done = enqueue(conn, session_id.clone(), message, minter).await?;
+    let done = enqueue(conn, session_id.clone(), message, minter)?;
     Ok(LarkIngest::Enqueued {
         session_id,
         turn: Box::new(done.turn),
@@ -855,13 +834,12 @@ impl Store for SqliteStore {
     async fn ping(&self) -> Result<()> {
         sqlx::query("select 1").execute(&self.reads).await?;
         // A read alone does not prove the writer is alive.
-        self.write(|_| Box::pin(async { Ok(()) })).await
+        self.write(|_| Ok(())).await
     }
 
     async fn register(&self, thread: RegisterAgentThread) -> Result<bool> {
         self.write(move |conn| {
-            Box::pin(async move {
-                let inserted = sqlx::query(
+                let inserted = sql::query(
                     "insert into agent_threads (goal_id, agent_id, host_surface, host_session_id, registered_at)
                      values (?, ?, ?, ?, ?) on conflict do nothing",
                 )
@@ -870,27 +848,24 @@ impl Store for SqliteStore {
                 .bind(&thread.host_surface)
                 .bind(&thread.host_session_id)
                 .bind(now_ms())
-                .execute(conn)
-                .await?;
+                .execute(conn)?;
                 Ok(inserted.rows_affected() == 1)
-            })
         })
         .await
     }
 
     async fn preview_bind(&self, request: BindRequest) -> Result<Option<SessionRow>> {
-        let mut conn = self.reads.acquire().await?;
-        check_bind(&mut conn, &request).await
+        // Through the writer, which writes nothing: the checks are the bind's own.
+        self.write(move |conn| check_bind(conn, &request)).await
     }
 
     async fn bind(&self, request: BindRequest) -> Result<Bound> {
         let minter = self.minter.clone();
-        self.write(move |conn| Box::pin(async move { bind(conn, request, &minter).await }))
-            .await
+        self.write(move |conn| bind(conn, request, &minter)).await
     }
 
     async fn session(&self, session_id: &str) -> Result<Option<SessionRow>> {
-        load_session(&self.reads, session_id).await
+        read_session(&self.reads, session_id).await
     }
 
     async fn sessions(&self, filter: ListSessions, limit: u32) -> Result<Vec<SessionRow>> {
@@ -912,10 +887,8 @@ impl Store for SqliteStore {
 
     async fn enqueue(&self, session_id: String, message: EnqueueRequest) -> Result<Enqueue> {
         let minter = self.minter.clone();
-        self.write(move |conn| {
-            Box::pin(async move { enqueue(conn, session_id, message, &minter).await })
-        })
-        .await
+        self.write(move |conn| enqueue(conn, session_id, message, &minter))
+            .await
     }
 
     async fn claim(
@@ -924,7 +897,7 @@ impl Store for SqliteStore {
         host: HostIdentity,
         claim_id: String,
     ) -> Result<ClaimOutcome> {
-        self.write(move |conn| Box::pin(claim(conn, session_id, host, claim_id)))
+        self.write(move |conn| claim(conn, session_id, host, claim_id))
             .await
     }
 
@@ -934,7 +907,7 @@ impl Store for SqliteStore {
         turn_id: String,
         completion: CompleteRequest,
     ) -> Result<Receipt> {
-        self.write(move |conn| Box::pin(complete(conn, session_id, turn_id, completion)))
+        self.write(move |conn| complete(conn, session_id, turn_id, completion))
             .await
     }
 
@@ -944,39 +917,35 @@ impl Store for SqliteStore {
         claim_id: String,
         host: HostIdentity,
     ) -> Result<Released> {
-        self.write(move |conn| Box::pin(release(conn, session_id, claim_id, host)))
+        self.write(move |conn| release(conn, session_id, claim_id, host))
             .await
     }
 
     async fn close(&self, session_id: String) -> Result<(SessionRow, u64)> {
-        self.write(move |conn| Box::pin(close(conn, session_id)))
-            .await
+        self.write(move |conn| close(conn, session_id)).await
     }
 
     async fn lark_link(&self, session_id: String, chat_id: String) -> Result<LarkLink> {
-        self.write(move |conn| Box::pin(lark_link(conn, session_id, chat_id)))
+        self.write(move |conn| lark_link(conn, session_id, chat_id))
             .await
     }
 
     async fn lark_unlink(&self, session_id: String) -> Result<LarkLink> {
         self.write(move |conn| {
-            Box::pin(async move {
-                existing_session(conn, &session_id).await?;
-                sqlx::query("delete from lark_links where session_id = ?")
-                    .bind(&session_id)
-                    .execute(conn)
-                    .await?;
-                Ok(LarkLink {
-                    session_id,
-                    chat_id: None,
-                })
+            existing_session(conn, &session_id)?;
+            sql::query("delete from lark_links where session_id = ?")
+                .bind(&session_id)
+                .execute(conn)?;
+            Ok(LarkLink {
+                session_id,
+                chat_id: None,
             })
         })
         .await
     }
 
     async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink> {
-        if load_session(&self.reads, session_id).await?.is_none() {
+        if read_session(&self.reads, session_id).await?.is_none() {
             return Err(Error::not_found("session"));
         }
         let chat_id = sqlx::query_scalar("select chat_id from lark_links where session_id = ?")
@@ -991,7 +960,7 @@ impl Store for SqliteStore {
 
     async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest> {
         let minter = self.minter.clone();
-        self.write(move |conn| Box::pin(async move { lark_event(conn, event, &minter).await }))
+        self.write(move |conn| lark_event(conn, event, &minter))
             .await
     }
 
@@ -1017,23 +986,20 @@ impl Store for SqliteStore {
 
     async fn record_reply(&self, turn_id: String, update: ReplyUpdate) -> Result<()> {
         self.write(move |conn| {
-            Box::pin(async move {
-                sqlx::query(
-                    "update lark_replies set parts_sent = ?, state = ?, attempts = ?, failures = ?,
+            sql::query(
+                "update lark_replies set parts_sent = ?, state = ?, attempts = ?, failures = ?,
                          error = ?, next_attempt_at = ?, updated_at = ? where turn_id = ?",
-                )
-                .bind(update.parts_sent)
-                .bind(update.state)
-                .bind(update.attempts)
-                .bind(update.failures)
-                .bind(update.error)
-                .bind(update.next_attempt_at)
-                .bind(now_ms())
-                .bind(&turn_id)
-                .execute(conn)
-                .await?;
-                Ok(())
-            })
+            )
+            .bind(update.parts_sent)
+            .bind(update.state)
+            .bind(update.attempts)
+            .bind(update.failures)
+            .bind(update.error)
+            .bind(update.next_attempt_at)
+            .bind(now_ms())
+            .bind(&turn_id)
+            .execute(conn)?;
+            Ok(())
         })
         .await
     }
@@ -1070,10 +1036,10 @@ impl Store for SqliteStore {
     }
 
     async fn turn(&self, session_id: &str, turn_id: &str) -> Result<TurnRow> {
-        if load_session(&self.reads, session_id).await?.is_none() {
+        if read_session(&self.reads, session_id).await?.is_none() {
             return Err(Error::not_found("session"));
         }
-        load_turn(&self.reads, session_id, turn_id)
+        read_turn(&self.reads, session_id, turn_id)
             .await?
             .ok_or_else(|| Error::not_found("turn"))
     }
@@ -1084,7 +1050,7 @@ impl Store for SqliteStore {
         page: ListTurns,
         limit: u32,
     ) -> Result<(Vec<TurnRow>, bool)> {
-        if load_session(&self.reads, session_id).await?.is_none() {
+        if read_session(&self.reads, session_id).await?.is_none() {
             return Err(Error::not_found("session"));
         }
         // Paging back (before_seq alone) reads newest first, then restores seq order.

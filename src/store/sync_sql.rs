@@ -1,0 +1,230 @@
+//! A small synchronous query builder over `rusqlite` for the SQLite writer
+//! thread, shaped like sqlx's (`query(sql).bind(v).execute(conn)`), so the
+//! writer's transaction code reads like the rest of the store. Statements are
+//! prepared once and cached on the connection. The writer runs every
+//! statement of a batch on its own thread: no hop between threads per
+//! statement, which is what made group commit pay.
+
+use std::marker::PhantomData;
+
+use rusqlite::types::{FromSql, Value};
+use rusqlite::{Connection, OptionalExtension, Row, params_from_iter};
+
+use crate::error::{Error, Result};
+use crate::model::{CancelReason, Origin, ReplyState, SessionState, TurnState};
+use crate::store::{SessionRow, TurnRow};
+
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Self {
+        Error::store("statement failed", e)
+    }
+}
+
+/// A value a statement can bind.
+pub trait Bind {
+    fn value(self) -> Value;
+}
+
+impl Bind for &str {
+    fn value(self) -> Value {
+        Value::Text(self.to_owned())
+    }
+}
+impl Bind for String {
+    fn value(self) -> Value {
+        Value::Text(self)
+    }
+}
+impl Bind for &String {
+    fn value(self) -> Value {
+        Value::Text(self.clone())
+    }
+}
+impl Bind for i64 {
+    fn value(self) -> Value {
+        Value::Integer(self)
+    }
+}
+impl Bind for u32 {
+    fn value(self) -> Value {
+        Value::Integer(i64::from(self))
+    }
+}
+impl<T: Bind> Bind for Option<T> {
+    fn value(self) -> Value {
+        self.map_or(Value::Null, Bind::value)
+    }
+}
+impl<T: Bind + Clone> Bind for &Option<T> {
+    fn value(self) -> Value {
+        self.clone().value()
+    }
+}
+
+/// The contract's enums are stored as their snake_case wire names.
+macro_rules! text_enum {
+    ($($t:ty),*) => {$(
+        impl Bind for $t {
+            fn value(self) -> Value {
+                Value::Text(wire(&self))
+            }
+        }
+        impl FromSql for $t {
+            fn column_result(v: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+                let text = v.as_str()?;
+                serde_json::from_value(serde_json::Value::String(text.to_owned()))
+                    .map_err(|e| rusqlite::types::FromSqlError::Other(Box::new(e)))
+            }
+        }
+    )*};
+}
+text_enum!(Origin, SessionState, TurnState, CancelReason, ReplyState);
+
+fn wire<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// A row type the writer reads.
+pub trait FromRow: Sized {
+    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self>;
+}
+
+/// A column that a statement may not select (the reply's left join).
+fn optional<T: FromSql>(row: &Row<'_>, name: &str) -> rusqlite::Result<Option<T>> {
+    match row.get(name) {
+        Err(rusqlite::Error::InvalidColumnName(_)) => Ok(None),
+        other => other,
+    }
+}
+
+impl FromRow for SessionRow {
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(SessionRow {
+            session_id: r.get("session_id")?,
+            goal_id: r.get("goal_id")?,
+            agent_id: r.get("agent_id")?,
+            host_surface: r.get("host_surface")?,
+            host_session_id: r.get("host_session_id")?,
+            executor_endpoint_id: r.get("executor_endpoint_id")?,
+            state: r.get("state")?,
+            created_at: r.get("created_at")?,
+            closed_at: r.get("closed_at")?,
+            queued_count: r.get("queued_count")?,
+            active_claim_id: r.get("active_claim_id")?,
+        })
+    }
+}
+
+impl FromRow for TurnRow {
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(TurnRow {
+            turn_id: r.get("turn_id")?,
+            session_id: r.get("session_id")?,
+            seq: r.get("seq")?,
+            origin: r.get("origin")?,
+            text: r.get("text")?,
+            client_message_id: r.get("client_message_id")?,
+            lark_chat_id: r.get("lark_chat_id")?,
+            lark_message_id: r.get("lark_message_id")?,
+            state: r.get("state")?,
+            enqueued_at: r.get("enqueued_at")?,
+            claimed_at: r.get("claimed_at")?,
+            completed_at: r.get("completed_at")?,
+            claim_count: r.get("claim_count")?,
+            current_claim_id: r.get("current_claim_id")?,
+            completion_id: r.get("completion_id")?,
+            response: r.get("response")?,
+            cancel_reason: r.get("cancel_reason")?,
+            reply_state: optional(r, "reply_state")?.flatten(),
+            reply_attempts: optional(r, "reply_attempts")?.flatten(),
+            reply_error: optional(r, "reply_error")?.flatten(),
+        })
+    }
+}
+
+/// What an executed statement changed.
+pub struct Done(usize);
+
+impl Done {
+    pub fn rows_affected(&self) -> u64 {
+        self.0 as u64
+    }
+}
+
+/// A statement and its parameters; `T` is what a row maps to.
+pub struct Query<'q, T> {
+    sql: &'q str,
+    params: Vec<Value>,
+    row: PhantomData<T>,
+}
+
+pub fn query(sql: &str) -> Query<'_, ()> {
+    query_as(sql)
+}
+
+pub fn query_as<T>(sql: &str) -> Query<'_, T> {
+    Query {
+        sql,
+        params: Vec::new(),
+        row: PhantomData,
+    }
+}
+
+pub fn query_scalar<T>(sql: &str) -> ScalarQuery<'_, T> {
+    ScalarQuery(query_as(sql))
+}
+
+/// The first column of a row.
+struct Scalar<T>(T);
+
+impl<T: FromSql> FromRow for Scalar<T> {
+    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
+        row.get(0).map(Scalar)
+    }
+}
+
+impl<T> Query<'_, T> {
+    pub fn bind(mut self, value: impl Bind) -> Self {
+        self.params.push(value.value());
+        self
+    }
+
+    pub fn execute(self, conn: &Connection) -> Result<Done> {
+        let mut statement = conn.prepare_cached(self.sql)?;
+        Ok(Done(statement.execute(params_from_iter(self.params))?))
+    }
+}
+
+impl<T: FromRow> Query<'_, T> {
+    pub fn fetch_optional(self, conn: &Connection) -> Result<Option<T>> {
+        let mut statement = conn.prepare_cached(self.sql)?;
+        Ok(statement
+            .query_row(params_from_iter(self.params), T::from_row)
+            .optional()?)
+    }
+
+    pub fn fetch_one(self, conn: &Connection) -> Result<T> {
+        let mut statement = conn.prepare_cached(self.sql)?;
+        Ok(statement.query_row(params_from_iter(self.params), T::from_row)?)
+    }
+}
+
+/// A statement whose answer is its first column.
+pub struct ScalarQuery<'q, T>(Query<'q, Scalar<T>>);
+
+impl<T: FromSql> ScalarQuery<'_, T> {
+    pub fn bind(self, value: impl Bind) -> Self {
+        Self(self.0.bind(value))
+    }
+
+    pub fn fetch_optional(self, conn: &Connection) -> Result<Option<T>> {
+        Ok(self.0.fetch_optional(conn)?.map(|s| s.0))
+    }
+
+    pub fn fetch_one(self, conn: &Connection) -> Result<T> {
+        Ok(self.0.fetch_one(conn)?.0)
+    }
+}
