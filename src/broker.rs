@@ -41,6 +41,8 @@ pub struct Broker {
     metrics: Arc<Metrics>,
     /// The Lark reply dispatcher, woken by completions.
     outbox: Arc<tokio::sync::Notify>,
+    /// The wait cap: 1800 s, lowered only for fuzzing a live broker.
+    max_wait_seconds: u64,
     shutdown: CancellationToken,
 }
 
@@ -89,8 +91,15 @@ impl Broker {
             changes,
             metrics: Default::default(),
             outbox: Default::default(),
+            max_wait_seconds: MAX_WAIT_SECONDS,
             shutdown,
         }
+    }
+
+    /// Lowers the wait cap (never raises it above 1800 s).
+    pub fn with_max_wait_seconds(mut self, seconds: u64) -> Self {
+        self.max_wait_seconds = seconds.min(MAX_WAIT_SECONDS);
+        self
     }
 
     pub fn store(&self) -> &dyn Store {
@@ -259,7 +268,7 @@ impl Broker {
         check("host_session_id", &claim.host_session_id)?;
         check("claim_id", &claim.claim_id)?;
         let started = Instant::now();
-        let deadline = started + Duration::from_secs(claim.wait_seconds.min(MAX_WAIT_SECONDS));
+        let deadline = started + Duration::from_secs(claim.wait_seconds.min(self.max_wait_seconds));
         let subscription = self.claimable.subscribe(session_id);
         let mut parked: Option<Open> = None;
         let mut woken_at: Option<Instant> = None;

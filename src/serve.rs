@@ -58,6 +58,14 @@ pub struct ServeArgs {
     /// Lark's Open Platform (https://open.larksuite.com outside China).
     #[arg(long, env = "LOOPX_LARK_BASE_URL", default_value = crate::lark::DEFAULT_BASE_URL)]
     pub lark_base_url: String,
+    /// Caps claim waits below the contract's 1800 s (for fuzzing a live broker).
+    #[arg(
+        long,
+        env = "LOOPX_MAX_WAIT_SECONDS",
+        default_value_t = 1800,
+        hide = true
+    )]
+    pub max_wait_seconds: u64,
     /// Seconds between keep-alive comments on parked SSE claims.
     #[arg(long, env = "LOOPX_SSE_KEEP_ALIVE", default_value_t = 15, hide = true)]
     pub sse_keep_alive_seconds: u64,
@@ -122,7 +130,8 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
 
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    let broker = Arc::new(Broker::new(store, shutdown.clone()));
+    let broker =
+        Arc::new(Broker::new(store, shutdown.clone()).with_max_wait_seconds(args.max_wait_seconds));
     let dispatcher = lark.clone().map(|lark| broker.spawn_lark_dispatcher(lark));
     let state = AppState {
         broker,

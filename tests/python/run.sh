@@ -34,7 +34,10 @@ if grep -qiE "^(Warning|Error).*(Unable|Cannot|Could not)" "$work/generate.log";
 fi
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$loopx" serve --listen "127.0.0.1:$port" --data-dir "$work/data" 2>"$work/broker.log" &
+# Waits are capped at 2 s here: fuzzed claims on a live session may ask for
+# any wait up to 1800 s, which would only test the fuzzer's patience.
+"$loopx" serve --listen "127.0.0.1:$port" --data-dir "$work/data" --max-wait-seconds 2 \
+  2>"$work/broker.log" &
 broker_pid=$!
 for _ in $(seq 100); do
   curl -fsS "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
