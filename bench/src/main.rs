@@ -181,6 +181,7 @@ async fn bench(cli: Cli) -> Result<()> {
             plan.park_count
         ));
     }
+    let load_at_start = sys::loadavg();
     let mut skipped = Skipped::new();
     let mut versions = BTreeMap::new();
     let postgres = if plan.postgres && (plan.wake || plan.throughput) {
@@ -191,7 +192,7 @@ async fn bench(cli: Cli) -> Result<()> {
                 Some(server)
             }
             Err(e) => {
-                skip(&mut skipped, "postgres", &e.to_string());
+                skip(&mut skipped, "postgres", &sys::describe(&*e));
                 None
             }
         }
@@ -199,6 +200,7 @@ async fn bench(cli: Cli) -> Result<()> {
         None
     };
     let mut runs = Vec::new();
+    let mut failed = Vec::new();
     for run in 0..plan.runs {
         progress(&format!("run {} of {}", run + 1, plan.runs));
         let mut metrics = Metrics::new();
@@ -209,14 +211,21 @@ async fn bench(cli: Cli) -> Result<()> {
             &mut metrics,
             &mut skipped,
             &mut versions,
+            &mut failed,
         )
-        .await?;
+        .await;
         runs.push(metrics);
     }
     drop(postgres);
     let metrics = report::medians(&runs);
-    report::print(&plan, &sys::machine(), &versions, &skipped, &metrics);
-    Ok(())
+    let mut machine = sys::machine();
+    machine.load = format!("{load_at_start} at start, {} at end", machine.load);
+    report::print(&plan, &machine, &versions, &skipped, &failed, &metrics);
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{} section(s) failed: {}", failed.len(), failed.join("; ")).into())
+    }
 }
 
 fn skip(skipped: &mut Skipped, peer: &str, why: &str) {
@@ -226,6 +235,8 @@ fn skip(skipped: &mut Skipped, peer: &str, why: &str) {
         .or_insert_with(|| why.to_owned());
 }
 
+/// One run of every section. A section that fails is recorded in `failed`
+/// and the run goes on, so one failure never loses the other figures.
 async fn one_run(
     plan: &Plan,
     loopx: &Path,
@@ -233,26 +244,32 @@ async fn one_run(
     m: &mut Metrics,
     skipped: &mut Skipped,
     versions: &mut BTreeMap<String, String>,
-) -> Result<()> {
+    failed: &mut Vec<String>,
+) {
+    let mut note = |what: &str, outcome: Result<()>| {
+        if let Err(e) = outcome {
+            let e = sys::describe(&*e);
+            progress(&format!("FAILED {what}: {e}"));
+            failed.push(format!("{what}: {e}"));
+        }
+    };
     if plan.wake || plan.throughput {
         for durability in ["full", "relaxed"] {
-            let dir = TempDir::new("loopx")?;
-            let broker = Broker::start(loopx, dir.path(), durability).await?;
-            let sessions = broker.create_sessions(plan.lanes()).await?;
-            let q = Arc::new(LoopxQueue::new(&broker, sessions, 120)?);
-            suite(plan, q, &format!("loopx.{durability}"), m).await?;
-            broker.stop().await;
+            let outcome = loopx_suite(plan, loopx, durability, m).await;
+            note(&format!("loopx.{durability}"), outcome);
         }
-        let server = floor::FloorServer::start().await?;
-        let q = Arc::new(floor::FloorQueue::new(&server)?);
-        suite(plan, q, "axum_floor.none", m).await?;
-        drop(server);
+        let outcome = async {
+            let server = floor::FloorServer::start().await?;
+            let q = Arc::new(floor::FloorQueue::new(&server)?);
+            suite(plan, q, "axum_floor.none", m).await
+        };
+        note("axum_floor", outcome.await);
         if plan.redis && !skipped.contains_key("redis") {
             match redis_suites(plan, m).await {
                 Ok(version) => {
                     versions.insert("redis".into(), version);
                 }
-                Err(e) => skip(skipped, "redis", &e.to_string()),
+                Err(e) => skip(skipped, "redis", &sys::describe(&*e)),
             }
         }
         if let Some(server) = postgres
@@ -264,19 +281,30 @@ async fn one_run(
                     suite(plan, q, &format!("postgres.{name}"), m).await
                 };
                 if let Err(e) = outcome.await {
-                    skip(skipped, "postgres", &e.to_string());
+                    skip(skipped, "postgres", &sys::describe(&*e));
                     break;
                 }
             }
         }
     }
     if plan.parked {
-        parked(plan, loopx, m).await?;
+        note("parked", parked(plan, loopx, m).await);
     }
     if plan.depth {
-        depth(plan, loopx, m).await?;
+        note("depth", depth(plan, loopx, m).await);
     }
-    storage_floors(plan, m).await
+    note("storage floors", storage_floors(plan, m).await);
+}
+
+/// The broker at one durability: a fresh process and data dir.
+async fn loopx_suite(plan: &Plan, loopx: &Path, durability: &str, m: &mut Metrics) -> Result<()> {
+    let dir = TempDir::new("loopx")?;
+    let broker = Broker::start(loopx, dir.path(), durability).await?;
+    let sessions = broker.create_sessions(plan.lanes()).await?;
+    let q = Arc::new(LoopxQueue::new(&broker, sessions, 120)?);
+    suite(plan, q, &format!("loopx.{durability}"), m).await?;
+    broker.stop().await;
+    Ok(())
 }
 
 /// Wake latency (1 and many parked) and cycle throughput for one system.
@@ -351,6 +379,7 @@ fn record_parked(m: &mut Metrics, name: &str, p: &queue::Parked) {
         p.bytes_per_claim(),
     );
     m.insert(format!("parked.{name}.cpu_ms"), p.cpu_ms);
+    m.insert(format!("parked.{name}.retries"), p.retries as f64);
     m.insert(format!("parked.{name}.window_s"), p.window.as_secs_f64());
     m.insert(
         format!("parked.{name}.wake_all_ms"),

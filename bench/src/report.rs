@@ -112,6 +112,7 @@ pub fn print(
     machine: &Machine,
     versions: &BTreeMap<String, String>,
     skipped: &Skipped,
+    failed: &[String],
     m: &Metrics,
 ) {
     let mut r = Report {
@@ -128,8 +129,12 @@ pub fn print(
         "Machine: {} cores ({}), {:.1} GiB RAM, Linux {}, temp dir on {}. Clients, broker and peers share these cores.",
         machine.cores, machine.cpu_model, machine.mem_gib, machine.kernel, machine.tmp_fs
     ));
+    r.line(&format!("Load average (1, 5, 15 min): {}.", machine.load));
     for (peer, why) in skipped {
         r.line(&format!("Skipped peer {peer}: {why}"));
+    }
+    for failure in failed {
+        r.line(&format!("FAILED: {failure}"));
     }
     r.line("");
     wake_table(&mut r, plan);
@@ -149,6 +154,7 @@ pub fn print(
             "mem_gib": (machine.mem_gib * 10.0).round() / 10.0,
             "kernel": machine.kernel,
             "tmp_fs": machine.tmp_fs,
+            "loadavg": machine.load,
         },
         "sizes": {
             "wake_turns": plan.wake_turns,
@@ -168,6 +174,7 @@ pub fn print(
         },
         "versions": versions,
         "skipped": skipped,
+        "failed": failed,
         "metrics": m,
         "ratios": r.ratios,
         "targets": targets,
@@ -332,8 +339,8 @@ fn parked_table(r: &mut Report, plan: &Plan) {
         plan.park_count,
         plan.park_window.as_secs_f64()
     ));
-    r.line("| system | parked | RSS before (MiB) | RSS parked (MiB) | bytes per parked claim | CPU while parked (ms) | wake all (ms) | loopx bytes ÷ this |");
-    r.line("|---|---:|---:|---:|---:|---:|---:|---:|");
+    r.line("| system | parked | RSS before (MiB) | RSS parked (MiB) | bytes per parked claim | CPU while parked (ms) | wake all (ms) | claims resent after a transport error | loopx bytes ÷ this |");
+    r.line("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (key, system) in [
         ("loopx", "loopx broker (full)"),
         ("axum_floor", "bare axum long-poll (floor)"),
@@ -353,12 +360,13 @@ fn parked_table(r: &mut Report, plan: &Plan) {
             )
         };
         r.line(&format!(
-            "| {system} | {count:.0} | {} | {} | {} | {} | {} | {ratio} |",
+            "| {system} | {count:.0} | {} | {} | {} | {} | {} | {} | {ratio} |",
             mib(g("rss_before_kib")),
             mib(g("rss_parked_kib")),
             num(g("bytes_per_claim")),
             num(g("cpu_ms")),
             num(g("wake_all_ms")),
+            num(g("retries")),
         ));
     }
     r.line("");

@@ -12,6 +12,18 @@ use std::time::Duration;
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// An error with its chain of causes ("a: b: c").
+pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// A directory under the system temp dir, removed on drop.
 pub struct TempDir(PathBuf);
 
@@ -115,6 +127,19 @@ pub struct Machine {
     pub mem_gib: f64,
     pub kernel: String,
     pub tmp_fs: String,
+    /// The 1, 5 and 15 minute load averages when the run started and ended:
+    /// other work on the machine shows here.
+    pub load: String,
+}
+
+/// The load averages (`/proc/loadavg`'s first three fields).
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 pub fn machine() -> Machine {
@@ -153,6 +178,7 @@ pub fn machine() -> Machine {
         mem_gib: mem_kib / (1024.0 * 1024.0),
         kernel,
         tmp_fs,
+        load: loadavg(),
     }
 }
 
