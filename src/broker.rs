@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, ErrorCode, Result};
+use crate::handoff::{Delivery, Handoffs, Parked};
 use crate::ids::check;
 use crate::lark::LarkConfig;
 use crate::lark::dispatcher::Dispatcher;
@@ -38,6 +39,8 @@ pub struct Broker {
     claimable: Arc<Wakeups>,
     /// Event streams, woken on every change to a session.
     changes: Arc<Wakeups>,
+    /// Parked claims an enqueue may hand its turn to (stores that hand off).
+    handoffs: Arc<Handoffs>,
     metrics: Arc<Metrics>,
     /// The Lark reply dispatcher, woken by completions.
     outbox: Arc<tokio::sync::Notify>,
@@ -89,6 +92,7 @@ impl Broker {
             store,
             claimable,
             changes,
+            handoffs: Default::default(),
             metrics: Default::default(),
             outbox: Default::default(),
             max_wait_seconds: MAX_WAIT_SECONDS,
@@ -237,7 +241,19 @@ impl Broker {
             check("lark.chat_id", &lark.chat_id)?;
             check("lark.message_id", &lark.message_id)?;
         }
-        let done = self.store.enqueue(session_id.to_owned(), message).await?;
+        let started = Instant::now();
+        let waiter = match self.store.hands_off() {
+            true => self.handoffs.take(session_id, started),
+            false => None,
+        };
+        let done = match waiter {
+            Some(waiter) => {
+                self.store
+                    .enqueue_handing_off(session_id.to_owned(), message, waiter)
+                    .await?
+            }
+            None => self.store.enqueue(session_id.to_owned(), message).await?,
+        };
         if !done.duplicate {
             self.metrics.turn("enqueued", 1);
             self.changed(session_id);
@@ -282,54 +298,63 @@ impl Broker {
             let woken = subscription.signal().notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            let outcome = match self
+            let outcome = self
                 .store
                 .claim(session_id.to_owned(), host.clone(), claim.claim_id.clone())
-                .await
+                .await;
+            if let Some(answer) =
+                self.claim_answer(session_id, &claim.claim_id, outcome, &parked, woken_at)?
             {
-                // Once parked, a store outage keeps the claim parked (it
-                // re-checks and ends `claimed: false` at the deadline); only a
-                // claim's first look answers 503.
-                Err(e) if parked.is_some() && e.code == ErrorCode::StoreUnavailable => {
-                    ClaimOutcome::Empty
-                }
-                outcome => outcome?,
-            };
-            if let ClaimOutcome::Claimed {
-                turn,
-                attempt,
-                replayed,
-            } = outcome
-            {
-                if !replayed {
-                    self.metrics.turn("claimed", 1);
-                    self.changes.wake(session_id);
-                }
-                if let Some(woken_at) = woken_at {
-                    self.metrics
-                        .claim_wake_seconds
-                        .observe(woken_at.elapsed().as_secs_f64());
-                }
-                return Ok(Answer {
-                    body: ClaimAnswer::Claimed(Claimed {
-                        claimed: true,
-                        session_id: session_id.to_owned(),
-                        claim_id: claim.claim_id,
-                        turn: turn.claimed_turn(attempt),
-                        turn_state: turn.state,
-                    }),
-                    replayed,
-                });
+                return Ok(answer);
             }
             if Instant::now() >= deadline || self.shutdown.is_cancelled() {
                 break;
             }
             parked.get_or_insert_with(|| Open::new(&self.metrics.parked_claims));
-            tokio::select! {
-                _ = woken => woken_at = Some(Instant::now()),
-                _ = self.recheck() => {}
-                _ = tokio::time::sleep_until(deadline) => break,
-                _ = self.shutdown.cancelled() => break,
+            // Registered after the store said empty: an enqueue committed
+            // before this point wakes `woken` instead.
+            let mut handoff: Option<Parked> = self.store.hands_off().then(|| {
+                self.handoffs
+                    .park(session_id, host.clone(), claim.claim_id.clone())
+            });
+            let mut ended = false;
+            let delivered = tokio::select! {
+                delivery = handed_off(&mut handoff) => delivery,
+                _ = woken => {
+                    woken_at = Some(Instant::now());
+                    None
+                }
+                _ = self.recheck() => None,
+                _ = tokio::time::sleep_until(deadline) => {
+                    ended = true;
+                    None
+                }
+                _ = self.shutdown.cancelled() => {
+                    ended = true;
+                    None
+                }
+            };
+            // Leaving the registry: if an enqueue took this claim meanwhile,
+            // its outcome is on the way and is this claim's answer.
+            let delivered = match (delivered, handoff) {
+                (Some(delivery), _) => Some(delivery),
+                (None, Some(handoff)) => handoff.leave().await,
+                (None, None) => None,
+            };
+            if let Some((enqueue_started, outcome)) = delivered {
+                let answer = self.claim_answer(
+                    session_id,
+                    &claim.claim_id,
+                    outcome,
+                    &parked,
+                    Some(enqueue_started),
+                )?;
+                if let Some(answer) = answer {
+                    return Ok(answer);
+                }
+            }
+            if ended {
+                break;
             }
         }
         Ok(Answer {
@@ -340,6 +365,51 @@ impl Broker {
             }),
             replayed: false,
         })
+    }
+
+    /// A claim's answer from what the store found: `None` to keep parking
+    /// (an empty queue, or a store outage once parked: the claim re-checks
+    /// and ends `claimed: false` at its deadline; only a first look answers
+    /// 503). `woken_at` starts the wake-latency sample.
+    fn claim_answer(
+        &self,
+        session_id: &str,
+        claim_id: &str,
+        outcome: Result<ClaimOutcome>,
+        parked: &Option<Open>,
+        woken_at: Option<Instant>,
+    ) -> Result<Option<Answer<ClaimAnswer>>> {
+        let (turn, attempt, replayed) = match outcome {
+            Ok(ClaimOutcome::Claimed {
+                turn,
+                attempt,
+                replayed,
+            }) => (turn, attempt, replayed),
+            Ok(ClaimOutcome::Empty) => return Ok(None),
+            Err(e) if parked.is_some() && e.code == ErrorCode::StoreUnavailable => {
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        if !replayed {
+            self.metrics.turn("claimed", 1);
+            self.changes.wake(session_id);
+        }
+        if let Some(woken_at) = woken_at {
+            self.metrics
+                .claim_wake_seconds
+                .observe(woken_at.elapsed().as_secs_f64());
+        }
+        Ok(Some(Answer {
+            body: ClaimAnswer::Claimed(Claimed {
+                claimed: true,
+                session_id: session_id.to_owned(),
+                claim_id: claim_id.to_owned(),
+                turn: turn.claimed_turn(attempt),
+                turn_state: turn.state,
+            }),
+            replayed,
+        }))
     }
 
     pub async fn complete(
@@ -520,6 +590,19 @@ impl Broker {
             turns: turns.iter().map(|t| t.readback()).collect(),
             has_more,
         })
+    }
+}
+
+/// A parked claim's hand-off, if it has one and an enqueue delivers it.
+async fn handed_off(handoff: &mut Option<Parked>) -> Option<Delivery> {
+    match handoff {
+        Some(parked) => match parked.delivered().await {
+            Some(delivery) => Some(delivery),
+            // The enqueue failed before claiming: wait for the wake-up
+            // (or the deadline) like any parked claim.
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
     }
 }
 

@@ -17,6 +17,8 @@ pub mod client;
 pub mod config;
 /// The one error type and its JSON body.
 pub mod error;
+/// Parked claims an enqueue hands its turn to, in one commit.
+pub mod handoff;
 /// The HTTP routes, extractors, auth and fallbacks.
 pub mod http;
 /// Client-chosen identifier rules and minted ids.
@@ -31,7 +33,7 @@ pub mod model;
 pub mod openapi;
 /// `loopx serve`.
 pub mod serve;
-/// Durable state behind a trait; SQLite today.
+/// Durable state behind a trait: SQLite (embedded) or PostgreSQL (replicas).
 pub mod store;
 /// Timestamps as stored and as shown.
 pub mod time;

@@ -240,6 +240,18 @@ pub enum ClaimOutcome {
     Empty,
 }
 
+/// A claim parked on an empty queue, handed the next turn by the enqueue
+/// that commits it: the store claims the turn for it inside the enqueue's own
+/// transaction, so the parked host waits for one commit instead of two.
+pub struct Handoff {
+    pub host: HostIdentity,
+    pub claim_id: String,
+    /// Called once the transaction has committed (or failed), with what the
+    /// claim found. Dropped uncalled when the enqueue itself failed: the
+    /// waiter then re-checks the store.
+    pub deliver: Box<dyn FnOnce(Result<ClaimOutcome>) + Send>,
+}
+
 /// Called with a session id whenever a change to that session may have been
 /// committed elsewhere (another replica): the broker wakes its local waiters.
 pub type ChangeHook = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
@@ -258,6 +270,26 @@ pub trait Store: Send + Sync + 'static {
     /// lost (PostgreSQL while its listening connection is down). `None`: never.
     fn recheck_interval(&self) -> Option<std::time::Duration> {
         None
+    }
+
+    /// Whether [`Store::enqueue_handing_off`] claims for the waiter in the
+    /// enqueue's transaction. A store whose waiters may sit on other
+    /// processes (PostgreSQL replicas) wakes them instead.
+    fn hands_off(&self) -> bool {
+        false
+    }
+
+    /// Enqueues, then claims the session's oldest queued turn for `waiter`
+    /// in the same transaction, exactly as [`Store::claim`] would, and
+    /// delivers that outcome to it after the commit.
+    async fn enqueue_handing_off(
+        &self,
+        session_id: String,
+        message: EnqueueRequest,
+        waiter: Handoff,
+    ) -> Result<Enqueue> {
+        drop(waiter);
+        self.enqueue(session_id, message).await
     }
 
     /// Answers when the store can serve requests.

@@ -18,7 +18,7 @@ use super::sync_sql as sql;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Bound, ClaimOutcome, Enqueue, EventRow, HostIdentity, LarkEvent, LarkIngest, ReplyJob,
+    Bound, ClaimOutcome, Enqueue, EventRow, Handoff, HostIdentity, LarkEvent, LarkIngest, ReplyJob,
     ReplyUpdate, SessionRow, Store, TurnRow,
 };
 use crate::error::{Error, ErrorCode, Result};
@@ -187,6 +187,18 @@ fn run_batch(conn: &Connection, batch: &mut Vec<Job>, replies: &mut Vec<Reply>) 
         let _ = execute(conn, "rollback");
     }
     result
+}
+
+/// Runs `op` inside a nested savepoint of the job's: an `Err` rolls back
+/// `op`'s changes only.
+fn nested<T>(conn: &Connection, op: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+    execute(conn, "savepoint nested")?;
+    let outcome = op(conn);
+    if outcome.is_err() {
+        execute(conn, "rollback to nested")?;
+    }
+    execute(conn, "release nested")?;
+    outcome
 }
 
 fn execute(conn: &Connection, statement: &'static str) -> Result<()> {
@@ -889,6 +901,43 @@ impl Store for SqliteStore {
         let minter = self.minter.clone();
         self.write(move |conn| enqueue(conn, session_id, message, &minter))
             .await
+    }
+
+    fn hands_off(&self) -> bool {
+        true
+    }
+
+    async fn enqueue_handing_off(
+        &self,
+        session_id: String,
+        message: EnqueueRequest,
+        waiter: Handoff,
+    ) -> Result<Enqueue> {
+        let minter = self.minter.clone();
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            let enqueued = enqueue(conn, session_id.clone(), message, &minter);
+            // The claim runs in a savepoint of its own: refusing the waiter
+            // (another claim is active, say) keeps the enqueue.
+            let claimed = enqueued.is_ok().then(|| {
+                nested(conn, |conn| {
+                    claim(conn, session_id, waiter.host, waiter.claim_id)
+                })
+            });
+            let deliver = waiter.deliver;
+            Finished {
+                keep: enqueued.is_ok(),
+                reply: Box::new(move |committed: Result<()>| {
+                    if let Some(claimed) = claimed {
+                        deliver(committed.clone().and(claimed));
+                    }
+                    let _ = tx.send(committed.and(enqueued));
+                }),
+            }
+        });
+        let stopped = || Error::store("writing", "the writer has stopped");
+        self.jobs.send(job).await.map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
     }
 
     async fn claim(

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use loopx::model::{ClaimAnswer, TurnState};
+use loopx::model::{ClaimAnswer, EnqueueRequest, Ingress, TurnState};
 use loopx::store::sqlite::Durability;
 use reqwest::Method;
 use serde_json::json;
@@ -168,6 +168,86 @@ async fn a_parked_claim_wakes_with_the_turn_enqueued_later() {
     assert!(started.elapsed() < Duration::from_secs(2), "woken promptly");
     assert_eq!(claimed.turn.turn_id, turn.turn_id);
     assert_eq!(claimed.turn.text, "wake up");
+}
+
+#[tokio::test]
+async fn a_parked_claim_whose_client_hung_up_takes_nothing() {
+    let broker = TestBroker::start().await;
+    let host = bound_host(&broker.client).await;
+    let (client, waiting_host) = (broker.client.clone(), host.clone());
+    let gone = tokio::spawn(async move { claim(&client, &waiting_host, "gone", 30).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gone.abort();
+    // The broker notices the closed connection and drops the parked claim.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let turn = enqueue(&broker.client, &host, "for whoever is still here").await;
+    let claimed = claim(&broker.client, &host, "present", 0).await;
+    assert_eq!(claimed.turn.turn_id, turn.turn_id);
+    assert_eq!(claimed.turn.attempt, 1, "nobody claimed it before");
+}
+
+#[tokio::test]
+async fn a_replayed_or_refused_enqueue_leaves_a_parked_claim_parked() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let first = EnqueueRequest {
+        client_message_id: Some("m1".into()),
+        ..web("first")
+    };
+    c.enqueue(host.session_id(), &first).await.unwrap();
+    let done = claim(c, &host, "c1", 0).await;
+    c.complete(
+        host.session_id(),
+        &done.turn.turn_id,
+        &host.completion("c1", "k1", "ok"),
+    )
+    .await
+    .unwrap();
+
+    let (client, waiting_host) = (c.clone(), host.clone());
+    let parked = tokio::spawn(async move { claim(&client, &waiting_host, "c2", 30).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let replay = c.enqueue(host.session_id(), &first).await.unwrap();
+    assert!(replay.body.duplicate);
+    let steering = EnqueueRequest {
+        ingress: Ingress::LiveSteering,
+        ..web("steer")
+    };
+    assert_eq!(
+        code(c.enqueue(host.session_id(), &steering).await),
+        (409, "live_steering_unavailable".into())
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!parked.is_finished(), "nothing claimable arrived yet");
+    let second = enqueue(c, &host, "second").await;
+    let claimed = parked.await.unwrap();
+    assert_eq!(claimed.turn.turn_id, second.turn_id);
+    assert_eq!(claimed.turn.text, "second");
+}
+
+#[tokio::test]
+async fn parked_claims_are_served_oldest_first_one_turn_each() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let (client, waiting_host) = (c.clone(), host.clone());
+    let older = tokio::spawn(async move { claim(&client, &waiting_host, "older", 30).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (client, waiting_host) = (c.clone(), host.clone());
+    let newer = tokio::spawn(async move {
+        client
+            .claim(
+                waiting_host.session_id(),
+                &waiting_host.claim_request("newer", 30),
+            )
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let turn = enqueue(c, &host, "one turn").await;
+    let claimed = older.await.unwrap();
+    assert_eq!(claimed.turn.turn_id, turn.turn_id);
+    assert_eq!(code(newer.await.unwrap()), (409, "claim_active".into()));
 }
 
 #[tokio::test]
