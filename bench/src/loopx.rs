@@ -24,6 +24,8 @@ pub struct Broker {
     pub base: String,
     pub token: String,
     pub data_dir: PathBuf,
+    /// Its stderr (the tracing log).
+    pub log_path: PathBuf,
 }
 
 /// The HTTP client every measurement uses: keep-alive, no idle limit, no
@@ -39,6 +41,24 @@ pub fn http_client() -> Result<reqwest::Client> {
 impl Broker {
     /// Starts `loopx serve` with its data dir under `dir` and waits for /healthz.
     pub async fn start(loopx: &Path, dir: &Path, durability: &str) -> Result<Self> {
+        Self::spawn(loopx, dir, &["--durability", durability], None).await
+    }
+
+    /// Starts a replica on the PostgreSQL database `database_url` with the
+    /// shared owner `token` (passed as `LOOPX_TOKEN`), its own data dir under
+    /// `dir`. No `--durability`: on PostgreSQL durability is the server's.
+    pub async fn start_pg(
+        loopx: &Path,
+        dir: &Path,
+        database_url: &str,
+        token: &str,
+    ) -> Result<Self> {
+        Self::spawn(loopx, dir, &["--database-url", database_url], Some(token)).await
+    }
+
+    /// `loopx serve` with `args` on a free port; the owner token is `token`
+    /// (as `LOOPX_TOKEN`) or, without one, read from the data dir.
+    async fn spawn(loopx: &Path, dir: &Path, args: &[&str], token: Option<&str>) -> Result<Self> {
         let port = sys::free_port()?;
         let data_dir = dir.join("data");
         let log_path = dir.join("broker.log");
@@ -52,7 +72,7 @@ impl Broker {
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--data-dir")
             .arg(&data_dir)
-            .args(["--durability", durability])
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -68,6 +88,9 @@ impl Broker {
         ] {
             command.env_remove(var);
         }
+        if let Some(token) = token {
+            command.env("LOOPX_TOKEN", token);
+        }
         let child = command
             .spawn()
             .map_err(|e| format!("cannot run {}: {e}", loopx.display()))?;
@@ -77,6 +100,7 @@ impl Broker {
             base: format!("http://127.0.0.1:{port}"),
             token: String::new(),
             data_dir,
+            log_path: log_path.clone(),
         };
         let http = http_client()?;
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -97,9 +121,12 @@ impl Broker {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        broker.token = std::fs::read_to_string(broker.data_dir.join("owner.token"))?
-            .trim()
-            .to_owned();
+        broker.token = match token {
+            Some(token) => token.to_owned(),
+            None => std::fs::read_to_string(broker.data_dir.join("owner.token"))?
+                .trim()
+                .to_owned(),
+        };
         Ok(broker)
     }
 
@@ -168,10 +195,23 @@ async fn expect(response: reqwest::Response, ok: &[StatusCode]) -> Result<Value>
     }
 }
 
+/// Which broker (replica) each request of a lane goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Every request to the first broker.
+    One,
+    /// Enqueues to the second broker; claims and completions to the first.
+    EnqueueElsewhere,
+    /// All of lane `i`'s requests to broker `i % brokers`.
+    ByLane,
+}
+
 /// The broker as a [`Queue`]: lane `i` is session `sessions[i]`.
 pub struct LoopxQueue {
     http: reqwest::Client,
-    base: String,
+    /// The brokers' base URLs (replicas of one database when more than one).
+    bases: Vec<String>,
+    route: Route,
     auth: String,
     sessions: Vec<String>,
     /// `wait_seconds` of a parked claim.
@@ -188,20 +228,46 @@ pub struct Claimed {
 impl LoopxQueue {
     /// A queue over the broker's sessions with a fresh connection pool.
     pub fn new(broker: &Broker, sessions: Vec<String>, wait_seconds: u64) -> Result<Self> {
+        Self::routed(&[broker], Route::One, sessions, wait_seconds)
+    }
+
+    /// A queue over replicas sharing one database (and one owner token),
+    /// each request sent to the replica `route` picks.
+    pub fn routed(
+        brokers: &[&Broker],
+        route: Route,
+        sessions: Vec<String>,
+        wait_seconds: u64,
+    ) -> Result<Self> {
+        let first = brokers.first().ok_or("no broker")?;
+        if route != Route::One && brokers.len() < 2 {
+            return Err(format!("route {route:?} needs two brokers").into());
+        }
         Ok(Self {
             http: http_client()?,
-            base: broker.base.clone(),
-            auth: format!("Bearer {}", broker.token),
+            bases: brokers.iter().map(|b| b.base.clone()).collect(),
+            route,
+            auth: format!("Bearer {}", first.token),
             sessions,
             wait_seconds,
             next_id: AtomicU64::new(0),
         })
     }
 
-    async fn post(&self, path: String, body: Value, ok: StatusCode) -> Result<Value> {
+    /// The base URL of the broker this lane's enqueue (or other request) goes to.
+    fn base(&self, lane: usize, enqueue: bool) -> &str {
+        let i = match self.route {
+            Route::One => 0,
+            Route::EnqueueElsewhere => usize::from(enqueue),
+            Route::ByLane => lane % self.bases.len(),
+        };
+        &self.bases[i]
+    }
+
+    async fn post(&self, base: &str, path: String, body: Value, ok: StatusCode) -> Result<Value> {
         let response = self
             .http
-            .post(format!("{}{path}", self.base))
+            .post(format!("{base}{path}"))
             .header("authorization", &self.auth)
             .json(&body)
             .send()
@@ -225,6 +291,7 @@ impl Queue for LoopxQueue {
     async fn enqueue(&self, _: &mut (), lane: usize) -> Result<()> {
         let path = format!("/v1/sessions/{}/messages", self.sessions[lane]);
         self.post(
+            self.base(lane, true),
             path,
             json!({"origin": "web", "text": "hello"}),
             StatusCode::CREATED,
@@ -242,7 +309,9 @@ impl Queue for LoopxQueue {
             "wait_seconds": if wait { self.wait_seconds } else { 0 },
         });
         let path = format!("/v1/sessions/{}/claims", self.sessions[lane]);
-        let answer = self.post(path, body, StatusCode::OK).await?;
+        let answer = self
+            .post(self.base(lane, false), path, body, StatusCode::OK)
+            .await?;
         if answer["claimed"] != json!(true) {
             return Ok(None);
         }
@@ -263,7 +332,8 @@ impl Queue for LoopxQueue {
         });
         let session = &self.sessions[lane];
         let path = format!("/v1/sessions/{session}/turns/{}/complete", claimed.turn_id);
-        self.post(path, body, StatusCode::OK).await?;
+        self.post(self.base(lane, false), path, body, StatusCode::OK)
+            .await?;
         Ok(())
     }
 }

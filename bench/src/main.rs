@@ -2,12 +2,14 @@
 //! binary on a temp data dir and a free port, drives it from clients in this
 //! process, runs the same workloads against Redis Streams, a PostgreSQL table
 //! queue and bare floors, and prints a table and one `BENCH_JSON ` line.
-//! Figures are medians over `--runs` runs.
+//! Figures are medians over `--runs` runs. The `replicas` section (issue #7)
+//! runs broker replicas on the PostgreSQL peer's server.
 
 mod floor;
 mod loopx;
 mod peers;
 mod queue;
+mod replicas;
 mod report;
 mod sys;
 
@@ -62,6 +64,8 @@ enum Section {
     Throughput,
     Parked,
     Depth,
+    /// Broker replicas on PostgreSQL (needs the postgres peer).
+    Replicas,
 }
 
 /// What one run measures, and how much.
@@ -72,6 +76,7 @@ pub struct Plan {
     pub throughput: bool,
     pub parked: bool,
     pub depth: bool,
+    pub replicas: bool,
     pub redis: bool,
     pub postgres: bool,
     pub wake_turns: usize,
@@ -79,6 +84,10 @@ pub struct Plan {
     pub wake_parked: usize,
     pub tput_levels: Vec<usize>,
     pub tput_time: Duration,
+    /// Sessions per throughput cell of the replicas section.
+    pub replica_tput_levels: Vec<usize>,
+    /// Untimed throughput before each replicas cell (fresh pools warm up).
+    pub replica_tput_warmup: Duration,
     pub park_count: usize,
     pub park_window: Duration,
     pub depths: Vec<u64>,
@@ -107,12 +116,15 @@ impl Plan {
             throughput: has(Section::Throughput),
             parked: has(Section::Parked),
             depth: has(Section::Depth),
+            replicas: has(Section::Replicas),
             redis: peers.iter().any(|p| p == "redis"),
             postgres: peers.iter().any(|p| p == "postgres"),
             wake_turns: if q { 100 } else { 2_000 },
             wake_parked: if q { 10 } else { 100 },
             tput_levels: vec![1, 16, 128],
             tput_time: Duration::from_secs(if q { 1 } else { 10 }),
+            replica_tput_levels: vec![16, 128],
+            replica_tput_warmup: Duration::from_millis(if q { 200 } else { 1_000 }),
             park_count: if q { 200 } else { 10_000 },
             park_window: Duration::from_secs(if q { 2 } else { 30 }),
             depths: if q {
@@ -184,7 +196,7 @@ async fn bench(cli: Cli) -> Result<()> {
     let load_at_start = sys::loadavg();
     let mut skipped = Skipped::new();
     let mut versions = BTreeMap::new();
-    let postgres = if plan.postgres && (plan.wake || plan.throughput) {
+    let postgres = if plan.postgres && (plan.wake || plan.throughput || plan.replicas) {
         progress("starting PostgreSQL (initdb, pg_ctl)");
         match peers::PgServer::start().await {
             Ok(server) => {
@@ -199,6 +211,24 @@ async fn bench(cli: Cli) -> Result<()> {
     } else {
         None
     };
+    if plan.replicas && postgres.is_none() {
+        let why = if plan.postgres {
+            "PostgreSQL did not start (see the postgres peer)"
+        } else if plan.quick {
+            "it needs the postgres peer, and --quick runs no peers"
+        } else {
+            "it needs the postgres peer (--peers postgres)"
+        };
+        skip(&mut skipped, "replicas section", why);
+    } else if let Some(server) = &postgres
+        && plan.replicas
+    {
+        for setting in ["synchronous_commit", "fsync", "max_connections"] {
+            if let Ok(value) = server.setting(setting).await {
+                versions.insert(format!("postgres.{setting}"), value);
+            }
+        }
+    }
     let mut runs = Vec::new();
     let mut failed = Vec::new();
     for run in 0..plan.runs {
@@ -286,6 +316,11 @@ async fn one_run(
                 }
             }
         }
+    }
+    if plan.replicas
+        && let Some(server) = postgres
+    {
+        note("replicas", replicas::run(plan, loopx, server, m).await);
     }
     if plan.parked {
         note("parked", parked(plan, loopx, m).await);

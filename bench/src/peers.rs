@@ -365,6 +365,40 @@ impl PgServer {
         ))
     }
 
+    /// Creates the empty database `name` (dropped first if a previous run
+    /// left it); answers its URL for the broker's `--database-url`.
+    pub async fn create_database(&self, name: &str) -> Result<String> {
+        let (client, _driver) = self.client(true).await?;
+        // Two statements, not one batch: a batch is one transaction, and
+        // neither may run inside one.
+        client
+            .batch_execute(&format!("drop database if exists {name} with (force)"))
+            .await?;
+        client
+            .batch_execute(&format!("create database {name}"))
+            .await?;
+        Ok(format!(
+            "postgres://postgres@127.0.0.1:{}/{name}",
+            self.port
+        ))
+    }
+
+    /// Drops the database `name`, ending any connection still on it.
+    pub async fn drop_database(&self, name: &str) -> Result<()> {
+        let (client, _driver) = self.client(true).await?;
+        client
+            .batch_execute(&format!("drop database if exists {name} with (force)"))
+            .await?;
+        Ok(())
+    }
+
+    /// A server setting (`show name`), for the report's conditions.
+    pub async fn setting(&self, name: &str) -> Result<String> {
+        let (client, _driver) = self.client(true).await?;
+        let row = client.query_one(&format!("show {name}"), &[]).await?;
+        Ok(row.get(0))
+    }
+
     /// A queue over the `jobs` table (emptied first) with
     /// `synchronous_commit` on or off.
     pub async fn queue(&self, synchronous_commit: bool) -> Result<PgQueue> {

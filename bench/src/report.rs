@@ -131,7 +131,7 @@ pub fn print(
     ));
     r.line(&format!("Load average (1, 5, 15 min): {}.", machine.load));
     for (peer, why) in skipped {
-        r.line(&format!("Skipped peer {peer}: {why}"));
+        r.line(&format!("Skipped {peer}: {why}"));
     }
     for failure in failed {
         r.line(&format!("FAILED: {failure}"));
@@ -143,6 +143,7 @@ pub fn print(
     depth_table(&mut r, plan);
     floors_table(&mut r);
     let targets = targets(&mut r, plan);
+    let replica_targets = replicas_table(&mut r, plan, versions);
     print!("{}", r.out);
 
     let json = json!({
@@ -171,6 +172,7 @@ pub fn print(
             "redis.everysec": "appendonly yes, appendfsync everysec",
             "postgres.sync_on": "synchronous_commit=on, fsync=on",
             "postgres.sync_off": "synchronous_commit=off",
+            "replicas": "the PostgreSQL server's: synchronous_commit=on, fsync=on",
         },
         "versions": versions,
         "skipped": skipped,
@@ -178,6 +180,22 @@ pub fn print(
         "metrics": m,
         "ratios": r.ratios,
         "targets": targets,
+        "replicas": {
+            "sizes": {
+                "wake_turns": plan.wake_turns,
+                "wake_warmup_turns": crate::replicas::WAKE_WARMUP_TURNS,
+                "wake_parked": [1, plan.wake_parked],
+                "throughput_sessions": plan.replica_tput_levels,
+                "throughput_seconds": plan.tput_time.as_secs_f64(),
+                "throughput_warmup_seconds": plan.replica_tput_warmup.as_secs_f64(),
+            },
+            "topologies": {
+                "one": "one replica takes every request",
+                "cross": "two replicas: claim and complete through A, enqueue through B",
+                "two": "two replicas: lane i's requests all through replica i % 2",
+            },
+            "targets": replica_targets,
+        },
     });
     println!("BENCH_JSON {json}");
 }
@@ -502,6 +520,197 @@ fn targets(r: &mut Report, plan: &Plan) -> Value {
         ),
     ];
     r.line("### Targets from issue #4\n");
+    r.line("| target | goal | measured | met |");
+    r.line("|---|---|---:|---|");
+    let mut json = serde_json::Map::new();
+    for (name, goal, value, met) in rows {
+        let verdict = match met {
+            Some(true) => "yes",
+            Some(false) => "NO",
+            None => "not measured",
+        };
+        r.line(&format!("| {name} | {goal} | {} | {verdict} |", num(value)));
+        json.insert(name, json!({"goal": goal, "measured": value, "met": met}));
+    }
+    r.line("");
+    Value::Object(json)
+}
+
+/// The replicas section (issue #7): the broker on PostgreSQL with one and two
+/// replicas, beside its SQLite `full` figures and the PostgreSQL SKIP LOCKED
+/// peer from the same run; answers the issue's targets for the JSON.
+fn replicas_table(r: &mut Report, plan: &Plan, versions: &BTreeMap<String, String>) -> Value {
+    if !plan.replicas || !r.m.keys().any(|k| k.starts_with("replicas.")) {
+        return Value::Null;
+    }
+    let n = plan.wake_parked;
+    let setting = |name: &str| {
+        versions
+            .get(&format!("postgres.{name}"))
+            .map_or("?", String::as_str)
+    };
+    r.line("### Replicas on PostgreSQL (issue #7)\n");
+    r.line(&format!(
+        "The broker with `--database-url` on PostgreSQL {} (synchronous_commit={}, fsync={}), every cell on a fresh database and fresh replicas sharing one owner token. Wake: {} turns per row after {} untimed, as in the wake table (enqueue request start → parked claim's answer). Throughput: {} s per cell after {} s untimed.\n",
+        versions.get("postgres").map_or("?", String::as_str),
+        setting("synchronous_commit"),
+        setting("fsync"),
+        plan.wake_turns,
+        crate::replicas::WAKE_WARMUP_TURNS,
+        plan.tput_time.as_secs_f64(),
+        plan.replica_tput_warmup.as_secs_f64(),
+    ));
+    let wake_rows: [(&str, &str, &str); 4] = [
+        (
+            "replicas.wake.one",
+            "loopx on PostgreSQL, 1 replica",
+            "claim and enqueue through A",
+        ),
+        (
+            "replicas.wake.cross",
+            "loopx on PostgreSQL, 2 replicas, cross-replica",
+            "claim parked on A, enqueue through B",
+        ),
+        (
+            "wake.loopx.full",
+            "loopx on SQLite (full)",
+            "one process, same run",
+        ),
+        (
+            "wake.postgres.sync_on",
+            "PostgreSQL SKIP LOCKED + LISTEN/NOTIFY peer",
+            "synchronous_commit=on, same run",
+        ),
+    ];
+    r.line("| system | requests | parked | p50 (µs) | p99 (µs) | max (µs) | samples > 1 s | p50 ÷ 1 replica | p99 ÷ 1 replica |");
+    r.line("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (key, system, how) in wake_rows {
+        for parked in [1, n] {
+            let g = |r: &Report, stat: &str| r.get(&format!("{key}.{parked}.{stat}"));
+            let (p50, p99, max) = (g(r, "p50_us"), g(r, "p99_us"), g(r, "max_us"));
+            if p50.is_none() {
+                continue;
+            }
+            let slow = g(r, "over_1s");
+            let base =
+                |r: &Report, stat: &str| r.get(&format!("replicas.wake.one.{parked}.{stat}_us"));
+            let (b50, b99) = (base(r, "p50"), base(r, "p99"));
+            let short = key
+                .trim_start_matches("replicas.")
+                .trim_start_matches("wake.");
+            let (r50, r99) = if key == "replicas.wake.one" {
+                ("1.00x".into(), "1.00x".into())
+            } else {
+                (
+                    r.ratio(format!("replicas.wake.{parked}.p50.{short}/one"), p50, b50),
+                    r.ratio(format!("replicas.wake.{parked}.p99.{short}/one"), p99, b99),
+                )
+            };
+            r.line(&format!(
+                "| {system} | {how} | {parked} | {} | {} | {} | {} | {r50} | {r99} |",
+                num(p50),
+                num(p99),
+                num(max),
+                slow.map_or("–".into(), |v| format!("{v:.0}")),
+            ));
+        }
+    }
+    r.line("");
+    let levels = &plan.replica_tput_levels;
+    let heads: Vec<String> = levels.iter().map(|k| format!("{k} sessions")).collect();
+    let ratio_heads: Vec<String> = levels.iter().map(|k| format!("÷ 1 replica @{k}")).collect();
+    r.line(
+        "Turn throughput (full cycles per second: enqueue, claim, complete as three requests)\n",
+    );
+    r.line(&format!(
+        "| system | requests | {} | {} |",
+        heads.join(" | "),
+        ratio_heads.join(" | ")
+    ));
+    r.line(&format!("|---|---|{}", "---:|".repeat(levels.len() * 2)));
+    let tput_rows: [(&str, &str, &str); 5] = [
+        (
+            "replicas.tput.one",
+            "loopx on PostgreSQL, 1 replica",
+            "all through A",
+        ),
+        (
+            "replicas.tput.two",
+            "loopx on PostgreSQL, 2 replicas",
+            "half the sessions on each, all of a session's requests to its replica",
+        ),
+        (
+            "replicas.tput.cross",
+            "loopx on PostgreSQL, 2 replicas, cross",
+            "enqueue through B, claim and complete through A",
+        ),
+        (
+            "tput.loopx.full",
+            "loopx on SQLite (full)",
+            "one process, same run",
+        ),
+        (
+            "tput.postgres.sync_on",
+            "PostgreSQL SKIP LOCKED peer",
+            "synchronous_commit=on, same run",
+        ),
+    ];
+    for (key, system, how) in tput_rows {
+        let rates: Vec<Option<f64>> = levels
+            .iter()
+            .map(|k| r.get(&format!("{key}.{k}.cycles_per_s")))
+            .collect();
+        if rates.iter().all(Option::is_none) {
+            continue;
+        }
+        let short = key
+            .trim_start_matches("replicas.")
+            .trim_start_matches("tput.");
+        let ratios: Vec<String> = levels
+            .iter()
+            .zip(&rates)
+            .map(|(k, rate)| {
+                if key == "replicas.tput.one" {
+                    return "1.00x".into();
+                }
+                let base = r.get(&format!("replicas.tput.one.{k}.cycles_per_s"));
+                r.ratio(format!("replicas.tput.{k}.{short}/one"), *rate, base)
+            })
+            .collect();
+        let cells: Vec<String> = rates.iter().map(|v| num(*v)).collect();
+        r.line(&format!(
+            "| {system} | {how} | {} | {} |",
+            cells.join(" | "),
+            ratios.join(" | ")
+        ));
+    }
+    r.line("");
+    if let Some(problems) = r.get("replicas.log_warnings_errors") {
+        r.line(&format!(
+            "Warnings and errors the replicas logged (median per run): {problems:.0}.\n"
+        ));
+    }
+
+    let cross99 = r.get(&format!("replicas.wake.cross.{n}.p99_us"));
+    let k = levels.first().copied().unwrap_or(16);
+    let one = r.get(&format!("replicas.tput.one.{k}.cycles_per_s"));
+    let two = r.get(&format!("replicas.tput.two.{k}.cycles_per_s"));
+    let two_over_one = two.zip(one).map(|(a, b)| a / b);
+    let rows: Vec<(String, String, Option<f64>, Option<bool>)> = vec![
+        (
+            format!("cross-replica wake p99, {n} parked (µs)"),
+            "< 10000 µs".into(),
+            cross99,
+            cross99.map(|v| v < 10_000.0),
+        ),
+        (
+            format!("2 replicas ÷ 1 replica throughput, {k} sessions"),
+            "≥ 1x".into(),
+            two_over_one,
+            two_over_one.map(|v| v >= 1.0),
+        ),
+    ];
+    r.line("Targets from issue #7\n");
     r.line("| target | goal | measured | met |");
     r.line("|---|---|---:|---|");
     let mut json = serde_json::Map::new();
