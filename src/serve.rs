@@ -37,8 +37,9 @@ pub struct ServeArgs {
     /// Allow listening on a non-loopback address.
     #[arg(long)]
     pub allow_remote: bool,
-    /// `full` survives power loss (synchronous=FULL); `relaxed` only process
-    /// crashes (synchronous=NORMAL), and is faster.
+    /// `full` survives power loss (every commit synced before it is
+    /// answered); `relaxed` only process crashes (synced at checkpoints), and
+    /// is faster.
     #[arg(long, env = "LOOPX_DURABILITY", value_enum, default_value_t = Durability::Full)]
     pub durability: Durability,
     /// The Lark app's id; with the secret and verification token, turns the

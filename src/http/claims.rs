@@ -68,7 +68,11 @@ pub async fn claim(
     headers: HeaderMap,
     AppJson(request): AppJson<ClaimRequest>,
 ) -> Result<Response> {
-    if !wants_event_stream(&headers) {
+    // Decided now and the headers let go: their values share hyper's read
+    // buffer, which a parked claim would otherwise pin (8 KiB per connection).
+    let event_stream = wants_event_stream(&headers);
+    drop(headers);
+    if !event_stream {
         let answer = state.broker.claim(&session_id, request).await?;
         return Ok((replayed_header(answer.replayed), Json(answer.body)).into_response());
     }

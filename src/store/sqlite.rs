@@ -29,8 +29,9 @@ use crate::model::{
 };
 use crate::time::{now_ms, rfc3339};
 
-/// How much a power loss may take: `Full` fsyncs every commit, `Relaxed`
-/// (`synchronous=NORMAL`) only at checkpoints and stays crash-safe.
+/// How much a power loss may take: `Full` nothing acknowledged (every commit
+/// is synced to disk before it is answered), `Relaxed` the last commits
+/// (SQLite `synchronous=NORMAL`: synced only at checkpoints; crash-safe).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Durability {
     #[default]
@@ -75,18 +76,24 @@ impl SqliteStore {
             .await
             .map_err(|e| Error::store("migrating the database", e))?;
         let _ = migrator.close().await;
-        let writer =
-            open_writer(path, durability).map_err(|e| Error::store("opening the writer", e))?;
+        let writer = open_writer(path).map_err(|e| Error::store("opening the writer", e))?;
         let reads = SqlitePoolOptions::new()
             .max_connections(4)
             .min_connections(1)
             .connect_with(options.read_only(true))
             .await
             .map_err(|e| Error::store("opening the read pool", e))?;
+        let flusher = match durability {
+            Durability::Full => Some(
+                Flusher::start(wal_path(path))
+                    .map_err(|e| Error::store("starting the flusher", e))?,
+            ),
+            Durability::Relaxed => None,
+        };
         let (jobs, queue) = mpsc::channel(4 * MAX_BATCH);
         std::thread::Builder::new()
             .name("loopx-sqlite-writer".into())
-            .spawn(move || run_writer(writer, queue))
+            .spawn(move || run_writer(writer, queue, flusher))
             .map_err(|e| Error::store("starting the writer", e))?;
         Ok(Self {
             jobs,
@@ -118,20 +125,25 @@ impl SqliteStore {
     }
 }
 
-/// The writer's connection: WAL, the chosen durability, foreign keys, a busy
+/// The writer's connection: WAL without syncs of its own, foreign keys, a busy
 /// timeout, and room in the statement cache for every statement it runs.
-fn open_writer(path: &Path, durability: Durability) -> rusqlite::Result<Connection> {
+fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(Duration::from_secs(5))?;
     conn.pragma_update(None, "journal_mode", "wal")?;
-    let synchronous = match durability {
-        Durability::Full => "full",
-        Durability::Relaxed => "normal",
-    };
-    conn.pragma_update(None, "synchronous", synchronous)?;
+    // `full` syncs too, through the flusher, after the commit and before any
+    // answer (see [`Flusher`]); `relaxed` syncs only at checkpoints.
+    conn.pragma_update(None, "synchronous", "normal")?;
     conn.pragma_update(None, "foreign_keys", "on")?;
     conn.set_prepared_statement_cache_capacity(128);
     Ok(conn)
+}
+
+/// SQLite's write-ahead log beside the database file.
+fn wal_path(path: &Path) -> std::path::PathBuf {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    wal.into()
 }
 
 /// The database file is created owner-only before SQLite opens it; SQLite
@@ -147,8 +159,10 @@ fn create_private_file(path: &Path) -> std::io::Result<()> {
 }
 
 /// The writer thread: takes every waiting job (up to a batch), runs them in
-/// one transaction, commits once, then answers them all.
-fn run_writer(conn: Connection, mut queue: mpsc::Receiver<Job>) {
+/// one transaction, commits once, then answers them all; at `full`
+/// durability it hands the answers to the flusher, which answers them once
+/// the commit is on disk, while the writer goes on with the next batch.
+fn run_writer(conn: Connection, mut queue: mpsc::Receiver<Job>, flusher: Option<Flusher>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut replies = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = queue.blocking_recv() {
@@ -163,8 +177,89 @@ fn run_writer(conn: Connection, mut queue: mpsc::Receiver<Job>) {
         // Jobs left in `batch` after a failure are dropped: their callers see
         // a closed reply channel and answer store_unavailable.
         batch.clear();
-        for reply in replies.drain(..) {
-            reply(committed.clone());
+        match (&flusher, committed) {
+            (Some(flusher), Ok(())) => flusher.flush(std::mem::take(&mut replies)),
+            (_, committed) => {
+                for reply in replies.drain(..) {
+                    reply(committed.clone());
+                }
+            }
+        }
+    }
+}
+
+/// Makes commits durable off the writer's path (`full` durability). SQLite
+/// commits with `synchronous=NORMAL`, which writes the WAL but does not sync
+/// it; the flusher then `fdatasync`s the WAL file and only then answers the
+/// batch. A sync that starts after a batch's commit covers that batch and
+/// every earlier one, so one sync answers every batch committed while the
+/// previous sync ran, and the writer executes the next batch meanwhile
+/// instead of waiting for the disk. Nothing is answered before it is on disk,
+/// as with `synchronous=FULL`. (Reads may see a commit a moment before it is
+/// durable; nobody is told it is done until it is.)
+struct Flusher {
+    batches: std::sync::mpsc::Sender<Vec<Reply>>,
+}
+
+impl Flusher {
+    fn start(wal_path: std::path::PathBuf) -> std::io::Result<Self> {
+        let (batches, queue) = std::sync::mpsc::channel::<Vec<Reply>>();
+        std::thread::Builder::new()
+            .name("loopx-sqlite-flush".into())
+            .spawn(move || {
+                let mut wal = WalFile::new(wal_path);
+                while let Ok(mut replies) = queue.recv() {
+                    while let Ok(more) = queue.try_recv() {
+                        replies.extend(more);
+                    }
+                    let synced = wal.sync();
+                    if let Err(e) = &synced {
+                        tracing::error!(error = %e, "syncing the write-ahead log failed");
+                    }
+                    for reply in replies {
+                        reply(synced.clone());
+                    }
+                }
+            })?;
+        Ok(Self { batches })
+    }
+
+    fn flush(&self, replies: Vec<Reply>) {
+        if let Err(std::sync::mpsc::SendError(replies)) = self.batches.send(replies) {
+            let stopped = Error::store("syncing", "the flusher has stopped");
+            for reply in replies {
+                reply(Err(stopped.clone()));
+            }
+        }
+    }
+}
+
+/// The database's `-wal` file, opened for syncing; reopened should SQLite
+/// ever replace it.
+struct WalFile {
+    path: std::path::PathBuf,
+    file: Option<std::fs::File>,
+}
+
+impl WalFile {
+    fn new(path: std::path::PathBuf) -> Self {
+        Self { path, file: None }
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let failed = |e| Error::store("syncing the write-ahead log", e);
+        let current = std::fs::metadata(&self.path).map_err(failed)?.ino();
+        let stale = match &self.file {
+            Some(file) => file.metadata().map_err(failed)?.ino() != current,
+            None => true,
+        };
+        if stale {
+            self.file = Some(std::fs::File::open(&self.path).map_err(failed)?);
+        }
+        match &self.file {
+            Some(file) => file.sync_data().map_err(failed),
+            None => Ok(()),
         }
     }
 }
@@ -232,16 +327,37 @@ fn append_event(
 }
 
 /// A turn with its Lark reply's state, for readbacks.
-const TURN_READBACK: &str = "select t.*, r.state as reply_state, r.attempts as reply_attempts, \
-     r.error as reply_error from turns t left join lark_replies r on r.turn_id = t.turn_id";
+macro_rules! turn_readback {
+    () => {
+        "select t.*, r.state as reply_state, r.attempts as reply_attempts, \
+         r.error as reply_error from turns t left join lark_replies r on r.turn_id = t.turn_id"
+    };
+}
+const TURN_READBACK: &str = turn_readback!();
+/// One turn with its reply, by session and turn id.
+const SELECT_TURN: &str = concat!(
+    turn_readback!(),
+    " where t.session_id = ? and t.turn_id = ?"
+);
 
-const SESSION_COLUMNS: &str = "session_id, goal_id, agent_id, host_surface, host_session_id, \
-     executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id";
+/// A session's columns, in the order [`SessionRow`] is read.
+macro_rules! session_columns {
+    () => {
+        "session_id, goal_id, agent_id, host_surface, host_session_id, \
+         executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id"
+    };
+}
+const SESSION_COLUMNS: &str = session_columns!();
+/// One session by id.
+const SELECT_SESSION: &str = concat!(
+    "select ",
+    session_columns!(),
+    " from sessions where session_id = ?"
+);
 
 /// A session, read through the read pool.
 async fn read_session(db: &SqlitePool, session_id: &str) -> Result<Option<SessionRow>> {
-    let sql = format!("select {SESSION_COLUMNS} from sessions where session_id = ?");
-    Ok(sqlx::query_as(&sql)
+    Ok(sqlx::query_as(SELECT_SESSION)
         .bind(session_id)
         .fetch_optional(db)
         .await?)
@@ -249,18 +365,17 @@ async fn read_session(db: &SqlitePool, session_id: &str) -> Result<Option<Sessio
 
 /// A turn with its reply, read through the read pool.
 async fn read_turn(db: &SqlitePool, session_id: &str, turn_id: &str) -> Result<Option<TurnRow>> {
-    Ok(sqlx::query_as(&format!(
-        "{TURN_READBACK} where t.session_id = ? and t.turn_id = ?"
-    ))
-    .bind(session_id)
-    .bind(turn_id)
-    .fetch_optional(db)
-    .await?)
+    Ok(sqlx::query_as(SELECT_TURN)
+        .bind(session_id)
+        .bind(turn_id)
+        .fetch_optional(db)
+        .await?)
 }
 
 fn load_session(db: &Connection, session_id: &str) -> Result<Option<SessionRow>> {
-    let sql = format!("select {SESSION_COLUMNS} from sessions where session_id = ?");
-    sql::query_as(&sql).bind(session_id).fetch_optional(db)
+    sql::query_as(SELECT_SESSION)
+        .bind(session_id)
+        .fetch_optional(db)
 }
 
 fn existing_session(conn: &Connection, session_id: &str) -> Result<SessionRow> {
@@ -280,12 +395,10 @@ fn hosted_session(conn: &Connection, session_id: &str, host: &HostIdentity) -> R
 }
 
 fn load_turn(db: &Connection, session_id: &str, turn_id: &str) -> Result<Option<TurnRow>> {
-    sql::query_as(&format!(
-        "{TURN_READBACK} where t.session_id = ? and t.turn_id = ?"
-    ))
-    .bind(session_id)
-    .bind(turn_id)
-    .fetch_optional(db)
+    sql::query_as(SELECT_TURN)
+        .bind(session_id)
+        .bind(turn_id)
+        .fetch_optional(db)
 }
 
 /// The claimed-at time of a session's active claim, for `claim_active`.
@@ -527,15 +640,22 @@ fn claim(
     .bind(attempt)
     .bind(now)
     .execute(conn)?;
-    let turn: TurnRow = sql::query_as(
+    sql::query(
         "update turns set state = 'claimed', claimed_at = ?, claim_count = ?, current_claim_id = ?
-         where turn_id = ? returning *",
+         where turn_id = ?",
     )
     .bind(now)
     .bind(attempt)
     .bind(&claim_id)
     .bind(&head.turn_id)
-    .fetch_one(conn)?;
+    .execute(conn)?;
+    let turn = TurnRow {
+        state: TurnState::Claimed,
+        claimed_at: Some(now),
+        claim_count: attempt,
+        current_claim_id: Some(claim_id.clone()),
+        ..head
+    };
     sql::query(
         "update sessions set active_claim_id = ?, queued_count = queued_count - 1
          where session_id = ?",
@@ -629,15 +749,23 @@ fn complete(
         }
         TurnState::Claimed => {}
     }
-    let turn: TurnRow = sql::query_as(
+    let (completed_at, stored) = (now_ms(), response.to_string());
+    sql::query(
         "update turns set state = 'completed', completed_at = ?, completion_id = ?, response = ?
-         where turn_id = ? returning *",
+         where turn_id = ?",
     )
-    .bind(now_ms())
+    .bind(completed_at)
     .bind(&completion.completion_id)
-    .bind(response.to_string())
+    .bind(&stored)
     .bind(&turn_id)
-    .fetch_one(conn)?;
+    .execute(conn)?;
+    let turn = TurnRow {
+        state: TurnState::Completed,
+        completed_at: Some(completed_at),
+        completion_id: Some(completion.completion_id.clone()),
+        response: Some(stored),
+        ..turn
+    };
     sql::query("update claims set state = 'completed' where claim_id = ?")
         .bind(&completion.claim_id)
         .execute(conn)?;
@@ -1124,5 +1252,32 @@ impl Store for SqliteStore {
             turns.reverse();
         }
         Ok((turns, has_more))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wal_file_is_reopened_when_replaced_and_a_missing_one_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("broker.db-wal");
+        let mut wal = WalFile::new(path.clone());
+        assert!(wal.sync().is_err(), "no log yet: nothing can be synced");
+        std::fs::write(&path, b"first").unwrap();
+        wal.sync().unwrap();
+        let first = wal.file.as_ref().unwrap().metadata().unwrap();
+        let replacement = dir.path().join("new");
+        std::fs::write(&replacement, b"second").unwrap();
+        std::fs::rename(&replacement, &path).unwrap();
+        wal.sync().unwrap();
+        let second = wal.file.as_ref().unwrap().metadata().unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_ne!(
+            first.ino(),
+            second.ino(),
+            "the replaced file is the one synced"
+        );
     }
 }

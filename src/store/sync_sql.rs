@@ -92,55 +92,66 @@ pub trait FromRow: Sized {
     fn from_row(row: &Row<'_>) -> rusqlite::Result<Self>;
 }
 
-/// A column that a statement may not select (the reply's left join).
-fn optional<T: FromSql>(row: &Row<'_>, name: &str) -> rusqlite::Result<Option<T>> {
-    match row.get(name) {
-        Err(rusqlite::Error::InvalidColumnName(_)) => Ok(None),
-        other => other,
-    }
-}
+// Rows are read by position, in the order the statements select them
+// (`SESSION_COLUMNS`; a turn's columns in table order, as `select *`,
+// `t.*` and `returning *` give them): looking a column up by name costs a
+// scan of the statement's column names per field. A migration that adds a
+// column appends it, so these positions hold.
 
 impl FromRow for SessionRow {
     fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(SessionRow {
-            session_id: r.get("session_id")?,
-            goal_id: r.get("goal_id")?,
-            agent_id: r.get("agent_id")?,
-            host_surface: r.get("host_surface")?,
-            host_session_id: r.get("host_session_id")?,
-            executor_endpoint_id: r.get("executor_endpoint_id")?,
-            state: r.get("state")?,
-            created_at: r.get("created_at")?,
-            closed_at: r.get("closed_at")?,
-            queued_count: r.get("queued_count")?,
-            active_claim_id: r.get("active_claim_id")?,
+            session_id: r.get(0)?,
+            goal_id: r.get(1)?,
+            agent_id: r.get(2)?,
+            host_surface: r.get(3)?,
+            host_session_id: r.get(4)?,
+            executor_endpoint_id: r.get(5)?,
+            state: r.get(6)?,
+            created_at: r.get(7)?,
+            closed_at: r.get(8)?,
+            queued_count: r.get(9)?,
+            active_claim_id: r.get(10)?,
         })
     }
 }
 
+/// How many columns the `turns` table has.
+const TURN_COLUMNS: usize = 17;
+
 impl FromRow for TurnRow {
     fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        // The reply's left join, when selected, follows the turn's columns.
+        let joined = r.as_ref().column_count() > TURN_COLUMNS;
         Ok(TurnRow {
-            turn_id: r.get("turn_id")?,
-            session_id: r.get("session_id")?,
-            seq: r.get("seq")?,
-            origin: r.get("origin")?,
-            text: r.get("text")?,
-            client_message_id: r.get("client_message_id")?,
-            lark_chat_id: r.get("lark_chat_id")?,
-            lark_message_id: r.get("lark_message_id")?,
-            state: r.get("state")?,
-            enqueued_at: r.get("enqueued_at")?,
-            claimed_at: r.get("claimed_at")?,
-            completed_at: r.get("completed_at")?,
-            claim_count: r.get("claim_count")?,
-            current_claim_id: r.get("current_claim_id")?,
-            completion_id: r.get("completion_id")?,
-            response: r.get("response")?,
-            cancel_reason: r.get("cancel_reason")?,
-            reply_state: optional(r, "reply_state")?.flatten(),
-            reply_attempts: optional(r, "reply_attempts")?.flatten(),
-            reply_error: optional(r, "reply_error")?.flatten(),
+            turn_id: r.get(0)?,
+            session_id: r.get(1)?,
+            seq: r.get(2)?,
+            origin: r.get(3)?,
+            text: r.get(4)?,
+            client_message_id: r.get(5)?,
+            lark_chat_id: r.get(6)?,
+            lark_message_id: r.get(7)?,
+            state: r.get(8)?,
+            enqueued_at: r.get(9)?,
+            claimed_at: r.get(10)?,
+            completed_at: r.get(11)?,
+            claim_count: r.get(12)?,
+            current_claim_id: r.get(13)?,
+            completion_id: r.get(14)?,
+            response: r.get(15)?,
+            cancel_reason: r.get(16)?,
+            reply_state: if joined { r.get(TURN_COLUMNS)? } else { None },
+            reply_attempts: if joined {
+                r.get(TURN_COLUMNS + 1)?
+            } else {
+                None
+            },
+            reply_error: if joined {
+                r.get(TURN_COLUMNS + 2)?
+            } else {
+                None
+            },
         })
     }
 }
