@@ -325,6 +325,9 @@ fn session_row(row: PgRow) -> sqlx::Result<SessionRow> {
         closed_at: row.try_get("closed_at")?,
         queued_count: row.try_get("queued_count")?,
         active_claim_id: row.try_get("active_claim_id")?,
+        // Counted inside the PostgreSQL statements themselves.
+        next_seq: 0,
+        next_event_no: 0,
     })
 }
 

@@ -135,6 +135,8 @@ fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
     // answer (see [`Flusher`]); `relaxed` syncs only at checkpoints.
     conn.pragma_update(None, "synchronous", "normal")?;
     conn.pragma_update(None, "foreign_keys", "on")?;
+    // Savepoints' sub-journals in memory, not in temp files.
+    conn.pragma_update(None, "temp_store", "memory")?;
     conn.set_prepared_statement_cache_capacity(128);
     Ok(conn)
 }
@@ -301,6 +303,29 @@ fn execute(conn: &Connection, statement: &'static str) -> Result<()> {
     Ok(())
 }
 
+/// Appends event number `event_no` (the session's `next_event_no`, which the
+/// caller advances in its own update of the session) to the session's log.
+fn append_event_at(
+    conn: &Connection,
+    session_id: &str,
+    event_no: i64,
+    turn: (&str, i64),
+    state: &str,
+) -> Result<()> {
+    sql::query(
+        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
+         values (?, ?, 'turn', ?, ?, ?, ?)",
+    )
+    .bind(session_id)
+    .bind(event_no)
+    .bind(turn.0)
+    .bind(turn.1)
+    .bind(state)
+    .bind(now_ms())
+    .execute(conn)?;
+    Ok(())
+}
+
 /// Appends one event to the session's log, in the caller's transaction.
 fn append_event(
     conn: &Connection,
@@ -344,7 +369,8 @@ const SELECT_TURN: &str = concat!(
 macro_rules! session_columns {
     () => {
         "session_id, goal_id, agent_id, host_surface, host_session_id, \
-         executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id"
+         executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id, \
+         next_seq, next_event_no"
     };
 }
 const SESSION_COLUMNS: &str = session_columns!();
@@ -527,34 +553,63 @@ fn enqueue(
             format!("The session already holds {MAX_QUEUED} queued turns."),
         ));
     }
-    let turn_id = minter.mint("turn");
     let (lark_chat_id, lark_message_id) = message
         .lark
         .map(|l| (Some(l.chat_id), Some(l.message_id)))
         .unwrap_or_default();
-    let turn = sql::query_as(
+    let turn = TurnRow {
+        turn_id: minter.mint("turn"),
+        session_id: session_id.clone(),
+        seq: session.next_seq,
+        origin: message.origin,
+        text: message.text,
+        client_message_id: message.client_message_id,
+        lark_chat_id,
+        lark_message_id,
+        state: TurnState::Queued,
+        enqueued_at: now_ms(),
+        claimed_at: None,
+        completed_at: None,
+        claim_count: 0,
+        current_claim_id: None,
+        completion_id: None,
+        response: None,
+        cancel_reason: None,
+        reply_state: None,
+        reply_attempts: None,
+        reply_error: None,
+    };
+    sql::query(
         "insert into turns (turn_id, session_id, seq, origin, text, client_message_id,
              lark_chat_id, lark_message_id, state, enqueued_at)
-         select ?, session_id, next_seq, ?, ?, ?, ?, ?, 'queued', ? from sessions where session_id = ?
-         returning *",
+         values (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?)",
     )
-    .bind(&turn_id)
-    .bind(message.origin)
-    .bind(&message.text)
-    .bind(&message.client_message_id)
-    .bind(lark_chat_id)
-    .bind(lark_message_id)
-    .bind(now_ms())
+    .bind(&turn.turn_id)
     .bind(&session_id)
-    .fetch_one(conn)?;
+    .bind(turn.seq)
+    .bind(turn.origin)
+    .bind(&turn.text)
+    .bind(&turn.client_message_id)
+    .bind(&turn.lark_chat_id)
+    .bind(&turn.lark_message_id)
+    .bind(turn.enqueued_at)
+    .execute(conn)?;
+    let event_no = session.next_event_no;
     sql::query(
-        "update sessions set next_seq = next_seq + 1, queued_count = queued_count + 1
+        "update sessions set next_seq = ?, queued_count = queued_count + 1, next_event_no = ?
          where session_id = ?",
     )
+    .bind(turn.seq + 1)
+    .bind(event_no + 1)
     .bind(&session_id)
     .execute(conn)?;
-    let turn: TurnRow = turn;
-    append_event(conn, &session_id, Some((&turn.turn_id, turn.seq)), "queued")?;
+    append_event_at(
+        conn,
+        &session_id,
+        event_no,
+        (&turn.turn_id, turn.seq),
+        "queued",
+    )?;
     Ok(Enqueue {
         turn,
         duplicate: false,
@@ -656,17 +711,21 @@ fn claim(
         current_claim_id: Some(claim_id.clone()),
         ..head
     };
+    let event_no = session.next_event_no;
     sql::query(
-        "update sessions set active_claim_id = ?, queued_count = queued_count - 1
+        "update sessions set active_claim_id = ?, queued_count = queued_count - 1,
+             next_event_no = ?
          where session_id = ?",
     )
     .bind(&claim_id)
+    .bind(event_no + 1)
     .bind(&session_id)
     .execute(conn)?;
-    append_event(
+    append_event_at(
         conn,
         &session_id,
-        Some((&turn.turn_id, turn.seq)),
+        event_no,
+        (&turn.turn_id, turn.seq),
         "claimed",
     )?;
     Ok(ClaimOutcome::Claimed {
@@ -698,7 +757,7 @@ fn complete(
         host_surface: completion.host_surface,
         host_session_id: completion.host_session_id,
     };
-    hosted_session(conn, &session_id, &host)?;
+    let session = hosted_session(conn, &session_id, &host)?;
     let turn = load_turn(conn, &session_id, &turn_id)?.ok_or_else(|| Error::not_found("turn"))?;
     let response = serde_json::Value::Object(completion.response);
     let reused = || {
@@ -769,13 +828,18 @@ fn complete(
     sql::query("update claims set state = 'completed' where claim_id = ?")
         .bind(&completion.claim_id)
         .execute(conn)?;
-    sql::query("update sessions set active_claim_id = null where session_id = ?")
-        .bind(&session_id)
-        .execute(conn)?;
-    append_event(
+    let event_no = session.next_event_no;
+    sql::query(
+        "update sessions set active_claim_id = null, next_event_no = ? where session_id = ?",
+    )
+    .bind(event_no + 1)
+    .bind(&session_id)
+    .execute(conn)?;
+    append_event_at(
         conn,
         &session_id,
-        Some((&turn.turn_id, turn.seq)),
+        event_no,
+        (&turn.turn_id, turn.seq),
         "completed",
     )?;
     if let (Some(chat_id), Some(message_id)) = (&turn.lark_chat_id, &turn.lark_message_id) {

@@ -112,6 +112,8 @@ impl FromRow for SessionRow {
             closed_at: r.get(8)?,
             queued_count: r.get(9)?,
             active_claim_id: r.get(10)?,
+            next_seq: r.get(11)?,
+            next_event_no: r.get(12)?,
         })
     }
 }
