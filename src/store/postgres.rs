@@ -16,9 +16,15 @@
 //!   the transaction back and the whole decision is taken again, which then
 //!   sees the winner's commit and answers as the contract says
 //!   (`claim_id_reused`, the existing session, a duplicate Lark event, …).
-//! - Every change that reaches a session's event log also sends
-//!   `pg_notify('loopx_changes', session_id)` in its transaction (delivered on
-//!   commit). [`Store::watch`] keeps one listening connection per replica
+//! - Every change that reaches a session's event log is announced with
+//!   `pg_notify('loopx_changes', session_id)` right after its transaction
+//!   commits, not inside it: PostgreSQL lets one notifying transaction commit
+//!   at a time (a cluster-wide lock held until its commit is flushed), which
+//!   would serialize every write of every replica behind one disk flush each.
+//!   One task per replica sends the announcements in batches, one statement
+//!   per batch; a notifying transaction with no writes commits without a
+//!   flush. A replica that dies between a commit and its announcement costs
+//!   the other replicas' waiters at most the safety re-check below. [`Store::watch`] keeps one listening connection per replica
 //!   (`PgListener`, application_name `loopx-listener`) and wakes the local
 //!   waiters of each notified session. The listener is re-established with
 //!   backoff when it drops (and pinged every 30 s, so a silently dead
@@ -108,8 +114,54 @@ pub struct PgStore {
     listen_pool: PgPool,
     listener: std::sync::Mutex<Option<PgListener>>,
     minter: Arc<Minter>,
-    /// Ends the listener when the store goes.
+    /// Tells every replica (this one included) which sessions changed.
+    announcer: Announcer,
+    /// Ends the listener and the announcer when the store goes.
     stop: CancellationToken,
+}
+
+/// Sends `pg_notify(CHANNEL, session_id)` for committed changes, outside
+/// their transactions, in batches: each batch is one statement in its own
+/// transaction, which writes nothing and so commits without a disk flush.
+struct Announcer {
+    sessions: tokio::sync::mpsc::UnboundedSender<String>,
+}
+
+impl Announcer {
+    fn start(pool: PgPool, stop: CancellationToken) -> Self {
+        let (sessions, mut queue) = tokio::sync::mpsc::unbounded_channel::<String>();
+        tokio::spawn(async move {
+            loop {
+                let first = tokio::select! {
+                    first = queue.recv() => first,
+                    _ = stop.cancelled() => None,
+                };
+                let Some(first) = first else { break };
+                let mut batch = vec![first];
+                while let Ok(more) = queue.try_recv() {
+                    batch.push(more);
+                }
+                batch.sort_unstable();
+                batch.dedup();
+                let sent = sqlx::query("select pg_notify($1, s) from unnest($2::text[]) as s")
+                    .bind(CHANNEL)
+                    .bind(&batch)
+                    .execute(&pool)
+                    .await;
+                if let Err(e) = sent {
+                    // Other replicas' waiters find the change at their next
+                    // safety re-check.
+                    tracing::warn!(error = %e, sessions = batch.len(), "announcing changes to other replicas failed");
+                }
+            }
+        });
+        Self { sessions }
+    }
+
+    /// Announces a committed change to the session.
+    fn changed(&self, session_id: &str) {
+        let _ = self.sessions.send(session_id.to_owned());
+    }
 }
 
 impl Drop for PgStore {
@@ -165,12 +217,14 @@ impl PgStore {
             channel = CHANNEL,
             "PostgreSQL store ready (migrations applied, listening for changes)"
         );
+        let stop = CancellationToken::new();
         Ok(Self {
+            announcer: Announcer::start(pool.clone(), stop.clone()),
             pool,
             listen_pool,
             listener: std::sync::Mutex::new(Some(listener)),
             minter: Default::default(),
-            stop: CancellationToken::new(),
+            stop,
         })
     }
 }
@@ -445,9 +499,9 @@ where
     .transpose()
 }
 
-/// Appends one event to the (locked) session's log and announces the change
-/// to every replica (`pg_notify`, delivered on commit), in the caller's
-/// transaction and in one round trip.
+/// Appends one event to the (locked) session's log, in the caller's
+/// transaction and in one round trip. The caller announces the change once
+/// its transaction has committed ([`Announcer`]).
 async fn append_event(
     conn: &mut PgConnection,
     session_id: &str,
@@ -463,7 +517,7 @@ async fn append_event(
              insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
              select $1, event_no, $2, $3, $4, $5, $6 from numbered
          )
-         select pg_notify($7, $1)",
+         select 1",
     )
     .bind(session_id)
     .bind(kind)
@@ -471,7 +525,6 @@ async fn append_event(
     .bind(turn.map(|t| t.1))
     .bind(state)
     .bind(now_ms())
-    .bind(CHANNEL)
     .execute(conn)
     .await?;
     Ok(())
@@ -1294,12 +1347,16 @@ impl Store for PgStore {
     }
 
     async fn enqueue(&self, session_id: String, message: EnqueueRequest) -> Result<Enqueue> {
-        transaction!(self, "enqueueing", |conn| enqueue(
+        let done = transaction!(self, "enqueueing", |conn| enqueue(
             conn,
             &session_id,
             &message,
             &self.minter
-        ))
+        ))?;
+        if !done.duplicate {
+            self.announcer.changed(&session_id);
+        }
+        Ok(done)
     }
 
     async fn claim(
@@ -1308,12 +1365,19 @@ impl Store for PgStore {
         host: HostIdentity,
         claim_id: String,
     ) -> Result<ClaimOutcome> {
-        transaction!(self, "claiming", |conn| claim(
+        let outcome = transaction!(self, "claiming", |conn| claim(
             conn,
             &session_id,
             &host,
             &claim_id
-        ))
+        ))?;
+        if let ClaimOutcome::Claimed {
+            replayed: false, ..
+        } = &outcome
+        {
+            self.announcer.changed(&session_id);
+        }
+        Ok(outcome)
     }
 
     async fn complete(
@@ -1322,12 +1386,16 @@ impl Store for PgStore {
         turn_id: String,
         completion: CompleteRequest,
     ) -> Result<Receipt> {
-        transaction!(self, "completing", |conn| complete(
+        let receipt = transaction!(self, "completing", |conn| complete(
             conn,
             &session_id,
             &turn_id,
             &completion
-        ))
+        ))?;
+        if !receipt.replayed {
+            self.announcer.changed(&session_id);
+        }
+        Ok(receipt)
     }
 
     async fn release(
@@ -1336,16 +1404,20 @@ impl Store for PgStore {
         claim_id: String,
         host: HostIdentity,
     ) -> Result<Released> {
-        transaction!(self, "releasing", |conn| release(
+        let released = transaction!(self, "releasing", |conn| release(
             conn,
             &session_id,
             &claim_id,
             &host
-        ))
+        ))?;
+        self.announcer.changed(&session_id);
+        Ok(released)
     }
 
     async fn close(&self, session_id: String) -> Result<(SessionRow, u64)> {
-        transaction!(self, "closing", |conn| close(conn, &session_id))
+        let closed = transaction!(self, "closing", |conn| close(conn, &session_id))?;
+        self.announcer.changed(&session_id);
+        Ok(closed)
     }
 
     async fn lark_link(&self, session_id: String, chat_id: String) -> Result<LarkLink> {
@@ -1378,11 +1450,15 @@ impl Store for PgStore {
     }
 
     async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest> {
-        transaction!(self, "recording a Lark event", |conn| lark_event(
+        let ingest = transaction!(self, "recording a Lark event", |conn| lark_event(
             conn,
             &event,
             &self.minter
-        ))
+        ))?;
+        if let LarkIngest::Enqueued { session_id, .. } = &ingest {
+            self.announcer.changed(session_id);
+        }
+        Ok(ingest)
     }
 
     async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {
