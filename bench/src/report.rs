@@ -28,7 +28,7 @@ const SYSTEMS: [(&str, &str, &str, &str); 7] = [
     (
         "loopx.full",
         "loopx broker",
-        "full: SQLite WAL synchronous=FULL",
+        "full: SQLite WAL, each commit fdatasync'd before it is answered",
         "",
     ),
     (
@@ -166,7 +166,7 @@ pub fn print(
             "depths": plan.depths,
         },
         "durability": {
-            "loopx.full": "SQLite WAL synchronous=FULL (default, power-loss safe)",
+            "loopx.full": "SQLite WAL, each commit fdatasync'd before it is answered (default, power-loss safe)",
             "loopx.relaxed": "SQLite WAL synchronous=NORMAL (--durability relaxed)",
             "redis.always": "appendonly yes, appendfsync always",
             "redis.everysec": "appendonly yes, appendfsync everysec",
