@@ -226,28 +226,46 @@ async fn a_replayed_or_refused_enqueue_leaves_a_parked_claim_parked() {
     assert_eq!(claimed.turn.text, "second");
 }
 
+/// Two claims parked on one session, one turn: one gets it, the other 409
+/// `claim_active`. On SQLite the enqueue hands the turn to the claim parked
+/// first; on PostgreSQL (no hand-off: waiters may sit on other replicas) both
+/// wake and the first to claim wins.
 #[tokio::test]
-async fn parked_claims_are_served_oldest_first_one_turn_each() {
+async fn parked_claims_get_one_turn_each_the_oldest_first_on_sqlite() {
     let broker = TestBroker::start().await;
     let c = &broker.client;
     let host = bound_host(c).await;
-    let (client, waiting_host) = (c.clone(), host.clone());
-    let older = tokio::spawn(async move { claim(&client, &waiting_host, "older", 30).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let (client, waiting_host) = (c.clone(), host.clone());
-    let newer = tokio::spawn(async move {
-        client
-            .claim(
-                waiting_host.session_id(),
-                &waiting_host.claim_request("newer", 30),
-            )
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut waiters = Vec::new();
+    for claim_id in ["older", "newer"] {
+        let (client, waiting_host) = (c.clone(), host.clone());
+        waiters.push(tokio::spawn(async move {
+            client
+                .claim(
+                    waiting_host.session_id(),
+                    &waiting_host.claim_request(claim_id, 30),
+                )
+                .await
+        }));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let turn = enqueue(c, &host, "one turn").await;
-    let claimed = older.await.unwrap();
-    assert_eq!(claimed.turn.turn_id, turn.turn_id);
-    assert_eq!(code(newer.await.unwrap()), (409, "claim_active".into()));
+    let mut answers = Vec::new();
+    for waiter in waiters {
+        answers.push(waiter.await.unwrap());
+    }
+    let winners: Vec<usize> = (0..2).filter(|&i| answers[i].is_ok()).collect();
+    assert_eq!(winners.len(), 1, "exactly one parked claim gets the turn");
+    let winner = winners[0];
+    if broker.database.is_none() {
+        assert_eq!(winner, 0, "SQLite hands the turn to the claim parked first");
+    }
+    let loser = answers.remove(1 - winner);
+    let won = answers.remove(0);
+    match won.unwrap().body {
+        ClaimAnswer::Claimed(claimed) => assert_eq!(claimed.turn.turn_id, turn.turn_id),
+        other => panic!("expected the turn, got {other:?}"),
+    }
+    assert_eq!(code(loser), (409, "claim_active".into()));
 }
 
 #[tokio::test]

@@ -744,3 +744,52 @@ async fn a_nul_character_round_trips_and_never_makes_a_5xx() {
             .unwrap();
     assert_eq!(reply.status.as_u16(), 404, "{}", reply.text);
 }
+
+/// `?sslmode=require` in the database URL: the store's connections are
+/// encrypted (checked in the server's `pg_stat_ssl`). `.ci/run` starts its
+/// PostgreSQL with TLS on and sets `LOOPX_TEST_DATABASE_TLS=1`, which makes
+/// a server without TLS a failure here rather than a skip.
+#[tokio::test]
+async fn the_store_reaches_postgresql_over_tls_when_the_url_requires_it() {
+    use loopx::store::Store;
+    let Some(db) = TestDatabase::create().await else {
+        eprintln!("note: TLS test skipped: set LOOPX_TEST_DATABASE_URL to run it");
+        return;
+    };
+    let admin_url = test_database_admin_url().unwrap();
+    let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
+    let ssl: String = sqlx::query_scalar("show ssl")
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    if ssl != "on" {
+        assert!(
+            std::env::var("LOOPX_TEST_DATABASE_TLS").is_err(),
+            "LOOPX_TEST_DATABASE_TLS is set but the test server has ssl off"
+        );
+        eprintln!("note: TLS test skipped: the test server has ssl off");
+        return;
+    }
+    let mut url = url::Url::parse(&db.url).unwrap();
+    let name = url.path().trim_start_matches('/').to_owned();
+    url.query_pairs_mut().append_pair("sslmode", "require");
+    let store = loopx::store::postgres::PgStore::open(url.as_str())
+        .await
+        .expect("the store connects with sslmode=require");
+    store.ping().await.unwrap();
+    let (encrypted, plain): (i64, i64) = sqlx::query_as(
+        "select count(*) filter (where s.ssl), count(*) filter (where not s.ssl)
+         from pg_stat_activity a join pg_stat_ssl s using (pid)
+         where a.datname = $1 and a.application_name like 'loopx%'",
+    )
+    .bind(&name)
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(
+        encrypted >= 2,
+        "the pool's and the listener's connections are encrypted"
+    );
+    assert_eq!(plain, 0, "no connection of the store is in clear text");
+    drop(store);
+}
