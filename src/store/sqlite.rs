@@ -77,6 +77,7 @@ impl SqliteStore {
             .map_err(|e| Error::store("migrating the database", e))?;
         let _ = migrator.close().await;
         let writer = open_writer(path).map_err(|e| Error::store("opening the writer", e))?;
+        let checkpointer = Checkpointer::start(path)?;
         let reads = SqlitePoolOptions::new()
             .max_connections(4)
             .min_connections(1)
@@ -93,7 +94,7 @@ impl SqliteStore {
         let (jobs, queue) = mpsc::channel(4 * MAX_BATCH);
         std::thread::Builder::new()
             .name("loopx-sqlite-writer".into())
-            .spawn(move || run_writer(writer, queue, flusher))
+            .spawn(move || run_writer(writer, queue, flusher, checkpointer))
             .map_err(|e| Error::store("starting the writer", e))?;
         Ok(Self {
             jobs,
@@ -135,6 +136,9 @@ fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
     // answer (see [`Flusher`]); `relaxed` syncs only at checkpoints.
     conn.pragma_update(None, "synchronous", "normal")?;
     conn.pragma_update(None, "foreign_keys", "on")?;
+    // The checkpointer keeps the WAL short; the writer's own checkpoint is
+    // the backstop.
+    conn.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)?;
     // Savepoints' sub-journals in memory, not in temp files.
     conn.pragma_update(None, "temp_store", "memory")?;
     conn.set_prepared_statement_cache_capacity(128);
@@ -164,9 +168,15 @@ fn create_private_file(path: &Path) -> std::io::Result<()> {
 /// one transaction, commits once, then answers them all; at `full`
 /// durability it hands the answers to the flusher, which answers them once
 /// the commit is on disk, while the writer goes on with the next batch.
-fn run_writer(conn: Connection, mut queue: mpsc::Receiver<Job>, flusher: Option<Flusher>) {
+fn run_writer(
+    conn: Connection,
+    mut queue: mpsc::Receiver<Job>,
+    flusher: Option<Flusher>,
+    checkpointer: Checkpointer,
+) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut replies = Vec::with_capacity(MAX_BATCH);
+    let mut commits: u32 = 0;
     while let Some(first) = queue.blocking_recv() {
         batch.push(first);
         while batch.len() < MAX_BATCH {
@@ -179,6 +189,12 @@ fn run_writer(conn: Connection, mut queue: mpsc::Receiver<Job>, flusher: Option<
         // Jobs left in `batch` after a failure are dropped: their callers see
         // a closed reply channel and answer store_unavailable.
         batch.clear();
+        if committed.is_ok() {
+            commits = commits.wrapping_add(1);
+            if commits % CHECKPOINT_EVERY == 0 {
+                checkpointer.poke();
+            }
+        }
         match (&flusher, committed) {
             (Some(flusher), Ok(())) => flusher.flush(std::mem::take(&mut replies)),
             (_, committed) => {
@@ -187,6 +203,50 @@ fn run_writer(conn: Connection, mut queue: mpsc::Receiver<Job>, flusher: Option<
                 }
             }
         }
+    }
+}
+
+/// How many commits the writer makes between two pokes of the checkpointer.
+const CHECKPOINT_EVERY: u32 = 32;
+/// The WAL size (pages) at which the writer checkpoints itself, inside a
+/// commit: the backstop for a checkpointer that cannot catch up.
+const WRITER_CHECKPOINT_PAGES: i64 = 4000;
+
+/// Copies the WAL back into the database file off the writer's path. Every
+/// [`CHECKPOINT_EVERY`] commits the writer pokes this thread, which runs a
+/// `PASSIVE` checkpoint on its own connection while the writer goes on
+/// (before, every 1,000 WAL pages a commit ran the checkpoint and the batches
+/// behind it waited). Pokes coalesce, and an idle broker pokes nothing (no
+/// CPU while parked). A passive checkpoint racing steady writes may never
+/// catch up with the end of the WAL, so the writer still checkpoints itself
+/// past [`WRITER_CHECKPOINT_PAGES`].
+struct Checkpointer {
+    pokes: std::sync::mpsc::SyncSender<()>,
+}
+
+impl Checkpointer {
+    fn start(path: &Path) -> Result<Self> {
+        let failed = |e: &dyn std::fmt::Display| Error::store("starting the checkpointer", e);
+        let conn = Connection::open(path).map_err(|e| failed(&e))?;
+        conn.busy_timeout(Duration::from_secs(5))
+            .map_err(|e| failed(&e))?;
+        let (pokes, queue) = std::sync::mpsc::sync_channel::<()>(1);
+        std::thread::Builder::new()
+            .name("loopx-sqlite-ckpt".into())
+            .spawn(move || {
+                while queue.recv().is_ok() {
+                    let done = conn.query_row("pragma wal_checkpoint(passive)", [], |_| Ok(()));
+                    if let Err(e) = done {
+                        tracing::warn!(error = %e, "checkpointing the write-ahead log failed");
+                    }
+                }
+            })
+            .map_err(|e| failed(&e))?;
+        Ok(Self { pokes })
+    }
+
+    fn poke(&self) {
+        let _ = self.pokes.try_send(());
     }
 }
 

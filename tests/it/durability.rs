@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use loopx::model::{ClaimAnswer, ListTurns, TurnState};
 
@@ -248,5 +248,34 @@ async fn files_are_private_and_logs_carry_no_secrets() {
         "confidential-answer",
     ] {
         assert!(!logs.contains(secret), "logs leak {secret}");
+    }
+}
+
+/// The WAL is copied back into the database file while the broker runs (by
+/// the checkpointer, off the writer's path), not only when it grows past the
+/// writer's own 4,000-page backstop.
+#[tokio::test]
+async fn written_turns_reach_the_database_file_while_the_broker_runs() {
+    let broker = TestBroker::start().await;
+    if broker.database.is_some() {
+        return; // PostgreSQL keeps its own WAL.
+    }
+    let host = bound_host(&broker.client).await;
+    let text = "x".repeat(4096);
+    for _ in 0..200 {
+        enqueue(&broker.client, &host, &text).await;
+    }
+    let db = broker.dir.path().join("broker.db");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let size = std::fs::metadata(&db).unwrap().len();
+        if size > 800 * 1024 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "200 turns of 4 KiB are still only in the WAL: the database file is {size} bytes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
