@@ -191,7 +191,7 @@ fn run_writer(
         batch.clear();
         if committed.is_ok() {
             commits = commits.wrapping_add(1);
-            if commits % CHECKPOINT_EVERY == 0 {
+            if commits.is_multiple_of(CHECKPOINT_EVERY) {
                 checkpointer.poke();
             }
         }
