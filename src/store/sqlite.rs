@@ -110,12 +110,24 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
+        self.write_then(move |conn| (op(conn), Box::new(|_| {})))
+            .await
+    }
+
+    /// [`Self::write`], where `op` also answers what to do once its batch has
+    /// committed (or failed to), just before its caller is answered.
+    async fn write_then<T, F>(&self, op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> (Result<T>, Reply) + Send + 'static,
+    {
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |conn| {
-            let outcome = op(conn);
+            let (outcome, then) = op(conn);
             Finished {
                 keep: outcome.is_ok(),
-                reply: Box::new(move |committed| {
+                reply: Box::new(move |committed: Result<()>| {
+                    then(committed.clone());
                     let _ = tx.send(committed.and(outcome));
                 }),
             }
@@ -1166,8 +1178,7 @@ impl Store for SqliteStore {
         waiter: Handoff,
     ) -> Result<Enqueue> {
         let minter = self.minter.clone();
-        let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |conn| {
+        self.write_then(move |conn| {
             let enqueued = enqueue(conn, session_id.clone(), message, &minter);
             // The claim runs in a savepoint of its own: refusing the waiter
             // (another claim is active, say) keeps the enqueue.
@@ -1177,19 +1188,14 @@ impl Store for SqliteStore {
                 })
             });
             let deliver = waiter.deliver;
-            Finished {
-                keep: enqueued.is_ok(),
-                reply: Box::new(move |committed: Result<()>| {
-                    if let Some(claimed) = claimed {
-                        deliver(committed.clone().and(claimed));
-                    }
-                    let _ = tx.send(committed.and(enqueued));
-                }),
-            }
-        });
-        let stopped = || Error::store("writing", "the writer has stopped");
-        self.jobs.send(job).await.map_err(|_| stopped())?;
-        rx.await.map_err(|_| stopped())?
+            let then: Reply = Box::new(move |committed| {
+                if let Some(claimed) = claimed {
+                    deliver(committed.and(claimed));
+                }
+            });
+            (enqueued, then)
+        })
+        .await
     }
 
     async fn claim(
