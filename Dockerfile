@@ -2,6 +2,10 @@
 #   docker build -t loopx .
 #   docker run -d --name loopx -p 127.0.0.1:7317:7317 -v loopx-data:/data loopx
 #   docker exec loopx cat /data/owner.token
+#
+# The build context is exactly what the COPY lines below name (plus
+# .dockerignore); `.ci/docker-check` rebuilds that context in a temporary
+# folder and compiles it, so a missing workspace file fails CI, not a user.
 
 FROM rust:1-bookworm AS build
 WORKDIR /src
@@ -9,7 +13,10 @@ COPY Cargo.toml Cargo.lock ./
 COPY src src
 COPY migrations migrations
 COPY openapi openapi
-RUN cargo build --release --locked && cp target/release/loopx /usr/local/bin/loopx
+# The benchmark is a workspace member: cargo needs its manifest to load the
+# workspace, though only the broker is built.
+COPY bench bench
+RUN cargo build --release --locked -p loopx --bin loopx && cp target/release/loopx /usr/local/bin/loopx
 
 FROM debian:bookworm-slim
 RUN apt-get update \
@@ -24,5 +31,9 @@ USER loopx
 VOLUME /data
 ENV LOOPX_DATA_DIR=/data
 EXPOSE 7317
+# The binary checks itself: GET /healthz on the container's own port (no curl
+# in the image); exit 0 healthy, 1 store unavailable, 3 not answering.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["loopx", "health", "--broker-url", "http://127.0.0.1:7317"]
 ENTRYPOINT ["loopx"]
 CMD ["serve", "--listen", "0.0.0.0:7317", "--allow-remote"]

@@ -797,6 +797,39 @@ impl Ctx {
     }
 }
 
+// ---------------------------------------------------------------------------
+// health
+// ---------------------------------------------------------------------------
+
+/// Asks a broker whether its store answers (`GET /healthz`, no token needed):
+/// the container image's `HEALTHCHECK`, and a quick check for people.
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// The broker's base URL.
+    #[arg(long, env = "LOOPX_BROKER_URL", default_value = DEFAULT_BROKER_URL, value_parser = parse_broker_url)]
+    pub broker_url: String,
+}
+
+/// Exit 0 when the broker answers healthy, 1 when it answers otherwise
+/// (`503 store_unavailable`), 3 when nothing answers.
+pub fn run_health(args: HealthArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return local_error(&format!("cannot start the runtime: {e}")),
+    };
+    let client = Client::new(&args.broker_url, None);
+    match runtime.block_on(client.healthz()) {
+        Ok(_) => {
+            stdout_line(&format!("ok: the broker at {} is healthy", args.broker_url));
+            ExitCode::SUCCESS
+        }
+        Err(error) => client_error(error, Format::Text, None),
+    }
+}
+
 /// Finds the token, runs `command` on a current-thread runtime and turns its
 /// outcome into the exit code.
 fn with_client<F, Fut>(options: ClientOptions, command: F) -> ExitCode
@@ -830,13 +863,14 @@ where
     };
     match runtime.block_on(command(ctx)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(error) => client_error(error, options.format, &source),
+        Err(error) => client_error(error, options.format, Some(&source)),
     }
 }
 
 /// Reports a failed call: the refusal's code on stderr (and, in json format,
 /// the broker's error body on stdout for scripts).
-fn client_error(error: ClientError, format: Format, source: &TokenSource) -> ExitCode {
+/// `source` says where the owner token came from, for commands that sent one.
+fn client_error(error: ClientError, format: Format, source: Option<&TokenSource>) -> ExitCode {
     match error {
         ClientError::Unreachable { url, reason } => {
             eprintln!("loopx: the broker at {url} is unreachable: {reason}");
@@ -853,7 +887,9 @@ fn client_error(error: ClientError, format: Format, source: &TokenSource) -> Exi
             if let (Some(claim_id), Some(at)) = (&detail.active_claim_id, &detail.claimed_at) {
                 eprintln!("loopx: the active claim is {claim_id}, claimed at {at}");
             }
-            if code == "unauthorized" {
+            if code == "unauthorized"
+                && let Some(source) = source
+            {
                 eprintln!(
                     "loopx: the owner token came from {source}; it must be the broker's owner token"
                 );

@@ -39,6 +39,11 @@ pub enum Command {
     ///
     /// Example: loopx lark link --session-id ses_01JD... --chat-id oc_...
     Lark(crate::bridge::LarkArgs),
+    /// Check that a broker is up and its store answers (no token needed);
+    /// exit 0 when healthy, 1 when not, 3 when nothing answers.
+    ///
+    /// Example: loopx health --broker-url http://127.0.0.1:7317
+    Health(crate::bridge::HealthArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -62,6 +67,7 @@ pub fn main() -> ExitCode {
         Command::WorkerBridge(args) => crate::bridge::run_worker_bridge(args),
         Command::Chat(args) => crate::bridge::run_chat(args),
         Command::Lark(args) => crate::bridge::run_lark(args),
+        Command::Health(args) => crate::bridge::run_health(args),
     }
 }
 

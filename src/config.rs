@@ -27,13 +27,17 @@ pub fn prepare_data_dir(dir: &Path) -> std::io::Result<()> {
 pub enum TokenSource {
     Env,
     File(PathBuf),
+    /// A token file this start just created (the data dir's first start).
+    Created(PathBuf),
 }
 
 impl std::fmt::Display for TokenSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             TokenSource::Env => f.write_str("LOOPX_TOKEN"),
-            TokenSource::File(path) => write!(f, "{}", path.display()),
+            TokenSource::File(path) | TokenSource::Created(path) => {
+                write!(f, "{}", path.display())
+            }
         }
     }
 }
@@ -65,7 +69,7 @@ pub fn owner_token(
             let token = new_token();
             write_private(&path, &token)
                 .map_err(|e| format!("cannot create the token file {}: {e}", path.display()))?;
-            Ok((token, TokenSource::File(path)))
+            Ok((token, TokenSource::Created(path)))
         }
         Err(e) => Err(format!(
             "cannot read the token file {}: {e}",

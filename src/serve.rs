@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
-use crate::config::{self, Secret};
+use crate::config::{self, Secret, TokenSource};
 use crate::http::{self, AppState, OwnerToken};
 use crate::lark::LarkConfig;
 use crate::store::Store;
@@ -140,14 +140,15 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         keep_alive: Duration::from_secs(args.sse_keep_alive_seconds.max(1)),
         lark: lark.map(Arc::new),
     };
+    let listen = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(
-        listen = %listener.local_addr().map_err(|e| e.to_string())?,
+        %listen,
         data_dir = %data_dir.display(),
-        token = %source,
         durability = ?args.durability,
         lark = state.lark.is_some(),
         "loopx broker listening"
     );
+    announce_page(listen, &source);
     http::serve(listener, http::router(state), shutdown)
         .await
         .map_err(|e| format!("the server failed: {e}"))?;
@@ -156,6 +157,31 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     }
     tracing::info!("loopx broker stopped");
     Ok(())
+}
+
+/// Tells a person where the chat page is and which token it asks for; on the
+/// data dir's first start, that the token was just created.
+fn announce_page(listen: SocketAddr, token: &TokenSource) {
+    // An unspecified address (0.0.0.0, ::) listens on every interface; this
+    // machine reaches it on loopback.
+    let mut page = listen;
+    if page.ip().is_unspecified() {
+        page.set_ip(match page {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let from = match token {
+        TokenSource::Env => "the LOOPX_TOKEN variable".to_owned(),
+        TokenSource::File(path) | TokenSource::Created(path) => path.display().to_string(),
+    };
+    tracing::info!("chat page: http://{page}/ (paste the token from {from} into the page)");
+    if let TokenSource::Created(path) = token {
+        tracing::info!(
+            "first start: the owner token was just created in {} (mode 0600); every /v1 request needs it",
+            path.display()
+        );
+    }
 }
 
 /// The Lark connector's configuration: all of app id, secret and verification

@@ -573,7 +573,8 @@ async fn local_usage_errors_exit_2() {
 
 #[tokio::test]
 async fn every_command_has_help_with_an_example() {
-    let commands: [&[&str]; 15] = [
+    let commands: [&[&str]; 16] = [
+        &["health"],
         &["lark"],
         &["lark", "link"],
         &["lark", "unlink"],
@@ -870,4 +871,20 @@ async fn lark_link_status_and_unlink_through_the_cli() {
         .ok();
     let after = loopx(&broker, &["lark", "status", "--session-id", sid]).await;
     assert!(after.ok().stdout.contains("no Lark chat"), "{after:?}");
+}
+
+#[tokio::test]
+async fn health_exits_0_for_a_live_broker_and_3_for_none() {
+    let broker = TestBroker::start().await;
+    let run = loopx(&broker, &["health"]).await;
+    run.ok();
+    assert!(run.stdout.contains("healthy"), "{run:?}");
+
+    let nobody = format!("http://127.0.0.1:{}", support::free_port());
+    let run = loopx_at(&nobody, &["health"]).await;
+    assert_eq!(run.code, 3, "{run:?}");
+    assert!(
+        run.stderr.contains(&nobody),
+        "names the URL it tried: {run:?}"
+    );
 }

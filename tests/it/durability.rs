@@ -186,6 +186,40 @@ async fn a_non_loopback_listen_address_needs_allow_remote() {
 }
 
 #[tokio::test]
+async fn serve_says_where_the_page_is_and_when_the_token_was_just_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let token_file = data.join("owner.token");
+    let hint = format!(
+        "paste the token from {} into the page",
+        token_file.display()
+    );
+
+    let first = Spawned::start(&data, &[]).await;
+    let logs = first.logs();
+    assert!(
+        logs.contains(&format!("chat page: {}/ ", first.url)),
+        "{logs}"
+    );
+    assert!(logs.contains(&hint), "{logs}");
+    assert!(logs.contains("just created"), "{logs}");
+    first.terminate().await;
+
+    let again = Spawned::start(&data, &[]).await;
+    let logs = again.logs();
+    assert!(
+        logs.contains(&format!("chat page: {}/ ", again.url)),
+        "{logs}"
+    );
+    assert!(logs.contains(&hint), "{logs}");
+    assert!(
+        !logs.contains("just created"),
+        "only the first start says so: {logs}"
+    );
+    again.terminate().await;
+}
+
+#[tokio::test]
 async fn sigterm_answers_parked_claims_and_exits_0() {
     let dir = tempfile::tempdir().unwrap();
     let broker = Spawned::start(&dir.path().join("data"), &[]).await;
