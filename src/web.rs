@@ -20,6 +20,19 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("/assets/api.js", JS, include_str!("web/api.js")),
     ("/assets/sse.js", JS, include_str!("web/sse.js")),
     ("/assets/view.js", JS, include_str!("web/view.js")),
+    ("/assets/markdown.js", JS, include_str!("web/markdown.js")),
+    ("/assets/attention.js", JS, include_str!("web/attention.js")),
+    // Pinned third-party modules; versions and licenses in web/vendor/README.md.
+    (
+        "/assets/vendor/marked.esm.js",
+        JS,
+        include_str!("web/vendor/marked.esm.js"),
+    ),
+    (
+        "/assets/vendor/purify.es.mjs",
+        JS,
+        include_str!("web/vendor/purify.es.mjs"),
+    ),
     ("/assets/icon.svg", SVG, include_str!("web/icon.svg")),
 ];
 

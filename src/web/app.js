@@ -5,7 +5,9 @@
 
 import * as api from './api.js';
 import { openEventStream } from './sse.js';
-import { capabilityList, el, sessionFacts, sessionItem, stateBadge, turnItem } from './view.js';
+import { plainText } from './markdown.js';
+import { attention } from './attention.js';
+import { capabilityList, duration, el, msSince, sessionFacts, sessionItem, stateBadge, turnItem } from './view.js';
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -40,6 +42,7 @@ const ui = {
   announcer: $('announcer'),
 };
 
+const PAGE_TITLE = document.title;
 const PAGE_SIZE = 50;
 const POLL_MS = 2500; // re-read cadence while the event stream is down
 const IDLE_POLL_EVERY = 4; // ...and, with nothing pending, only every 4th tick
@@ -223,6 +226,7 @@ function closeChat() {
   chat.stream?.close();
   clearInterval(chat.pollTimer);
   chat = null;
+  attention.setTitle(PAGE_TITLE);
 }
 
 function openChat(sessionId) {
@@ -235,6 +239,7 @@ function openChat(sessionId) {
     session: null,
     turns: new Map(), // turn_id -> turn
     reads: new Map(), // turn_id -> latest read number (latest read wins)
+    released: new Map(), // turn_id -> {count, at}: hand-backs this page saw
     hasMore: false, // older turns exist before the oldest shown
     stream: null,
     live: 'connecting', // connecting | live | down | unavailable | closed
@@ -294,7 +299,8 @@ async function loadChat(c) {
 function applySession(c, session) {
   const wasOpen = c.session?.state === 'open';
   c.session = session;
-  ui.heading.textContent = `${session.goal_id} · ${session.agent_id}`;
+  ui.heading.textContent = sessionName(session);
+  attention.setTitle(`${sessionName(session)} · LoopX chat`);
   ui.chatState.replaceChildren(
     stateBadge(session.state),
     ' ',
@@ -355,7 +361,10 @@ function upsertTurn(c, turn, { quiet = false } = {}) {
   if (!before && c.hasMore && c.turns.size > 0 && turn.seq < oldestSeq(c)) return;
   const stick = isNearBottom();
   c.turns.set(turn.turn_id, turn);
-  const node = turnItem(turn);
+  // The turn itself does not record a release: a claimed turn seen queued
+  // again was handed back (the stream also says so, see connectStream).
+  if (before?.state === 'claimed' && turn.state === 'queued') noteReleased(c, turn.turn_id, before.claimed_at);
+  const node = turnItem(turn, { released: c.released.get(turn.turn_id) });
   const existing = document.getElementById(`turn-${turn.turn_id}`);
   if (existing) {
     existing.replaceWith(node);
@@ -367,12 +376,34 @@ function upsertTurn(c, turn, { quiet = false } = {}) {
   if (stick) scrollToBottom();
   if (!quiet && before && before.state !== turn.state) {
     if (turn.state === 'completed' && turn.response) {
-      announce(`The agent answered message ${turn.seq}: ${String(turn.response.message ?? '')}`);
+      const words = plainText(turn.response.message);
+      announce(`The agent answered message ${turn.seq}: ${words}`);
+      attention.answered(sessionName(c.session), words);
+    } else if (turn.state === 'queued' && before.state === 'claimed') {
+      announce(`The agent released message ${turn.seq}; it is back in the queue.`);
     } else if (turn.state === 'cancelled') {
       announce(`Message ${turn.seq} was cancelled.`);
     }
   }
 }
+
+/** Remembers a hand-back once per claim (the stream and a re-read may both report it). */
+function noteReleased(c, turnId, claimedAt) {
+  const known = c.released.get(turnId);
+  if (known && known.claimedAt === claimedAt) return;
+  c.released.set(turnId, { count: (known?.count ?? 0) + 1, at: new Date().toISOString(), claimedAt });
+}
+
+function sessionName(session) {
+  return session ? `${session.goal_id} · ${session.agent_id}` : 'a session';
+}
+
+// One clock for every "working on it for …" on the page.
+setInterval(() => {
+  for (const node of document.querySelectorAll('.elapsed[data-since]')) {
+    node.textContent = duration(msSince(node.dataset.since));
+  }
+}, 1000);
 
 function renderPaging(c) {
   show(ui.loadOlder, c.hasMore);
@@ -490,6 +521,7 @@ function connectStream(c) {
       }
       if (event.event === 'turn' && data && typeof data.turn_id === 'string') {
         const known = c.turns.get(data.turn_id);
+        if (data.state === 'released' && known) noteReleased(c, data.turn_id, known.claimed_at);
         if (known && known.state === data.state) return;
         refreshTurn(c, data.turn_id);
       } else if (event.event === 'session') {
@@ -543,6 +575,12 @@ ui.text.addEventListener('input', () => {
 });
 
 ui.text.addEventListener('keydown', (event) => {
+  if (event.key === 'Escape') {
+    // Leave the composer for the transcript, where arrow keys scroll.
+    event.preventDefault();
+    ui.scroll.focus();
+    return;
+  }
   if (event.key !== 'Enter' || event.shiftKey || event.isComposing || event.keyCode === 229) return;
   event.preventDefault();
   ui.composer.requestSubmit();

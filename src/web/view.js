@@ -1,5 +1,8 @@
 // DOM building for the chat page. Everything that came from the broker is set
-// as text (textContent), never parsed as HTML.
+// as text (textContent), never parsed as HTML, except an agent's answer,
+// which only markdown.js turns into (sanitized) elements.
+
+import { renderMarkdown } from './markdown.js';
 
 /** el('p', {class: 'x', dataset: {a: 1}}, 'text', child) */
 export function el(tag, attrs = {}, ...children) {
@@ -95,36 +98,100 @@ export function sessionFacts(session) {
   return rows.flatMap(([term, value]) => [el('dt', { text: term }), el('dd', {}, value)]);
 }
 
-const STATE_WORDS = {
-  queued: 'waiting for the agent',
-  claimed: 'the agent is working on it',
-  completed: 'answered',
-  cancelled: 'not answered',
-};
-
 function originWords(origin) {
   if (origin === 'web') return 'You, from the Web chat';
   if (origin === 'lark') return 'From Lark';
   return `From ${origin}`;
 }
 
-/** One turn: the message, its state, and the agent's response once there. */
-export function turnItem(turn) {
-  const state = turn.state;
-  let stateText = STATE_WORDS[state] || state;
-  if (state === 'cancelled') {
-    stateText =
-      turn.cancel_reason === 'session_closed'
+/** Milliseconds from `iso` to `now`, never negative (the clocks may differ a little). */
+export function msSince(iso, now = Date.now()) {
+  const t = Date.parse(iso);
+  return Number.isNaN(t) ? 0 : Math.max(0, now - t);
+}
+
+/** "4 s", "2 min 05 s", "1 h 03 min". */
+export function duration(ms) {
+  const s = Math.floor(ms / 1000);
+  if (s < 60) return `${s} s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m} min ${String(s % 60).padStart(2, '0')} s`;
+  return `${Math.floor(m / 60)} h ${String(m % 60).padStart(2, '0')} min`;
+}
+
+/** A running clock since `iso`; app.js refreshes every `.elapsed` once a second. */
+export function elapsed(iso) {
+  return el('span', { class: 'elapsed', dataset: { since: iso } }, duration(msSince(iso)));
+}
+
+const STEPS = [
+  ['queued', 'Queued'],
+  ['claimed', 'Delivered to the agent'],
+  ['completed', 'Answered'],
+];
+
+/** Queued → delivered to the agent → answered, the current step marked. */
+function progress(state) {
+  const at = STEPS.findIndex(([s]) => s === state);
+  return el(
+    'ol',
+    { class: 'turn-steps', 'aria-label': 'Progress' },
+    STEPS.map(([step, words], i) =>
+      el(
+        'li',
+        {
+          class: i < at ? 'step step-done' : i === at ? 'step step-current' : 'step step-todo',
+          'aria-current': i === at ? 'step' : null,
+          dataset: { step },
+        },
+        words,
+      ),
+    ),
+  );
+}
+
+/**
+ * What is happening to a turn, in words. `released`: the page saw the agent
+ * hand this turn back ({count, at}), which the turn itself does not record.
+ */
+function stateWords(turn, released) {
+  switch (turn.state) {
+    case 'queued':
+      return released
+        ? [
+            'Released by the agent',
+            released.at ? [' at ', time(released.at)] : null,
+            released.count > 1 ? ` (${released.count} times)` : null,
+            ': back in the queue, waiting for the agent',
+          ]
+        : 'waiting for the agent';
+    case 'claimed':
+      return [
+        released ? 'Delivered to the agent again' : 'Delivered to the agent',
+        turn.claimed_at ? ['; working on it for ', elapsed(turn.claimed_at)] : null,
+      ];
+    case 'completed':
+      return turn.claimed_at && turn.completed_at
+        ? ['answered in ', duration(msSince(turn.claimed_at, Date.parse(turn.completed_at)))]
+        : 'answered';
+    case 'cancelled':
+      return turn.cancel_reason === 'session_closed'
         ? 'the session was closed before the agent picked it up'
         : 'not answered';
+    default:
+      return turn.state;
   }
+}
+
+/** One turn: the message, its progress, and the agent's answer once there. */
+export function turnItem(turn, { released = null } = {}) {
+  const state = turn.state;
+  const unfinished = state === 'queued' || state === 'claimed';
   const stateLine = el(
-    'p',
-    { class: `turn-state state-${state}` },
-    stateBadge(state),
-    ' ',
-    el('span', { class: 'state-words' }, stateText),
-    state === 'claimed' && turn.claimed_at ? [' · since ', time(turn.claimed_at)] : null,
+    'div',
+    { class: `turn-state state-${state}`, dataset: released ? { released: released.count } : {} },
+    unfinished ? progress(state) : null,
+    el('p', { class: 'state-line' }, stateBadge(state), ' ', el('span', { class: 'state-words' }, stateWords(turn, released))),
   );
   const message = el(
     'div',
@@ -151,7 +218,7 @@ export function turnItem(turn) {
         el('span', { class: 'who' }, 'Agent'),
         turn.completed_at ? [' · ', time(turn.completed_at)] : null,
       ),
-      el('p', { class: 'bubble-text response-message', text: String(response.message ?? '') }),
+      el('div', { class: 'markdown response-message' }, renderMarkdown(response.message ?? '')),
       extra.length
         ? el(
             'details',

@@ -9,190 +9,28 @@
 // browser are always stopped, whatever fails.
 
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { createWriteStream, existsSync } from 'node:fs';
 import fs from 'node:fs/promises';
-import net from 'node:net';
-import os from 'node:os';
 import path from 'node:path';
-import { after, before, describe, it } from 'node:test';
-import { fileURLToPath } from 'node:url';
+import { after, before, describe } from 'node:test';
 
 import { chromium } from 'playwright-core';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const repo = path.resolve(here, '../..');
-const BIN = path.resolve(repo, process.env.LOOPX_BIN || 'target/debug/loopx');
-const CHROMIUM = process.env.CHROMIUM_PATH || '/usr/bin/chromium';
-const ARTIFACTS = path.join(repo, 'target/test-artifacts/browser');
-const CHROMIUM_ARGS = [
-  '--headless',
-  '--no-sandbox',
-  '--disable-gpu',
-  '--disable-quic',
-  '--no-first-run',
-  '--disable-background-networking',
-  '--disable-component-update',
-  '--disable-sync',
-];
-
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-
-/** Polls `check` until it returns something truthy; fails with `what` after `timeout`. */
-async function eventually(what, check, { timeout = 15000, interval = 100 } = {}) {
-  const deadline = Date.now() + timeout;
-  let last;
-  for (;;) {
-    try {
-      const value = await check();
-      if (value) return value;
-      last = undefined;
-    } catch (error) {
-      last = error;
-    }
-    if (Date.now() > deadline) {
-      throw new Error(`timed out waiting for ${what}${last ? `: ${last.message}` : ''}`);
-    }
-    await sleep(interval);
-  }
-}
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-  });
-}
-
-// --- the broker, as a child process on a free port with a temp data dir ---
-
-class Broker {
-  async start() {
-    if (!existsSync(BIN)) {
-      throw new Error(`no broker binary at ${BIN}: run \`cargo build\` first or set LOOPX_BIN`);
-    }
-    this.dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'loopx-browser-'));
-    await fs.mkdir(ARTIFACTS, { recursive: true });
-    this.log = createWriteStream(path.join(ARTIFACTS, 'broker.log'));
-    await this.spawn();
-  }
-
-  /** Starts the broker on `port` (a free one by default), on the same data dir. */
-  async spawn(port) {
-    for (let attempt = 1; ; attempt++) {
-      port = port || (await freePort());
-      this.port = port;
-      this.base = `http://127.0.0.1:${port}`;
-      this.child = spawn(BIN, ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', this.dataDir], {
-        stdio: ['ignore', 'pipe', 'pipe'],
-        env: { ...process.env, RUST_LOG: process.env.RUST_LOG || 'info' },
-      });
-      this.exited = new Promise((resolve) => this.child.once('exit', (code, signal) => resolve({ code, signal })));
-      this.child.stdout.pipe(this.log, { end: false });
-      this.child.stderr.pipe(this.log, { end: false });
-      const up = await Promise.race([
-        eventually('the broker to answer /healthz', async () => (await fetch(`${this.base}/healthz`)).ok, {
-          timeout: 30000,
-        }).then(() => true),
-        this.exited.then(() => false),
-      ]);
-      if (up) break;
-      if (attempt === 3) throw new Error('the broker did not start; see target/test-artifacts/browser/broker.log');
-      await sleep(500);
-    }
-    this.token = (await fs.readFile(path.join(this.dataDir, 'owner.token'), 'utf8')).trim();
-  }
-
-  /** Stops the broker (SIGTERM, as an operator would) and starts it again on the same port. */
-  async restart() {
-    await this.halt();
-    await this.spawn(this.port);
-  }
-
-  async halt() {
-    if (this.child && this.child.exitCode === null && this.child.signalCode === null) {
-      this.child.kill('SIGTERM');
-      const done = await Promise.race([this.exited, sleep(10000).then(() => null)]);
-      if (!done) {
-        this.child.kill('SIGKILL');
-        await this.exited;
-      }
-    }
-  }
-
-  /** One HTTP call as a host or a script would make it. */
-  async call(method, route, body, { token = this.token, headers = {} } = {}) {
-    const init = { method, headers: { Authorization: `Bearer ${token}`, ...headers } };
-    if (body !== undefined) {
-      init.headers['Content-Type'] = 'application/json';
-      init.body = JSON.stringify(body);
-    }
-    const response = await fetch(`${this.base}${route}`, init);
-    const text = await response.text();
-    let data = null;
-    try {
-      data = text ? JSON.parse(text) : null;
-    } catch {
-      data = text;
-    }
-    return { status: response.status, data, headers: response.headers };
-  }
-
-  async ok(method, route, body) {
-    const { status, data } = await this.call(method, route, body);
-    assert.ok(status >= 200 && status < 300, `${method} ${route} answered ${status}: ${JSON.stringify(data)}`);
-    return data;
-  }
-
-  async stop() {
-    await this.halt();
-    this.log?.end();
-    if (this.dataDir) await fs.rm(this.dataDir, { recursive: true, force: true });
-  }
-}
-
-// --- a test host: registers, binds, claims and completes over HTTP ---
-
-async function bindSession(broker, hostSessionId) {
-  const identity = {
-    goal_id: 'goal-browser',
-    agent_id: 'agent-web',
-    host_surface: 'codex-cli',
-    host_session_id: hostSessionId,
-  };
-  await broker.ok('POST', '/v1/agent-threads', identity);
-  const session = await broker.ok('POST', '/v1/sessions', {
-    ...identity,
-    executor_endpoint_id: 'exec-browser',
-    dry_run: false,
-  });
-  return { ...session, host: { host_surface: 'codex-cli', host_session_id: hostSessionId } };
-}
-
-async function allTurns(broker, sessionId) {
-  const { turns } = await broker.ok('GET', `/v1/sessions/${sessionId}/turns?limit=200`);
-  return turns;
-}
+import {
+  ARTIFACTS,
+  CHROMIUM,
+  CHROMIUM_ARGS,
+  allTurns,
+  bindSession,
+  brokerForThisProcess,
+  eventually,
+  sleep,
+  stepper,
+} from './support.mjs';
 
 // --- the run ---
 
-const broker = new Broker();
+const broker = brokerForThisProcess();
 
-// If this script is interrupted, or exits before `after` ran, the broker
-// child must not outlive it (the browser is a child of playwright, which
-// ends it on exit).
-process.on('exit', () => {
-  if (broker.child && broker.child.exitCode === null && broker.child.signalCode === null) {
-    broker.child.kill('SIGKILL');
-  }
-});
-for (const signal of ['SIGINT', 'SIGTERM']) {
-  process.once(signal, () => process.exit(130));
-}
 let browser;
 let context;
 let page;
@@ -200,24 +38,7 @@ const requests = []; // every request the page made
 const pageErrors = []; // uncaught exceptions in the page
 const sentBodies = []; // bodies of POST .../messages, in order
 
-async function shot(name) {
-  await page.screenshot({ path: path.join(ARTIFACTS, `${name}.png`), fullPage: false });
-}
-
-/** Runs one step; on failure saves a screenshot named after it, then fails. */
-function step(name, fn) {
-  it(name, async (t) => {
-    try {
-      await fn(t);
-    } catch (error) {
-      if (page) {
-        const file = `failed-${name.replace(/[^a-z0-9]+/gi, '-').slice(0, 60)}`;
-        await shot(file).catch(() => {});
-      }
-      throw error;
-    }
-  });
-}
+const { step, shot } = stepper(() => page);
 
 const turnsIn = () => page.locator('#transcript > li');
 const turnWithText = (text) => page.locator('#transcript > li', { has: page.locator('.bubble-user .bubble-text', { hasText: text }) });
