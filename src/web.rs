@@ -144,4 +144,36 @@ mod tests {
         }
         assert!(!page.contains("http://") && !page.contains("https://"));
     }
+
+    /// The vendored files are the pinned ones the README names, byte for byte.
+    #[test]
+    fn vendored_files_match_their_recorded_sha256() {
+        use sha2::{Digest, Sha256};
+        let readme = include_str!("web/vendor/README.md");
+        let vendored: Vec<_> = ASSETS
+            .iter()
+            .filter(|(path, _, _)| path.starts_with("/assets/vendor/"))
+            .collect();
+        assert_eq!(vendored.len(), 2);
+        for &&(path, _, body) in &vendored {
+            let file = path.trim_start_matches("/assets/vendor/");
+            let row = readme
+                .lines()
+                .find(|line| line.starts_with(&format!("| `{file}` |")))
+                .unwrap_or_else(|| panic!("{file} has no row in vendor/README.md"));
+            let sha = hex::encode(Sha256::digest(body.as_bytes()));
+            assert!(
+                row.contains(&format!("`{sha}`")),
+                "{file}: sha256 {sha} is not the recorded one"
+            );
+        }
+    }
+
+    #[test]
+    fn the_policy_allows_no_inline_script_or_style() {
+        assert!(!CSP.contains("unsafe-"), "{CSP}");
+        for directive in ["script-src 'self';", "style-src 'self';", "img-src 'self';"] {
+            assert!(CSP.contains(directive), "{CSP} lacks {directive}");
+        }
+    }
 }

@@ -240,6 +240,7 @@ function openChat(sessionId) {
     turns: new Map(), // turn_id -> turn
     reads: new Map(), // turn_id -> latest read number (latest read wins)
     released: new Map(), // turn_id -> {count, at}: hand-backs this page saw
+    rendered: new Map(), // turn_id -> what its shown rendering was made from
     hasMore: false, // older turns exist before the oldest shown
     stream: null,
     live: 'connecting', // connecting | live | down | unavailable | closed
@@ -364,8 +365,14 @@ function upsertTurn(c, turn, { quiet = false } = {}) {
   // The turn itself does not record a release: a claimed turn seen queued
   // again was handed back (the stream also says so, see connectStream).
   if (before?.state === 'claimed' && turn.state === 'queued') noteReleased(c, turn.turn_id, before.claimed_at);
-  const node = turnItem(turn, { released: c.released.get(turn.turn_id) });
+  const released = c.released.get(turn.turn_id);
+  // Re-reads mostly bring back what is shown: then the answer is not
+  // rendered again (which would also reset its code blocks' scroll).
+  const key = `${released?.count ?? 0} ${JSON.stringify(turn)}`;
   const existing = document.getElementById(`turn-${turn.turn_id}`);
+  if (existing && c.rendered.get(turn.turn_id) === key) return;
+  c.rendered.set(turn.turn_id, key);
+  const node = turnItem(turn, { released });
   if (existing) {
     existing.replaceWith(node);
   } else {
@@ -374,12 +381,14 @@ function upsertTurn(c, turn, { quiet = false } = {}) {
   }
   show(ui.transcriptEmpty, c.turns.size === 0);
   if (stick) scrollToBottom();
-  if (!quiet && before && before.state !== turn.state) {
+  // A turn first seen already answered (enqueued elsewhere and answered
+  // before the page read it) is a new answer too.
+  if (!quiet && before?.state !== turn.state && (before || turn.state === 'completed')) {
     if (turn.state === 'completed' && turn.response) {
       const words = plainText(turn.response.message);
       announce(`The agent answered message ${turn.seq}: ${words}`);
       attention.answered(sessionName(c.session), words);
-    } else if (turn.state === 'queued' && before.state === 'claimed') {
+    } else if (turn.state === 'queued' && before?.state === 'claimed') {
       announce(`The agent released message ${turn.seq}; it is back in the queue.`);
     } else if (turn.state === 'cancelled') {
       announce(`Message ${turn.seq} was cancelled.`);
@@ -403,7 +412,7 @@ setInterval(() => {
   for (const node of document.querySelectorAll('.elapsed[data-since]')) {
     node.textContent = duration(msSince(node.dataset.since));
   }
-}, 1000);
+}, 250); // a quarter second, so the shown second is never more than that late
 
 function renderPaging(c) {
   show(ui.loadOlder, c.hasMore);

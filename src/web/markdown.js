@@ -51,6 +51,7 @@ purify.addHook('afterSanitizeAttributes', (node) => {
     // in raw HTML becomes a disabled box too).
     node.setAttribute('type', 'checkbox');
     node.setAttribute('disabled', '');
+    node.setAttribute('aria-label', node.hasAttribute('checked') ? 'done' : 'not done');
   }
 });
 
