@@ -5,11 +5,10 @@
 //!
 //! The map of the house:
 
-/// The host-bridge and chat client commands.
-pub mod bridge;
 /// The broker core: validation, decisions handed to the store, parked claims.
 pub mod broker;
-/// The `loopx` command line.
+/// The `loopx` command line: `serve`, and the client side (worker-bridge,
+/// chat, lark, mcp), one file per command family.
 pub mod cli;
 /// The typed HTTP client, shared by the CLI and the tests.
 pub mod client;

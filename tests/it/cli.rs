@@ -250,6 +250,22 @@ async fn a_whole_turn_through_the_cli() {
     assert_eq!(claim["turn"]["text"], "What broke?");
     assert_eq!(claim["turn"]["attempt"], 1);
     assert_eq!(claim["turn_state"], "claimed");
+    let shown = loopx(
+        &broker,
+        &[
+            "chat",
+            "show",
+            "--session-id",
+            &session_id,
+            "--turn-id",
+            &turn_id,
+        ],
+    )
+    .await;
+    assert!(
+        shown.ok().stdout.contains("delivered to the agent"),
+        "a claimed turn is shown as delivered: {shown:?}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("response.json");

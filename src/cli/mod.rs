@@ -1,11 +1,21 @@
 //! The `loopx` command line: `serve` runs the broker; `openapi` prints the
-//! OpenAPI document.
+//! OpenAPI document; the other commands are the client side, one file per
+//! command family, all talking to a broker through the one typed
+//! [`crate::client::Client`]. Nothing here touches the store or the HTTP
+//! routes directly.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 use crate::serve::{self, ServeArgs};
+
+pub mod chat;
+pub mod common;
+pub mod health;
+pub mod lark;
+pub mod mcp;
+pub mod worker_bridge;
 
 /// LoopX attached session broker: lets people and bots talk to an
 /// already-running agent session through one ordered, duplicate-safe queue.
@@ -30,20 +40,30 @@ pub enum Command {
     /// claim, complete and release its turns.
     ///
     /// Example: loopx worker-bridge attached-session-claim --session-id ses_01JD... --host-surface codex-cli --host-session-id "$CODEX_SESSION_ID" --claim-id claim-42 --wait-seconds 30 --format json
-    WorkerBridge(crate::bridge::WorkerBridgeArgs),
+    WorkerBridge(worker_bridge::WorkerBridgeArgs),
     /// Chat commands: queue a message for a session and read a turn back.
     ///
     /// Example: loopx chat send --session-id ses_01JD... --text "Please summarise the failing test."
-    Chat(crate::bridge::ChatArgs),
+    Chat(chat::ChatArgs),
     /// The Lark connector: link, unlink or show a session's Lark chat.
     ///
     /// Example: loopx lark link --session-id ses_01JD... --chat-id oc_...
-    Lark(crate::bridge::LarkArgs),
+    Lark(lark::LarkArgs),
+    /// Attach a running Claude Code or Codex session to its LoopX session:
+    /// an MCP server on stdio, started by the agent CLI.
+    ///
+    /// By default a Claude Code channel: each message claimed from the
+    /// session arrives as a channel event and the `reply` tool answers it.
+    /// With --tools-only (Codex, any MCP host): `wait_for_message`, `reply`
+    /// and `release` tools. stdout carries only MCP messages; logs go to stderr.
+    ///
+    /// Example: loopx mcp --session-id ses_01JD... --host-surface claude-code
+    Mcp(mcp::McpArgs),
     /// Check that a broker is up and its store answers (no token needed);
     /// exit 0 when healthy, 1 when not, 3 when nothing answers.
     ///
     /// Example: loopx health --broker-url http://127.0.0.1:7317
-    Health(crate::bridge::HealthArgs),
+    Health(health::HealthArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -64,10 +84,11 @@ pub fn main() -> ExitCode {
             print!("{}", crate::openapi::document_json());
             ExitCode::SUCCESS
         }
-        Command::WorkerBridge(args) => crate::bridge::run_worker_bridge(args),
-        Command::Chat(args) => crate::bridge::run_chat(args),
-        Command::Lark(args) => crate::bridge::run_lark(args),
-        Command::Health(args) => crate::bridge::run_health(args),
+        Command::WorkerBridge(args) => worker_bridge::run(args),
+        Command::Chat(args) => chat::run(args),
+        Command::Lark(args) => lark::run(args),
+        Command::Mcp(args) => mcp::run(args),
+        Command::Health(args) => health::run(args),
     }
 }
 

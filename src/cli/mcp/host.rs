@@ -1,0 +1,323 @@
+//! The broker side of `loopx mcp`: the host session's claims, completions and
+//! releases over the typed [`Client`], with the take-over of a claim left
+//! active by an earlier run. It knows nothing of MCP; it never logs a message
+//! text or the host session id.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Mutex;
+
+use serde_json::{Map, Value};
+use tokio::sync::{Notify, OnceCell};
+
+use crate::client::{Client, ClientError};
+use crate::model::{
+    BindRequest, ClaimAnswer, ClaimRequest, Claimed, ClaimedTurn, CompleteRequest, Receipt,
+    RegisterAgentThread, ReleaseRequest, Released, TurnState,
+};
+
+/// How many recently claimed turns a bridge remembers, so that a `reply`
+/// repeated after the next turn arrived is still a replay.
+const RECENT_TURNS: usize = 32;
+
+/// Which session the bridge serves.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// An existing session.
+    Session(String),
+    /// Register the host session and bind (reusing the open session) first.
+    Bind(BindRequest),
+}
+
+/// A claimed turn and the claim that holds it.
+#[derive(Debug, Clone)]
+pub struct Held {
+    pub session_id: String,
+    pub claim_id: String,
+    pub turn: ClaimedTurn,
+    answered: bool,
+}
+
+/// Why a broker call failed, as a tool result or a log line says it.
+#[derive(Debug, Clone)]
+pub enum Problem {
+    /// No HTTP answer.
+    Unreachable { url: String, reason: String },
+    /// The broker's JSON error.
+    Refused { code: String, message: String },
+    /// An answer this bridge does not understand.
+    Unexpected(String),
+    /// Nothing to act on: no such turn known to this bridge, a wrong chat id.
+    Local(String),
+}
+
+impl Problem {
+    /// The broker's error code, for a refusal.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Problem::Refused { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::Unreachable { url, reason } => {
+                write!(f, "broker unreachable: no answer from {url} ({reason})")
+            }
+            Problem::Refused { code, message } => {
+                write!(f, "the broker refused ({code}): {message}")
+            }
+            Problem::Unexpected(reason) => write!(f, "unexpected answer from the broker: {reason}"),
+            Problem::Local(message) => f.write_str(message),
+        }
+    }
+}
+
+impl From<ClientError> for Problem {
+    fn from(error: ClientError) -> Self {
+        match error {
+            ClientError::Unreachable { url, reason } => Problem::Unreachable { url, reason },
+            ClientError::Refused { error, .. } => Problem::Refused {
+                code: error.error.code_str(),
+                message: error.error.message,
+            },
+            // The body is not repeated: it might carry text.
+            ClientError::Unexpected { reply, reason } => {
+                Problem::Unexpected(format!("{} ({reason})", reply.status))
+            }
+        }
+    }
+}
+
+/// One host session's bridge to its LoopX session.
+pub struct Host {
+    client: Client,
+    host_surface: String,
+    host_session_id: String,
+    target: Target,
+    session: OnceCell<String>,
+    recent: Mutex<VecDeque<Held>>,
+    answered: Notify,
+}
+
+impl Host {
+    pub fn new(
+        client: Client,
+        host_surface: String,
+        host_session_id: String,
+        target: Target,
+    ) -> Self {
+        Host {
+            client,
+            host_surface,
+            host_session_id,
+            target,
+            session: OnceCell::new(),
+            recent: Mutex::new(VecDeque::new()),
+            answered: Notify::new(),
+        }
+    }
+
+    pub fn broker_url(&self) -> &str {
+        self.client.base_url()
+    }
+
+    /// The session id, once known (given, or bound).
+    pub fn known_session_id(&self) -> Option<&str> {
+        match &self.target {
+            Target::Session(id) => Some(id),
+            Target::Bind(_) => self.session.get().map(String::as_str),
+        }
+    }
+
+    /// The session id; in bind mode the first call that reaches the broker
+    /// registers and binds (the open session is reused).
+    pub async fn session_id(&self) -> Result<String, Problem> {
+        let id = self
+            .session
+            .get_or_try_init(|| async {
+                match &self.target {
+                    Target::Session(id) => Ok(id.clone()),
+                    Target::Bind(bind) => self.bind(bind).await,
+                }
+            })
+            .await?;
+        Ok(id.clone())
+    }
+
+    async fn bind(&self, bind: &BindRequest) -> Result<String, Problem> {
+        let thread = RegisterAgentThread {
+            goal_id: bind.goal_id.clone(),
+            agent_id: bind.agent_id.clone(),
+            host_surface: bind.host_surface.clone(),
+            host_session_id: bind.host_session_id.clone(),
+        };
+        self.client.register(&thread).await?;
+        let session = self.client.bind(bind).await?.body;
+        tracing::info!(session_id = %session.session_id, "bound the host session");
+        Ok(session.session_id)
+    }
+
+    /// Claims the oldest queued turn, parking up to `wait_seconds`, with a
+    /// fresh claim id. A claim left active by an earlier run of this host (a
+    /// restart) is taken over and its turn answered again. `None`: nothing
+    /// came within the wait.
+    pub async fn claim(&self, wait_seconds: u64) -> Result<Option<Held>, Problem> {
+        let session_id = self.session_id().await?;
+        let claim_id = format!("mcp-{}", ulid::Ulid::new());
+        match self.claim_as(&session_id, &claim_id, wait_seconds).await {
+            Err(ClientError::Refused { error, .. }) if error.error.active_claim_id.is_some() => {
+                let active = error.error.active_claim_id.unwrap_or_default();
+                tracing::info!("taking over the claim an earlier run left active");
+                match self.claim_as(&session_id, &active, 0).await? {
+                    ClaimAnswer::Claimed(c) => Ok(self.hold(c)),
+                    ClaimAnswer::NotClaimed(_) => Ok(None),
+                }
+            }
+            Err(error) => Err(error.into()),
+            Ok(ClaimAnswer::Claimed(c)) => Ok(self.hold(c)),
+            Ok(ClaimAnswer::NotClaimed(_)) => Ok(None),
+        }
+    }
+
+    async fn claim_as(
+        &self,
+        session_id: &str,
+        claim_id: &str,
+        wait_seconds: u64,
+    ) -> Result<ClaimAnswer, ClientError> {
+        let request = ClaimRequest {
+            host_surface: self.host_surface.clone(),
+            host_session_id: self.host_session_id.clone(),
+            claim_id: claim_id.to_owned(),
+            wait_seconds,
+        };
+        Ok(self.client.claim(session_id, &request).await?.body)
+    }
+
+    /// Remembers a claimed turn (a replayed claim whose turn moved on since is
+    /// not held any more: nothing to deliver).
+    fn hold(&self, claimed: Claimed) -> Option<Held> {
+        if claimed.turn_state != TurnState::Claimed {
+            return None;
+        }
+        let held = Held {
+            session_id: claimed.session_id,
+            claim_id: claimed.claim_id,
+            turn: claimed.turn,
+            answered: false,
+        };
+        tracing::info!(turn_id = %held.turn.turn_id, seq = held.turn.seq, "claimed a turn");
+        let mut recent = self.recent.lock().expect("recent turns");
+        recent.retain(|h| h.turn.turn_id != held.turn.turn_id);
+        recent.push_back(held.clone());
+        if recent.len() > RECENT_TURNS {
+            recent.pop_front();
+        }
+        Some(held)
+    }
+
+    /// The turn a tool means: the given one, else the one claimed last.
+    fn find(&self, turn_id: Option<&str>) -> Result<Held, Problem> {
+        let recent = self.recent.lock().expect("recent turns");
+        let found = match turn_id {
+            Some(id) => recent.iter().rev().find(|h| h.turn.turn_id == id),
+            None => recent.back(),
+        };
+        found.cloned().ok_or_else(|| {
+            Problem::Local(match turn_id {
+                Some(id) => format!("turn {id} was not delivered through this bridge"),
+                None => "no message has been delivered yet: nothing to reply to".to_owned(),
+            })
+        })
+    }
+
+    /// Answers a delivered turn with `text`. The completion id is derived
+    /// from the turn, so a repeated reply is a replay, never a second answer.
+    pub async fn reply(
+        &self,
+        chat_id: &str,
+        turn_id: Option<&str>,
+        text: &str,
+    ) -> Result<Receipt, Problem> {
+        let session_id = self.session_id().await?;
+        if chat_id != session_id {
+            return Err(Problem::Local(format!(
+                "chat_id {chat_id} is not this session's id; reply with chat_id {session_id}"
+            )));
+        }
+        let held = self.find(turn_id)?;
+        let mut response = Map::new();
+        response.insert("message".into(), Value::String(text.to_owned()));
+        let request = CompleteRequest {
+            host_surface: self.host_surface.clone(),
+            host_session_id: self.host_session_id.clone(),
+            claim_id: held.claim_id.clone(),
+            completion_id: completion_id(&held.turn.turn_id),
+            response,
+        };
+        let receipt = self
+            .client
+            .complete(&session_id, &held.turn.turn_id, &request)
+            .await?
+            .body;
+        self.mark_answered(&held.turn.turn_id);
+        Ok(receipt)
+    }
+
+    /// Hands a delivered turn back to the head of the queue.
+    pub async fn release(&self, turn_id: Option<&str>) -> Result<Released, Problem> {
+        let session_id = self.session_id().await?;
+        let held = self.find(turn_id)?;
+        let host = ReleaseRequest {
+            host_surface: self.host_surface.clone(),
+            host_session_id: self.host_session_id.clone(),
+        };
+        let released = self
+            .client
+            .release(&session_id, &held.claim_id, &host)
+            .await?
+            .body;
+        tracing::info!(turn_id = %released.turn_id, "released a turn");
+        Ok(released)
+    }
+
+    fn mark_answered(&self, turn_id: &str) {
+        let mut recent = self.recent.lock().expect("recent turns");
+        if let Some(held) = recent.iter_mut().find(|h| h.turn.turn_id == turn_id) {
+            held.answered = true;
+        }
+        drop(recent);
+        self.answered.notify_waiters();
+    }
+
+    fn is_answered(&self, turn_id: &str) -> bool {
+        let recent = self.recent.lock().expect("recent turns");
+        recent
+            .iter()
+            .find(|h| h.turn.turn_id == turn_id)
+            .is_none_or(|h| h.answered)
+    }
+
+    /// Waits until `reply` answered this turn.
+    pub async fn answered(&self, turn_id: &str) {
+        loop {
+            // Enabled before the check, so an answer in between is not missed.
+            let notified = self.answered.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_answered(turn_id) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// The completion id of a bridge's answer to a turn.
+pub fn completion_id(turn_id: &str) -> String {
+    format!("mcp-reply-{turn_id}")
+}
