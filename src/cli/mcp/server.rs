@@ -158,7 +158,7 @@ impl Server {
             let claimed = (|| self.host.claim(PARK_SECONDS))
                 .retry(backoff)
                 .when(|p| p.code() != Some("session_closed"))
-                .notify(|p, after| log_problem(p, after))
+                .notify(log_problem)
                 .await;
             let held = match claimed {
                 Ok(Some(held)) => held,
