@@ -339,3 +339,36 @@ def test_a_protocol_version_of_2025_06_18_is_kept_and_no_host_id_is_a_usage_erro
     assert process.returncode == 0
     (line,) = process.stdout.decode().splitlines()
     assert json.loads(line)["result"]["protocolVersion"] == "2025-06-18"
+
+
+def readme_block(language: str, after: str) -> str:
+    """The first ```language block after the heading `after` in the README."""
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    rest = readme[readme.index(after):]
+    start = rest.index(f"```{language}\n") + len(language) + 4
+    return rest[start:rest.index("```", start)]
+
+
+async def test_the_readme_host_configurations_start_working_bridges(broker, tmp_path):
+    import tomllib
+
+    claude = json.loads(readme_block("json", "### Claude Code"))["mcpServers"]["loopx"]
+    assert claude["command"] == "loopx" and claude["args"][0] == "mcp"
+    host = unique("claude-session")
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *claude["args"][1:], host_session_id=host) as m:
+        assert m.init.capabilities.experimental == {"claude/channel": {}}
+        deadline = time.monotonic() + 10
+        while not (sessions := broker.ok("GET", "/v1/sessions?goal_id=g-1&state=open")["sessions"]):
+            assert time.monotonic() < deadline, "the README's Claude Code bridge never bound"
+            await anyio.sleep(0.1)
+        broker.send(sessions[0]["session_id"], "from the Web page")
+        assert (await m.next_event()).content == "from the Web page"
+    run = readme_block("bash", "### Claude Code")
+    assert "--dangerously-load-development-channels server:loopx" in run and "mcp__loopx__reply" in run
+
+    codex = tomllib.loads(readme_block("toml", "### Codex CLI"))["mcp_servers"]["loopx"]
+    assert codex["command"] == "loopx" and codex["tool_timeout_sec"] >= 55
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *codex["args"][1:]) as m:
+        assert not m.init.capabilities.experimental
+        got = await m.call("wait_for_message", wait_seconds=0)
+        assert got.structured_content == {"claimed": False}, text_of(got)
