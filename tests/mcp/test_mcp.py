@@ -83,14 +83,14 @@ async def test_a_web_message_arrives_as_one_channel_event_and_reply_answers_it(b
 
         result = await m.call("reply", chat_id=session_id, turn_id=sent["turn_id"], text="The fixture is stale.")
         assert not result.is_error, text_of(result)
-        assert text_of(result).startswith("sent")
+        assert text_of(result) == "sent"
         turn = broker.turn(session_id, sent["turn_id"])
         assert turn["state"] == "completed"
         assert turn["response"] == {"message": "The fixture is stale."}
 
         # A repeated reply is a replay: "sent" again, nothing changes.
         again = await m.call("reply", chat_id=session_id, text="The fixture is stale.")
-        assert not again.is_error and text_of(again).startswith("sent")
+        assert not again.is_error and text_of(again) == "sent"
         # Another text for the answered turn is refused, naming the code.
         changed = await m.call("reply", chat_id=session_id, turn_id=sent["turn_id"], text="Something else.")
         assert changed.is_error and "idempotency_key_reused" in text_of(changed)
@@ -302,6 +302,14 @@ def test_stdout_is_only_json_rpc_and_stderr_has_no_text_or_host_id(broker, tmp_p
     assert wait_for(lambda m: m.get("id") == 3)["result"]["isError"] is False
     send({"id": 4, "method": "tools/call", "params": {"name": "nope", "arguments": {}}})
     assert wait_for(lambda m: m.get("id") == 4)["result"]["isError"] is True
+    # Arguments the bridge refuses itself are not quoted in the log either.
+    send({"id": 5, "method": "tools/call", "params": {"name": "reply", "arguments": {
+        "chat_id": session_id, "text": 7, "turn_id": secret_answer}}})
+    assert wait_for(lambda m: m.get("id") == 5)["result"]["isError"] is True
+    send({"id": 6, "method": "tools/call", "params": {"name": "reply", "arguments": {
+        "chat_id": secret_question, "text": secret_answer}}})
+    refused = wait_for(lambda m: m.get("id") == 6)["result"]
+    assert refused["isError"] is True and session_id in refused["content"][0]["text"]
 
     started = time.monotonic()
     process.stdin.close()  # stdin closes: exit 0 within 5 s, releasing nothing

@@ -61,6 +61,17 @@ impl Problem {
     }
 }
 
+impl Problem {
+    /// What a log line may say: a local problem can quote the caller's
+    /// arguments (a message text), so only its kind is logged.
+    pub fn log_line(&self) -> String {
+        match self {
+            Problem::Local(_) => "the call was refused before reaching the broker".into(),
+            other => other.to_string(),
+        }
+    }
+}
+
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -112,12 +112,12 @@ impl Server {
                 if a.text.is_empty() {
                     return Err(Problem::Local("text must not be empty".into()));
                 }
-                let receipt = self
-                    .host
+                // A replay answers the same: the sender got the answer once.
+                self.host
                     .reply(&a.chat_id, a.turn_id.as_deref(), &a.text)
                     .await
                     .map_err(reply_problem)?;
-                Ok(text_result(format!("sent (turn {})", receipt.turn_id)))
+                Ok(text_result("sent".into()))
             }
             ("wait_for_message", Mode::ToolsOnly) => {
                 let a: WaitArgs = arguments_of(arguments)?;
@@ -217,7 +217,7 @@ impl ServerHandler for Server {
         let result = match self.call(&request.name, arguments).await {
             Ok(result) => result,
             Err(problem) => {
-                tracing::warn!(tool = %request.name, "{problem}");
+                tracing::warn!(tool = %request.name, "the tool call failed: {}", problem.log_line());
                 CallToolResult::error(vec![ContentBlock::text(problem.to_string())])
             }
         };
