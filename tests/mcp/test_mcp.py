@@ -380,3 +380,30 @@ async def test_the_readme_host_configurations_start_working_bridges(broker, tmp_
         assert not m.init.capabilities.experimental
         got = await m.call("wait_for_message", wait_seconds=0)
         assert got.structured_content == {"claimed": False}, text_of(got)
+
+
+async def test_a_closed_session_stops_the_bridge_and_a_restart_binds_a_new_one(broker, tmp_path):
+    host = unique("host")
+    args = ["--goal-id", "g-close", "--agent-id", "agent-close", "--executor-endpoint-id", "exec-close",
+            "--host-surface", HOST_SURFACE]
+
+    async def open_session() -> str:
+        deadline = time.monotonic() + 10
+        while not (sessions := broker.ok("GET", "/v1/sessions?goal_id=g-close&state=open")["sessions"]):
+            assert time.monotonic() < deadline, "the bridge never bound"
+            await anyio.sleep(0.05)
+        return sessions[0]["session_id"]
+
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *args, host_session_id=host) as m:
+        first = await open_session()
+        await anyio.sleep(0.3)  # the claim is parked
+        broker.ok("POST", f"/v1/sessions/{first}/close")
+        await m.no_event(0.5)
+        refused = await m.call("reply", chat_id=first, text="anyone?")
+        assert refused.is_error
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *args, host_session_id=host) as m:
+        second = await open_session()
+        assert second != first
+        broker.send(second, "hello again")
+        event = await m.next_event()
+        assert event.meta["chat_id"] == second and event.content == "hello again"
