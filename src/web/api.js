@@ -30,6 +30,25 @@ export const token = {
   },
 };
 
+/**
+ * The broker's clock as this page sees it, from each answer's `Date` header
+ * (whole seconds): the page's own clock may be off, and "working on it for
+ * 5 s" counts from the broker's `claimed_at`. Differences within the header's
+ * resolution are taken as none.
+ */
+export const clock = {
+  offsetMs: 0,
+  now() {
+    return Date.now() + this.offsetMs;
+  },
+  observe(dateHeader, sentAt, receivedAt) {
+    const server = Date.parse(dateHeader || '');
+    if (Number.isNaN(server)) return;
+    const offset = server + 500 - (sentAt + receivedAt) / 2;
+    this.offsetMs = Math.abs(offset) > 1500 ? Math.round(offset) : 0;
+  },
+};
+
 /** Hooks the app installs: called when the broker refuses the token. */
 export const hooks = { onUnauthorized: (_error) => {} };
 
@@ -41,11 +60,13 @@ export async function request(method, path, body) {
     init.body = JSON.stringify(body);
   }
   let response;
+  const sentAt = Date.now();
   try {
     response = await fetch(path, init);
   } catch (error) {
     throw new ApiError(`Could not reach the broker (${error.message || 'network error'}).`);
   }
+  clock.observe(response.headers.get('date'), sentAt, Date.now());
   let data = null;
   const text = await response.text().catch(() => '');
   if (text) {

@@ -2,6 +2,7 @@
 // as text (textContent), never parsed as HTML, except an agent's answer,
 // which only markdown.js turns into (sanitized) elements.
 
+import { clock } from './api.js';
 import { renderMarkdown } from './markdown.js';
 
 /** el('p', {class: 'x', dataset: {a: 1}}, 'text', child) */
@@ -104,8 +105,8 @@ function originWords(origin) {
   return `From ${origin}`;
 }
 
-/** Milliseconds from `iso` to `now`, never negative (the clocks may differ a little). */
-export function msSince(iso, now = Date.now()) {
+/** Milliseconds from `iso` to `now` (the broker's clock), never negative. */
+export function msSince(iso, now = clock.now()) {
   const t = Date.parse(iso);
   return Number.isNaN(t) ? 0 : Math.max(0, now - t);
 }

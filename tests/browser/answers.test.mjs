@@ -407,6 +407,25 @@ describe('agent answers on the Web chat page', () => {
     assert.equal(await page.title(), title);
   });
 
+  step("counts a turn's working time on the broker's clock, not a computer clock 10 minutes ahead", async () => {
+    await page.clock.setSystemTime(new Date(Date.now() + 10 * 60 * 1000));
+    try {
+      const question = 'Time me with a wrong clock';
+      await page.fill('#composer-text', question); // sending reads the broker's Date header
+      await page.press('#composer-text', 'Enter');
+      await turnWithText(question).waitFor();
+      const claim = await claimNext();
+      await eventually('delivered', async () => (await stateOf(question)) === 'claimed');
+      await sleep(1200);
+      const words = await turnWithText(question).locator('.state-words').innerText();
+      assert.match(words, /working on it for [0-3] s$/, words);
+      await complete(claim, 'On time.');
+      await eventually('answered', async () => (await stateOf(question)) === 'completed');
+    } finally {
+      await page.clock.setSystemTime(new Date());
+    }
+  });
+
   step('Esc leaves the composer for the transcript', async () => {
     await page.focus('#composer-text');
     await page.keyboard.press('Escape');
@@ -414,12 +433,42 @@ describe('agent answers on the Web chat page', () => {
     assert.equal(await page.getByLabel('Message').count(), 1);
   });
 
-  step('axe-core finds no serious or critical accessibility violation', async () => {
+  step('at 375 px wide an answer with a wide table and long code scrolls inside its bubble, not the page', async () => {
+    await page.setViewportSize({ width: 375, height: 812 });
+    try {
+      const turn = await askAndAnswer(
+        'Narrow screen please',
+        `| ${'column | '.repeat(12)}\n|${' --- |'.repeat(12)}\n| ${'a-long-cell-value | '.repeat(12)}\n\n${MARKDOWN_ANSWER}`,
+      );
+      await turn.locator('.code-block').scrollIntoViewIfNeeded();
+      const layout = await page.evaluate(() => ({
+        pageScrolls: document.documentElement.scrollWidth > document.documentElement.clientWidth,
+        wide: [...document.querySelectorAll('body *')]
+          .filter((e) => e.getClientRects().length && !e.closest('.code-scroll, .table-scroll'))
+          .filter((e) => e.getBoundingClientRect().right > window.innerWidth + 1)
+          .map((e) => `${e.tagName.toLowerCase()}.${e.className}`),
+      }));
+      assert.deepEqual(layout, { pageScrolls: false, wide: [] });
+      for (const box of ['.table-scroll', '.code-scroll']) {
+        assert.ok(
+          await turn.locator(box).first().evaluate((b) => b.scrollWidth > b.clientWidth),
+          `${box} scrolls sideways on its own`,
+        );
+      }
+      await shot('markdown-answer-375');
+    } finally {
+      await page.setViewportSize({ width: 1280, height: 900 });
+    }
+  });
+
+  step('axe-core finds no serious or critical accessibility violation, light and dark', async () => {
     const problems = [];
-    for (const [where, url] of [
-      ['the chat with Markdown answers', `${broker.base}/#/s/${session.session_id}`],
-      ['the session list', `${broker.base}/#`],
+    for (const [where, url, colorScheme] of [
+      ['the chat with Markdown answers', `${broker.base}/#/s/${session.session_id}`, 'light'],
+      ['the session list', `${broker.base}/#`, 'light'],
+      ['the chat with Markdown answers, dark', `${broker.base}/#/s/${session.session_id}`, 'dark'],
     ]) {
+      await page.emulateMedia({ colorScheme });
       await page.goto(url);
       await page.locator('#session-list li').first().waitFor();
       if (url.includes('/s/')) await turnWithText('How would you fix the parser?').waitFor();
@@ -430,7 +479,12 @@ describe('agent answers on the Web chat page', () => {
       for (const v of result.violations.filter((x) => x.impact === 'serious' || x.impact === 'critical')) {
         problems.push(`${where}: ${v.id} (${v.impact}) ${v.help}: ${v.nodes.map((n) => n.target.join(' ')).slice(0, 5).join(', ')}`);
       }
+      if (colorScheme === 'dark') {
+        await turnWithText('How would you fix the parser?').scrollIntoViewIfNeeded();
+        await shot('markdown-answer-dark');
+      }
     }
+    await page.emulateMedia({ colorScheme: 'light' });
     assert.deepEqual(problems, []);
   });
 
