@@ -48,6 +48,8 @@ pub enum ErrorCode {
     NotClaimed,
     /// 409: the turn is held by another claim id.
     ClaimMismatch,
+    /// 408: the request body did not arrive within the server's body timeout.
+    RequestTimeout,
     /// 413: the request body is over 2 MiB.
     PayloadTooLarge,
     /// 415: the request body is not `application/json`.
@@ -58,6 +60,8 @@ pub enum ErrorCode {
     QueueFull,
     /// 503: the store did not answer; retry later.
     StoreUnavailable,
+    /// 503: the broker holds as many connections as it may; retry after `Retry-After` seconds.
+    Overloaded,
 }
 
 impl ErrorCode {
@@ -79,11 +83,12 @@ impl ErrorCode {
             | AlreadyCompleted
             | NotClaimed
             | ClaimMismatch => StatusCode::CONFLICT,
+            RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             QueueFull => StatusCode::TOO_MANY_REQUESTS,
-            StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            StoreUnavailable | Overloaded => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }
@@ -96,6 +101,8 @@ pub struct Error {
     pub code: ErrorCode,
     pub message: Cow<'static, str>,
     pub active_claim: Option<ActiveClaim>,
+    /// Sent as `Retry-After` (seconds) when set.
+    pub retry_after_seconds: Option<u32>,
 }
 
 /// The details of a `claim_active` conflict.
@@ -113,6 +120,7 @@ impl Error {
             code,
             message: message.into(),
             active_claim: None,
+            retry_after_seconds: None,
         }
     }
 
@@ -133,6 +141,18 @@ impl Error {
             ..Self::new(
                 ErrorCode::ClaimActive,
                 "Another claim is active on this session; complete or release it first.",
+            )
+        }
+    }
+
+    /// The connection cap is reached: the refusal a connection past the cap
+    /// gets before it is closed.
+    pub fn overloaded(retry_after_seconds: u32) -> Self {
+        Self {
+            retry_after_seconds: Some(retry_after_seconds),
+            ..Self::new(
+                ErrorCode::Overloaded,
+                "The broker holds as many connections as it may; retry after the Retry-After seconds.",
             )
         }
     }
@@ -193,6 +213,9 @@ pub struct ErrorDetail {
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        (self.status(), axum::Json(self.body())).into_response()
+        let retry_after = self
+            .retry_after_seconds
+            .map(|seconds| [(axum::http::header::RETRY_AFTER, seconds.to_string())]);
+        (self.status(), retry_after, axum::Json(self.body())).into_response()
     }
 }

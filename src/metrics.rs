@@ -21,6 +21,39 @@ pub struct Metrics {
     pub claim_wake_seconds: Histogram,
     /// `outcome`: sent, retried, failed.
     pub lark_replies: IntCounterVec,
+    /// What the server loop counts about connections.
+    pub connections: ConnectionMetrics,
+}
+
+/// Connections: open now, refused at the cap, and failed accepts. Cheap to
+/// clone (the counters are shared), so the server loop holds its own copy.
+#[derive(Clone)]
+pub struct ConnectionMetrics {
+    pub open: IntGauge,
+    /// `reason`: `cap` (answered 503 from the reserve), `reserve_full` (closed at once).
+    pub refused: IntCounterVec,
+    pub accept_errors: prometheus::IntCounter,
+}
+
+impl ConnectionMetrics {
+    fn new() -> Self {
+        Self {
+            open: IntGauge::new("connections", "Open HTTP connections.").expect("valid metric"),
+            refused: IntCounterVec::new(
+                Opts::new(
+                    "connections_refused_total",
+                    "Connections refused past the cap: `cap` answered 503 from the reserve, `reserve_full` closed at once.",
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
+            accept_errors: prometheus::IntCounter::new(
+                "accept_errors_total",
+                "Failed accepts on the listening socket (e.g. out of file descriptors).",
+            )
+            .expect("valid metric"),
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -68,6 +101,7 @@ impl Default for Metrics {
             &["outcome"],
         )
         .expect("valid metric");
+        let connections = ConnectionMetrics::new();
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(turns.clone()),
@@ -77,6 +111,9 @@ impl Default for Metrics {
             Box::new(sse_streams.clone()),
             Box::new(claim_wake_seconds.clone()),
             Box::new(lark_replies.clone()),
+            Box::new(connections.open.clone()),
+            Box::new(connections.refused.clone()),
+            Box::new(connections.accept_errors.clone()),
         ] {
             registry
                 .register(collector)
@@ -92,6 +129,7 @@ impl Default for Metrics {
             sse_streams,
             claim_wake_seconds,
             lark_replies,
+            connections,
         }
     }
 }

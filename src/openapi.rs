@@ -22,7 +22,14 @@ Every error is `{\"error\": {\"code\", \"message\", ...details}}`. When several 
 first of these wins: 401, 413, 415, 400, 404, 403, then the route's conflicts in the order its \
 description lists them. Request bodies reject unknown fields. Client-chosen identifiers are 1 to \
 256 bytes of UTF-8 without control characters. Every `/v1` route needs \
-`Authorization: Bearer <owner token>`.",
+`Authorization: Bearer <owner token>` (the scheme name is case-insensitive).\n\n\
+Transport-level rejections come before the router, from the HTTP layer, with an empty body, and \
+close the connection: 400 for a malformed request line or header, 414 for a request target over \
+65,534 bytes, 431 for a request head over about 400 KiB or with more than 100 header fields. A \
+connection whose request head does not arrive within the server's header timeout (60 s by \
+default, also for idle keep-alive connections) is closed without an answer. A request body that \
+does not arrive within the body timeout is `408 request_timeout`. Past the connection cap a new \
+connection gets `503 overloaded` with `Retry-After` and is closed.",
         license(name = "MIT"),
     ),
     paths(

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
 use crate::config::{self, Secret, TokenSource};
-use crate::http::{self, AppState, OwnerToken};
+use crate::http::{self, AppState, ConnectionLimits, OwnerToken};
 use crate::lark::LarkConfig;
 use crate::store::Store;
 use crate::store::postgres::PgStore;
@@ -70,7 +70,13 @@ pub struct ServeArgs {
     /// Seconds between keep-alive comments on parked SSE claims.
     #[arg(long, env = "LOOPX_SSE_KEEP_ALIVE", default_value_t = 15, hide = true)]
     pub sse_keep_alive_seconds: u64,
+    #[command(flatten)]
+    pub limits: ConnectionLimits,
 }
+
+/// Descriptors the broker keeps besides its connections: the store's files
+/// and pool, the listener, the lock, logs, the Lark client's sockets.
+const OTHER_DESCRIPTORS: u64 = 128;
 
 /// Runs the broker until a signal; `Err` is a message for the operator.
 pub async fn run(args: ServeArgs) -> Result<(), String> {
@@ -125,6 +131,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
                 })?,
         ),
     };
+    let limits = fit_file_limit(args.limits.clone());
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
@@ -149,9 +156,16 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         "loopx broker listening"
     );
     announce_page(listen, &source);
-    http::serve(listener, http::router(state), shutdown)
-        .await
-        .map_err(|e| format!("the server failed: {e}"))?;
+    let connection_metrics = state.broker.metrics().connections.clone();
+    http::serve(
+        listener,
+        http::router(state),
+        shutdown,
+        limits,
+        connection_metrics,
+    )
+    .await
+    .map_err(|e| format!("the server failed: {e}"))?;
     if let Some(dispatcher) = dispatcher {
         let _ = dispatcher.await;
     }
@@ -182,6 +196,42 @@ fn announce_page(listen: SocketAddr, token: &TokenSource) {
             path.display()
         );
     }
+}
+
+/// Raises the soft open-file limit to the hard one (a default shell's 1,024
+/// would otherwise be an outage at ~1,000 connections) and lowers the
+/// connection cap to what the limit can hold, saying so.
+fn fit_file_limit(mut limits: ConnectionLimits) -> ConnectionLimits {
+    let before = rlimit::Resource::NOFILE.get().map(|(soft, _)| soft).ok();
+    let soft = match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(soft) => soft,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read or raise the open-file limit");
+            return limits;
+        }
+    };
+    let budget = soft.saturating_sub(OTHER_DESCRIPTORS) as usize;
+    let needed = limits.max_connections + limits.connection_reserve;
+    if needed > budget {
+        // A tenth for the reserve at most, the rest for served connections.
+        limits.connection_reserve = limits.connection_reserve.min(budget / 10);
+        limits.max_connections = budget.saturating_sub(limits.connection_reserve).max(1);
+        tracing::warn!(
+            file_limit = soft,
+            needed = needed as u64 + OTHER_DESCRIPTORS,
+            max_connections = limits.max_connections,
+            connection_reserve = limits.connection_reserve,
+            "the open-file limit cannot hold --max-connections and its reserve; serving fewer (raise the hard limit: ulimit -Hn, or LimitNOFILE= in systemd)"
+        );
+    }
+    tracing::info!(
+        file_limit = soft,
+        raised_from = before,
+        max_connections = limits.max_connections,
+        connection_reserve = limits.connection_reserve,
+        "connections"
+    );
+    limits
 }
 
 /// The Lark connector's configuration: all of app id, secret and verification

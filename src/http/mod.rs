@@ -8,6 +8,7 @@ pub(crate) mod agent_threads;
 pub(crate) mod claims;
 pub(crate) mod events;
 pub(crate) mod lark_links;
+pub mod server;
 pub(crate) mod sessions;
 pub(crate) mod turns;
 
@@ -24,8 +25,6 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use subtle::ConstantTimeEq;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
@@ -96,31 +95,20 @@ pub fn router(state: AppState) -> Router {
                         .extensions()
                         .get::<MatchedPath>()
                         .map_or("unmatched", MatchedPath::as_str);
-                    tracing::info_span!("request", method = %request.method(), route)
+                    tracing::debug_span!("request", method = %request.method(), route)
                 })
+                // A line per request is for debugging: under a steady load the
+                // default `info` level would write gigabytes a day.
                 .on_response(
                     DefaultOnResponse::new()
-                        .level(Level::INFO)
+                        .level(Level::DEBUG)
                         .latency_unit(tower_http::LatencyUnit::Micros),
                 ),
         )
         .with_state(state)
 }
 
-/// Serves `app` on `listener` until `shutdown` fires, then finishes in-flight
-/// requests (parked claims answer `claimed: false`) and returns.
-pub async fn serve(
-    listener: TcpListener,
-    app: Router,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    // `into_make_service` shares the router with each connection. Served as
-    // is, axum rebuilds the whole routing table (every route's boxed service
-    // stack) per connection, about 20 KiB that a parked claim would hold.
-    axum::serve(listener, app.into_make_service())
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-}
+pub use server::{ConnectionLimits, serve};
 
 /// Every `/v1` route needs the owner token; `/healthz` and `/openapi.json` do not.
 async fn require_owner(State(state): State<AppState>, request: Request, next: Next) -> Response {
@@ -131,7 +119,7 @@ async fn require_owner(State(state): State<AppState>, request: Request, next: Ne
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(bearer_token);
         if !presented.is_some_and(|t| state.owner_token.admits(t)) {
             return Error::new(
                 ErrorCode::Unauthorized,
@@ -141,6 +129,15 @@ async fn require_owner(State(state): State<AppState>, request: Request, next: Ne
         }
     }
     next.run(request).await
+}
+
+/// The token of an `Authorization: Bearer <token>` value; the scheme name is
+/// case-insensitive (RFC 9110 §11.1).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' '))
 }
 
 /// Counts every answer by matched route (never the raw path), method and status.
@@ -240,22 +237,40 @@ fn is_json(headers: &HeaderMap) -> bool {
         .unwrap_or(false)
 }
 
-/// The body, read with the 2 MiB limit (413 beyond it).
+/// The body, read with the 2 MiB limit (413 beyond it) and within the
+/// server's body deadline (408 past it).
+async fn read_bytes<S: Send + Sync>(request: Request, state: &S) -> Result<Bytes> {
+    let deadline = request.extensions().get::<server::BodyDeadline>().copied();
+    let reading = Bytes::from_request(request, state);
+    let read = match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline.at, reading)
+            .await
+            .map_err(|_| {
+                Error::new(
+                    ErrorCode::RequestTimeout,
+                    format!(
+                        "The request body did not arrive within {} s.",
+                        deadline.after.as_secs()
+                    ),
+                )
+            })?,
+        None => reading.await,
+    };
+    read.map_err(|rejection| {
+        if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            Error::new(
+                ErrorCode::PayloadTooLarge,
+                format!("The request body is over {MAX_BODY_BYTES} bytes."),
+            )
+        } else {
+            Error::invalid("The request body could not be read.")
+        }
+    })
+}
+
 async fn read_body<S: Send + Sync>(request: Request, state: &S) -> Result<(HeaderMap, Bytes)> {
     let headers = request.headers().clone();
-    let bytes = Bytes::from_request(request, state)
-        .await
-        .map_err(|rejection| {
-            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                Error::new(
-                    ErrorCode::PayloadTooLarge,
-                    format!("The request body is over {MAX_BODY_BYTES} bytes."),
-                )
-            } else {
-                Error::invalid("The request body could not be read.")
-            }
-        })?;
-    Ok((headers, bytes))
+    Ok((headers, read_bytes(request, state).await?))
 }
 
 fn parse<T: DeserializeOwned>(headers: &HeaderMap, bytes: &[u8]) -> Result<T> {
@@ -278,6 +293,18 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for AppJson<T> {
     async fn from_request(request: Request, state: &S) -> Result<Self> {
         let (headers, bytes) = read_body(request, state).await?;
         parse(&headers, &bytes).map(AppJson)
+    }
+}
+
+/// The raw body bytes (the Lark webhook verifies a signature over them), read
+/// with the same limits and errors as every JSON body.
+pub struct RawBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = Error;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self> {
+        read_bytes(request, state).await.map(RawBody)
     }
 }
 

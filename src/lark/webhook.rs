@@ -4,7 +4,6 @@
 //! anything it cannot verify, storing nothing.
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -16,7 +15,7 @@ use super::LarkConfig;
 use super::crypto;
 use crate::broker::MAX_TEXT_BYTES;
 use crate::error::{Error, ErrorBody, ErrorCode, Result};
-use crate::http::AppState;
+use crate::http::{AppState, RawBody};
 use crate::store::{LarkEvent, LarkIngest};
 
 pub fn router() -> axum::Router<AppState> {
@@ -58,7 +57,7 @@ fn unauthorized(why: &'static str) -> Error {
 pub async fn events(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Result<Response> {
     let Some(config) = state.lark.clone() else {
         return Err(Error::new(

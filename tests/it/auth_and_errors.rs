@@ -479,3 +479,47 @@ async fn close_takes_an_empty_body_or_an_empty_object_only() {
         .unwrap();
     assert_eq!(object.status, 200);
 }
+
+/// RFC 9110 makes the scheme name case-insensitive: `bearer` and `BEARER`
+/// work; a missing space or another scheme does not.
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let broker = TestBroker::start().await;
+    let host = bound_host(&broker.client).await;
+    let url = format!("{}/v1/sessions/{}", broker.url, host.session_id());
+    let http = reqwest::Client::new();
+    for (value, status) in [
+        (format!("bearer {TOKEN}"), 200),
+        (format!("BEARER {TOKEN}"), 200),
+        (format!("bEaReR  {TOKEN}"), 200),
+        (format!("Bearer{TOKEN}"), 401),
+        (format!("Basic {TOKEN}"), 401),
+        (format!("bearer {TOKEN}x"), 401),
+    ] {
+        let answer = http
+            .get(&url)
+            .header("authorization", &value)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status().as_u16(), status, "{value}");
+    }
+}
+
+/// The Lark webhook reads its body as every other route does: over 2 MiB is
+/// the JSON 413, whether the connector is on or off.
+#[tokio::test]
+async fn an_oversized_lark_event_is_the_json_413() {
+    let broker = TestBroker::start().await;
+    let body = vec![b' '; loopx::http::MAX_BODY_BYTES + 1];
+    let answer = raw(
+        &broker,
+        Method::POST,
+        "/v1/connectors/lark/events",
+        None,
+        JSON,
+        body,
+    )
+    .await;
+    assert_eq!(answer, (413, "payload_too_large".into()));
+}

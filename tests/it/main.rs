@@ -8,6 +8,7 @@ mod auth_and_errors;
 mod claims;
 mod cli;
 mod completions;
+mod connections;
 mod durability;
 mod events;
 mod fake_lark;

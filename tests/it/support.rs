@@ -147,7 +147,14 @@ impl TestBroker {
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let server = tokio::spawn(http::serve(listener, http::router(state), shutdown.clone()));
+        let connections = state.broker.metrics().connections.clone();
+        let server = tokio::spawn(http::serve(
+            listener,
+            http::router(state),
+            shutdown.clone(),
+            http::ConnectionLimits::default(),
+            connections,
+        ));
         TestBroker {
             client: Client::new(&url, Some(TOKEN.into())),
             url,
@@ -339,11 +346,34 @@ impl Spawned {
     /// one); else the data dir's `owner.token`. Replicas also pass
     /// `--database-url` in `extra`.
     pub async fn start_env(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Spawned {
+        Self::start_command(loopx(), data_dir, extra, env).await
+    }
+
+    /// As [`Spawned::start`], from a shell that set the soft open-file limit
+    /// to `soft` first (as a default login shell does).
+    pub async fn start_under_ulimit(data_dir: &Path, soft: u64, extra: &[&str]) -> Spawned {
+        let mut command = tokio::process::Command::new("sh");
+        command
+            .arg("-c")
+            .arg(format!("ulimit -Sn {soft} && exec \"$0\" \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_loopx"))
+            .env_remove("LOOPX_TOKEN")
+            .env_remove("LOOPX_DATA_DIR")
+            .env_remove("LOOPX_DATABASE_URL");
+        Self::start_command(command, data_dir, extra, &[]).await
+    }
+
+    async fn start_command(
+        mut command: tokio::process::Command,
+        data_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Spawned {
         let port = free_port();
         let url = format!("http://127.0.0.1:{port}");
         let stderr_log = data_dir.with_extension(format!("{port}.log"));
         let log = std::fs::File::create(&stderr_log).unwrap();
-        let child = loopx()
+        let child = command
             .args([
                 "serve",
                 "--listen",
