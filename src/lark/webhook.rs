@@ -35,7 +35,8 @@ fn unauthorized(why: &'static str) -> Error {
 /// Lark's event subscription webhook (schema 2.0). Answers the
 /// `url_verification` challenge; decrypts `{"encrypt": …}` bodies (AES-256-CBC);
 /// verifies `X-Lark-Signature` over the raw bytes (required when an encrypt key
-/// is configured) and refuses timestamps more than 5 minutes from now; checks
+/// is configured, except on the challenge, which Lark's SDKs verify by
+/// decryption and token alone) and refuses timestamps more than 5 minutes from now; checks
 /// the verification token in constant time. `im.message.receive_v1` text
 /// messages (mentions resolved to `@name`) from a linked chat are enqueued with
 /// `origin: "lark"` and `client_message_id` = the event id, and the 200 comes
@@ -66,6 +67,7 @@ pub async fn events(
         ));
     };
     let payload = verified_payload(&config, &headers, &body)?;
+    // The challenge's token is checked here, signed or not.
     if payload.get("type").and_then(Value::as_str) == Some("url_verification") {
         let token = payload
             .get("token")
@@ -87,38 +89,57 @@ pub async fn events(
     }
     let event = to_event(&config, envelope);
     match state.broker.lark_event(event).await? {
-        LarkIngest::Enqueued { .. } => tracing::info!("lark message enqueued"),
-        LarkIngest::Duplicate => tracing::info!("lark redelivery acknowledged, not enqueued"),
+        // Per-message lines are for debugging; an unlinked chat is what an
+        // operator looks for when linking one.
+        LarkIngest::Enqueued { .. } => tracing::debug!("lark message enqueued"),
+        LarkIngest::Duplicate => tracing::debug!("lark redelivery acknowledged, not enqueued"),
         LarkIngest::Unlinked => tracing::info!("lark message from an unlinked chat, not enqueued"),
-        LarkIngest::Unsupported => tracing::info!("lark event not enqueued: not a text message"),
+        LarkIngest::Unsupported => tracing::debug!("lark event not enqueued: not a text message"),
     }
     Ok(Json(json!({})).into_response())
 }
 
-/// The event's JSON, after the signature, freshness and decryption checks.
+/// The event's JSON, after the decryption, signature and freshness checks.
+/// The `url_verification` challenge is the one request checked by decryption
+/// (and, in `events`, its token) alone: Lark's official SDKs skip its
+/// signature, so the console's URL check may send it unsigned.
 fn verified_payload(config: &LarkConfig, headers: &HeaderMap, body: &[u8]) -> Result<Value> {
+    let payload = decrypted_payload(config, body)?;
+    let is_challenge = payload.get("type").and_then(Value::as_str) == Some("url_verification");
+    if let Some(key) = &config.encrypt_key
+        && !is_challenge
+    {
+        check_signature(config, key, headers, body)?;
+    }
+    Ok(payload)
+}
+
+/// `X-Lark-Signature` over the raw bytes, and a timestamp within the window.
+fn check_signature(config: &LarkConfig, key: &str, headers: &HeaderMap, body: &[u8]) -> Result<()> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let signed = (
+    let (Some(timestamp), Some(nonce), Some(signature)) = (
         header("x-lark-request-timestamp"),
         header("x-lark-request-nonce"),
         header("x-lark-signature"),
-    );
-    match (&config.encrypt_key, signed) {
-        (Some(key), (Some(timestamp), Some(nonce), Some(signature))) => {
-            if !crypto::signature_matches(timestamp, nonce, key, body, signature) {
-                return Err(unauthorized("wrong signature"));
-            }
-            let sent: i64 = timestamp
-                .parse()
-                .map_err(|_| unauthorized("bad timestamp"))?;
-            let age = (crate::time::now_ms() / 1000 - sent).unsigned_abs();
-            if age > config.freshness.as_secs() {
-                return Err(unauthorized("stale timestamp"));
-            }
-        }
-        (Some(_), _) => return Err(unauthorized("missing signature")),
-        (None, _) => {}
+    ) else {
+        return Err(unauthorized("missing signature"));
+    };
+    if !crypto::signature_matches(timestamp, nonce, key, body, signature) {
+        return Err(unauthorized("wrong signature"));
     }
+    let sent: i64 = timestamp
+        .parse()
+        .map_err(|_| unauthorized("bad timestamp"))?;
+    let age = (crate::time::now_ms() / 1000 - sent).unsigned_abs();
+    if age > config.freshness.as_secs() {
+        return Err(unauthorized("stale timestamp"));
+    }
+    Ok(())
+}
+
+/// The body as JSON, decrypted when an encrypt key is configured (and then
+/// required to be encrypted).
+fn decrypted_payload(config: &LarkConfig, body: &[u8]) -> Result<Value> {
     let value: Value = serde_json::from_slice(body).map_err(|_| unauthorized("not JSON"))?;
     match (
         value.get("encrypt").and_then(Value::as_str),

@@ -241,7 +241,13 @@ async fn sigterm_answers_parked_claims_and_exits_0() {
 async fn files_are_private_and_logs_carry_no_secrets() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let broker = Spawned::start(&data, &[]).await;
+    // Request lines are at debug: turn them on to check them too.
+    let broker = Spawned::start_env(
+        &data,
+        &[],
+        &[("LOOPX_LOG", "tower_http=debug,loopx::http=debug,info")],
+    )
+    .await;
     let token = std::fs::read_to_string(data.join("owner.token")).unwrap();
     let c = broker.client.clone();
     let host = bound_host(&c).await;
@@ -273,7 +279,7 @@ async fn files_are_private_and_logs_carry_no_secrets() {
     let logs = std::fs::read_to_string(log_path).unwrap();
     assert!(
         logs.contains("/v1/sessions/{session_id}/messages"),
-        "one line per request: {logs}"
+        "one line per request at debug: {logs}"
     );
     for secret in [
         token.trim(),

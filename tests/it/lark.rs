@@ -151,6 +151,44 @@ async fn answers_the_challenge_when_it_arrives_encrypted() {
     assert!(ack.elapsed < Duration::from_secs(1), "within 1 s: {ack:?}");
 }
 
+/// Lark's SDKs verify the URL challenge by decryption and token alone, so an
+/// unsigned encrypted challenge is answered; one with a wrong token or that
+/// does not decrypt is not, and every other event still needs its signature.
+#[tokio::test]
+async fn an_unsigned_encrypted_challenge_is_answered_when_it_decrypts_and_its_token_matches() {
+    let (_fake, broker, events) = lark(Some(ENCRYPT_KEY)).await;
+    let unsigned = |body: Vec<u8>| Delivery {
+        signature: None,
+        ..events.sign(body)
+    };
+    let ack = events
+        .send(&unsigned(events.body(&events.challenge("ajls384kdj"))))
+        .await;
+    assert_eq!(ack.status, 200, "{ack:?}");
+    assert_eq!(ack.body, json!({"challenge": "ajls384kdj"}));
+
+    let mut wrong_token = events.challenge("ajls384kdj");
+    wrong_token["token"] = json!("not-the-verification-token");
+    let ack = events.send(&unsigned(events.body(&wrong_token))).await;
+    assert_refused(&ack);
+    let garbage = json!({"encrypt": "bm90IGEgY2lwaGVydGV4dA=="}).to_string();
+    assert_refused(&events.send(&unsigned(garbage.into_bytes())).await);
+    let plain = serde_json::to_vec(&events.challenge("ajls384kdj")).unwrap();
+    assert_refused(&events.send(&unsigned(plain)).await);
+
+    // A message event without its signature is still refused and not queued.
+    let chat = unique("oc");
+    let host = linked(&broker.client, &chat).await;
+    let message = events.text_message("ev-unsigned", &chat, "om-unsigned", "hello");
+    assert_refused(&events.send(&unsigned(events.body(&message))).await);
+    let turns = broker
+        .client
+        .turns(host.session_id(), &Default::default())
+        .await
+        .unwrap();
+    assert!(turns.body.turns.is_empty());
+}
+
 #[tokio::test]
 async fn a_challenge_with_the_wrong_verification_token_is_refused() {
     for key in [None, Some(ENCRYPT_KEY)] {
