@@ -138,7 +138,8 @@ async fn slow_idle_and_silent_connections_close_on_time_and_answering_ones_are_n
         worst = worst.max(started.elapsed());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(worst < Duration::from_millis(500), "healthz took {worst:?}");
+    // Generous: CI shares two cores with the rest of the suite.
+    assert!(worst < Duration::from_secs(1), "healthz took {worst:?}");
 
     for (name, connection) in [("silent", &mut silent), ("idle", &mut idle)] {
         let (_, closed) = read_until_closed(connection, Duration::from_secs(3)).await;
