@@ -13,9 +13,9 @@ use crate::broker::Broker;
 use crate::config::{self, Secret, TokenSource};
 use crate::http::{self, AppState, ConnectionLimits, OwnerToken};
 use crate::lark::LarkConfig;
-use crate::store::Store;
 use crate::store::postgres::PgStore;
 use crate::store::sqlite::{Durability, SqliteStore};
+use crate::store::{Store, retention};
 
 /// Run the broker.
 #[derive(Debug, Clone, clap::Args)]
@@ -70,8 +70,28 @@ pub struct ServeArgs {
     /// Seconds between keep-alive comments on parked SSE claims.
     #[arg(long, env = "LOOPX_SSE_KEEP_ALIVE", default_value_t = 15, hide = true)]
     pub sse_keep_alive_seconds: u64,
+    /// Prune sessions closed more than this many days ago, with all their
+    /// turns, claims, events and Lark rows, in small batches at start and
+    /// hourly [default: keep everything].
+    #[arg(long, env = "LOOPX_RETAIN_CLOSED_DAYS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub retain_closed_days: Option<u32>,
     #[command(flatten)]
     pub limits: ConnectionLimits,
+}
+
+/// Remove the sessions closed more than N days ago, with all their rows.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PruneArgs {
+    /// Prune the sessions closed more than this many days ago.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub older_than_days: u32,
+    /// The broker's data dir (its SQLite store)
+    /// [default: $XDG_DATA_HOME/loopx, else ~/.local/share/loopx].
+    #[arg(long, env = "LOOPX_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The replicas' PostgreSQL URL, instead of the data dir's SQLite store.
+    #[arg(long, env = "LOOPX_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
 }
 
 /// Descriptors the broker keeps besides its connections: the store's files
@@ -86,18 +106,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
             args.listen
         ));
     }
-    let database_url = args
-        .database_url
-        .as_deref()
-        .filter(|u| !u.trim().is_empty());
-    if let Some(url) = database_url
-        && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
-    {
-        return Err(
-            "--database-url must be a postgres:// (or postgresql://) URL; unset it to use the embedded SQLite store"
-                .into(),
-        );
-    }
+    let database_url = database_url(args.database_url.as_deref())?;
     let lark = lark_config(&args)?;
     let data_dir = args
         .data_dir
@@ -113,24 +122,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         Some(_) => None,
     };
     let (token, source) = config::owner_token(args.token_file.as_deref(), &data_dir, true)?;
-    let store: Arc<dyn Store> = match database_url {
-        Some(url) => Arc::new(
-            PgStore::open(url)
-                .await
-                .map_err(|e| format!("cannot open the PostgreSQL store: {}", e.message))?,
-        ),
-        None => Arc::new(
-            SqliteStore::open(&data_dir.join("broker.db"), args.durability)
-                .await
-                .map_err(|e| {
-                    format!(
-                        "cannot open the store in {}: {}",
-                        data_dir.display(),
-                        e.message
-                    )
-                })?,
-        ),
-    };
+    let store = open_store(&data_dir, database_url, args.durability).await?;
     let limits = fit_file_limit(args.limits.clone());
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -138,6 +130,9 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
 
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
+    if let Some(days) = args.retain_closed_days {
+        tokio::spawn(retention::run(store.clone(), days, shutdown.clone()));
+    }
     let broker =
         Arc::new(Broker::new(store, shutdown.clone()).with_max_wait_seconds(args.max_wait_seconds));
     let dispatcher = lark.clone().map(|lark| broker.spawn_lark_dispatcher(lark));
@@ -196,6 +191,63 @@ fn announce_page(listen: SocketAddr, token: &TokenSource) {
             path.display()
         );
     }
+}
+
+/// `loopx prune`: a one-off run of the retention `--retain-closed-days` runs
+/// hourly. On SQLite the broker must be stopped (one process per data dir);
+/// PostgreSQL replicas may keep serving.
+pub async fn prune(args: PruneArgs) -> Result<retention::Pruned, String> {
+    let database_url = database_url(args.database_url.as_deref())?;
+    let data_dir = args.data_dir.unwrap_or_else(config::default_data_dir);
+    let _lock = match database_url {
+        None => Some(
+            lock_data_dir(&data_dir)
+                .map_err(|e| format!("{e} (a running broker prunes with --retain-closed-days)"))?,
+        ),
+        Some(_) => None,
+    };
+    let store = open_store(&data_dir, database_url, Durability::Full).await?;
+    let cutoff = retention::cutoff_ms(crate::time::now_ms(), args.older_than_days);
+    retention::prune(store.as_ref(), cutoff, Duration::ZERO)
+        .await
+        .map_err(|e| format!("pruning failed: {}", e.message))
+}
+
+/// `--database-url`, unless blank: it must be a PostgreSQL URL.
+fn database_url(url: Option<&str>) -> Result<Option<&str>, String> {
+    match url.filter(|u| !u.trim().is_empty()) {
+        Some(url) if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) => Err(
+            "--database-url must be a postgres:// (or postgresql://) URL; unset it to use the embedded SQLite store"
+                .into(),
+        ),
+        url => Ok(url),
+    }
+}
+
+/// PostgreSQL when a URL is given, else the data dir's SQLite file.
+async fn open_store(
+    data_dir: &std::path::Path,
+    database_url: Option<&str>,
+    durability: Durability,
+) -> Result<Arc<dyn Store>, String> {
+    Ok(match database_url {
+        Some(url) => Arc::new(
+            PgStore::open(url)
+                .await
+                .map_err(|e| format!("cannot open the PostgreSQL store: {}", e.message))?,
+        ),
+        None => Arc::new(
+            SqliteStore::open(&data_dir.join("broker.db"), durability)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "cannot open the store in {}: {}",
+                        data_dir.display(),
+                        e.message
+                    )
+                })?,
+        ),
+    })
 }
 
 /// Raises the soft open-file limit to the hard one (a default shell's 1,024

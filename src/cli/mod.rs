@@ -32,6 +32,12 @@ pub enum Command {
     ///
     /// Example: loopx serve --listen 127.0.0.1:7317
     Serve(ServeArgs),
+    /// Remove the sessions closed more than N days ago, with all their turns,
+    /// claims, events and Lark rows. On SQLite stop the broker first (a
+    /// running broker prunes with `serve --retain-closed-days`).
+    ///
+    /// Example: loopx prune --older-than-days 90
+    Prune(serve::PruneArgs),
     /// Print the OpenAPI 3.1 document (the same as openapi/openapi.json).
     ///
     /// Example: loopx openapi > openapi/openapi.json
@@ -69,17 +75,20 @@ pub enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(args) => {
-            init_logging();
-            let runtime = match tokio::runtime::Runtime::new() {
-                Ok(runtime) => runtime,
-                Err(e) => return fail(format!("cannot start the runtime: {e}")),
-            };
-            match runtime.block_on(serve::run(args)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(message) => fail(message),
+        Command::Serve(args) => match logged_run(serve::run(args)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(message) => fail(message),
+        },
+        Command::Prune(args) => match logged_run(serve::prune(args)) {
+            Ok(pruned) => {
+                println!(
+                    "pruned {} closed sessions ({} rows)",
+                    pruned.sessions, pruned.rows
+                );
+                ExitCode::SUCCESS
             }
-        }
+            Err(message) => fail(message),
+        },
         Command::Openapi => {
             print!("{}", crate::openapi::document_json());
             ExitCode::SUCCESS
@@ -90,6 +99,16 @@ pub fn main() -> ExitCode {
         Command::Mcp(args) => mcp::run(args),
         Command::Health(args) => health::run(args),
     }
+}
+
+/// Runs a store-owning command (serve, prune) with logging and a runtime.
+fn logged_run<T>(
+    command: impl std::future::Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    init_logging();
+    tokio::runtime::Runtime::new()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?
+        .block_on(command)
 }
 
 fn fail(message: String) -> ExitCode {

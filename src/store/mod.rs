@@ -7,6 +7,7 @@
 //! PostgreSQL for replicas later.
 
 pub mod postgres;
+pub mod retention;
 pub mod sqlite;
 mod sync_sql;
 
@@ -343,6 +344,9 @@ pub trait Store: Send + Sync + 'static {
     async fn record_reply(&self, turn_id: String, update: ReplyUpdate) -> Result<()>;
     /// Queued turns over all sessions, and when the oldest was enqueued.
     async fn queue_stats(&self) -> Result<(i64, Option<i64>)>;
+    /// One small step of retention (see [`retention`]): part of the oldest
+    /// session closed before `cutoff_ms`, or old Lark redelivery guards.
+    async fn prune_step(&self, cutoff_ms: i64) -> Result<retention::PruneStep>;
     /// The number of the session's latest event (0 when none); 404 for an unknown session.
     async fn last_event_no(&self, session_id: &str) -> Result<i64>;
     /// The session's events after `after`, in order, at most `limit`.

@@ -78,6 +78,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolO
 use sqlx::{Connection, Row};
 use tokio_util::sync::CancellationToken;
 
+use super::retention::{self, PruneStep};
 use super::sqlite::MAX_QUEUED;
 use super::{
     Bound, ChangeHook, ClaimOutcome, Enqueue, EventRow, HostIdentity, LarkEvent, LarkIngest,
@@ -1000,6 +1001,45 @@ async fn release(
     }
 }
 
+/// One transaction of retention: a chunk of the oldest prunable session's
+/// rows, or the session itself once they are gone, or old Lark guards. The
+/// session row is locked, skipping one another replica is pruning.
+async fn prune_step(conn: &mut PgConnection, cutoff_ms: i64) -> Step<PruneStep> {
+    let oldest: Option<String> = sqlx::query_scalar(&format!(
+        "{} for update skip locked",
+        retention::OLDEST_PRUNABLE
+    ))
+    .bind(cutoff_ms)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(session_id) = oldest else {
+        let rows = sqlx::query(retention::DELETE_LARK_EVENTS)
+            .bind(cutoff_ms)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+        return Ok(match rows {
+            0 => PruneStep::Done,
+            rows => PruneStep::Rows(rows),
+        });
+    };
+    for statement in retention::DELETE_CHILDREN {
+        let rows = sqlx::query(statement)
+            .bind(&session_id)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+        if rows > 0 {
+            return Ok(PruneStep::Rows(rows));
+        }
+    }
+    sqlx::query(retention::DELETE_SESSION)
+        .bind(&session_id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(PruneStep::Session)
+}
+
 async fn close(conn: &mut PgConnection, session_id: &str) -> Step<(SessionRow, u64)> {
     let session = lock_session(conn, session_id).await?;
     if session.state == SessionState::Closed {
@@ -1532,11 +1572,20 @@ impl Store for PgStore {
 
     async fn queue_stats(&self) -> Result<(i64, Option<i64>)> {
         Ok(sqlx::query_as(
-            "select (select coalesce(sum(queued_count), 0)::bigint from sessions),
-                    (select min(enqueued_at) from turns where state = 'queued')",
+            // Only the sessions with queued turns (an index), and each one's
+            // head of queue, its oldest queued turn: no scan of all sessions.
+            "select coalesce(sum(queued_count), 0)::bigint,
+                    min((select t.enqueued_at from turns t
+                         where t.session_id = s.session_id and t.state = 'queued'
+                         order by t.seq limit 1))
+             from sessions s where s.queued_count > 0",
         )
         .fetch_one(&self.pool)
         .await?)
+    }
+
+    async fn prune_step(&self, cutoff_ms: i64) -> Result<PruneStep> {
+        transaction!(self, "pruning", |conn| prune_step(conn, cutoff_ms))
     }
 
     async fn last_event_no(&self, session_id: &str) -> Result<i64> {

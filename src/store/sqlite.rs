@@ -14,6 +14,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
 };
 
+use super::retention::{self, PruneStep};
 use super::sync_sql as sql;
 use tokio::sync::{mpsc, oneshot};
 
@@ -368,6 +369,34 @@ fn nested<T>(conn: &Connection, op: impl FnOnce(&Connection) -> Result<T>) -> Re
     }
     execute(conn, "release nested")?;
     outcome
+}
+
+/// One writer job of retention: a chunk of the oldest prunable session's
+/// rows, or the session itself once they are gone, or old Lark guards.
+fn prune_step(conn: &Connection, cutoff_ms: i64) -> Result<PruneStep> {
+    use rusqlite::OptionalExtension;
+    let oldest: Option<String> = conn
+        .prepare_cached(retention::OLDEST_PRUNABLE)?
+        .query_row([cutoff_ms], |row| row.get(0))
+        .optional()?;
+    let Some(session_id) = oldest else {
+        let rows = conn
+            .prepare_cached(retention::DELETE_LARK_EVENTS)?
+            .execute([cutoff_ms])?;
+        return Ok(match rows {
+            0 => PruneStep::Done,
+            rows => PruneStep::Rows(rows as u64),
+        });
+    };
+    for statement in retention::DELETE_CHILDREN {
+        let rows = conn.prepare_cached(statement)?.execute([&session_id])?;
+        if rows > 0 {
+            return Ok(PruneStep::Rows(rows as u64));
+        }
+    }
+    conn.prepare_cached(retention::DELETE_SESSION)?
+        .execute([&session_id])?;
+    Ok(PruneStep::Session)
 }
 
 fn execute(conn: &Connection, statement: &'static str) -> Result<()> {
@@ -1312,12 +1341,21 @@ impl Store for SqliteStore {
     }
 
     async fn queue_stats(&self) -> Result<(i64, Option<i64>)> {
+        // Only the sessions with queued turns (an index), and each one's head
+        // of queue, its oldest queued turn: no scan of all sessions or turns.
         Ok(sqlx::query_as(
-            "select (select coalesce(sum(queued_count), 0) from sessions),
-                    (select min(enqueued_at) from turns where state = 'queued')",
+            "select coalesce(sum(queued_count), 0),
+                    min((select t.enqueued_at from turns t
+                         where t.session_id = s.session_id and t.state = 'queued'
+                         order by t.seq limit 1))
+             from sessions s where s.queued_count > 0",
         )
         .fetch_one(&self.reads)
         .await?)
+    }
+
+    async fn prune_step(&self, cutoff_ms: i64) -> Result<PruneStep> {
+        self.write(move |conn| prune_step(conn, cutoff_ms)).await
     }
 
     async fn last_event_no(&self, session_id: &str) -> Result<i64> {

@@ -16,4 +16,5 @@ mod lark;
 mod metrics;
 mod openapi_drift;
 mod replicas;
+mod retention;
 mod sessions;

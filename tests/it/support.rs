@@ -37,6 +37,8 @@ pub struct TestBroker {
     pub server: Option<JoinHandle<std::io::Result<()>>>,
     /// The broker's PostgreSQL database, dropped with it.
     pub database: Option<TestDatabase>,
+    /// The broker core, for what the HTTP API does not reach (its store).
+    pub broker: Arc<Broker>,
 }
 
 /// The admin URL of the PostgreSQL server the suite runs against
@@ -140,7 +142,7 @@ impl TestBroker {
             broker.spawn_lark_dispatcher(lark.clone());
         }
         let state = AppState {
-            broker,
+            broker: broker.clone(),
             owner_token: Arc::new(OwnerToken::new(TOKEN.into())),
             keep_alive,
             lark: lark.map(Arc::new),
@@ -162,6 +164,7 @@ impl TestBroker {
             shutdown,
             server: Some(server),
             database,
+            broker,
         }
     }
 

@@ -1,0 +1,104 @@
+//! Retention: which sessions are pruned (closed ones, closed before a cutoff)
+//! and the statements that remove one's rows a small chunk at a time, children
+//! before parents, so no writer job ever holds the database for long. Both
+//! stores run these same statements (SQLite and PostgreSQL both read `$n`
+//! parameters); this module owns the rule and the driving loop, and never
+//! touches an open session.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::Store;
+use crate::error::Result;
+
+const DAY_MS: i64 = 86_400_000;
+
+/// The cutoff for "closed more than `days` days ago".
+pub fn cutoff_ms(now_ms: i64, days: u32) -> i64 {
+    now_ms - i64::from(days) * DAY_MS
+}
+
+/// The rule: the oldest session closed before the cutoff (`$1`).
+pub const OLDEST_PRUNABLE: &str = "select session_id from sessions \
+     where state = 'closed' and closed_at < $1 order by closed_at limit 1";
+
+/// A session's (`$1`) rows, children first; each removes at most 500 rows
+/// (a step stays a few milliseconds), and a step runs them in order until one removes something.
+pub const DELETE_CHILDREN: [&str; 5] = [
+    "delete from claims where claim_id in \
+     (select claim_id from claims where session_id = $1 limit 500)",
+    "delete from lark_replies where turn_id in \
+     (select turn_id from lark_replies where session_id = $1 limit 500)",
+    "delete from session_events where session_id = $1 and event_no in \
+     (select event_no from session_events where session_id = $1 order by event_no limit 500)",
+    "delete from turns where turn_id in \
+     (select turn_id from turns where session_id = $1 order by seq limit 500)",
+    "delete from lark_links where session_id = $1",
+];
+
+/// The session itself (`$1`), once its rows are gone; only if still closed.
+pub const DELETE_SESSION: &str = "delete from sessions where session_id = $1 and state = 'closed'";
+
+/// Lark's redelivery guards received before the cutoff (`$1`): Lark stops
+/// redelivering after about 7 hours, so older ones guard nothing.
+pub const DELETE_LARK_EVENTS: &str = "delete from lark_events where (app_id, event_id) in \
+     (select app_id, event_id from lark_events where received_at < $1 limit 500)";
+
+/// What one step removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PruneStep {
+    /// Some rows of a session (or old Lark redelivery guards); more may follow.
+    Rows(u64),
+    /// A session's last row: the session is gone.
+    Session,
+    /// Nothing qualifies any more.
+    Done,
+}
+
+/// What a whole run removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub sessions: u64,
+    pub rows: u64,
+}
+
+/// Prunes everything closed before `cutoff_ms`, one small step at a time with
+/// a pause between steps, so the broker's own writes go first.
+pub async fn prune(store: &dyn Store, cutoff_ms: i64, pause: Duration) -> Result<Pruned> {
+    let mut pruned = Pruned::default();
+    loop {
+        match store.prune_step(cutoff_ms).await? {
+            PruneStep::Done => return Ok(pruned),
+            PruneStep::Session => {
+                pruned.sessions += 1;
+                pruned.rows += 1;
+            }
+            PruneStep::Rows(rows) => pruned.rows += rows,
+        }
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// `--retain-closed-days`: prunes at start and then every hour, until shutdown.
+pub async fn run(store: Arc<dyn Store>, days: u32, shutdown: CancellationToken) {
+    const EVERY: Duration = Duration::from_secs(3600);
+    const PAUSE: Duration = Duration::from_millis(5);
+    loop {
+        let cutoff = cutoff_ms(crate::time::now_ms(), days);
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            pruned = prune(store.as_ref(), cutoff, PAUSE) => match pruned {
+                Ok(p) if p.rows > 0 => tracing::info!(sessions = p.sessions, rows = p.rows, days, "pruned closed sessions"),
+                Ok(_) => {}
+                // Logged by the store; the next round tries again.
+                Err(_) => {}
+            },
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(EVERY) => {}
+        }
+    }
+}
