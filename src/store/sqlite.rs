@@ -371,6 +371,14 @@ fn nested<T>(conn: &Connection, op: impl FnOnce(&Connection) -> Result<T>) -> Re
     outcome
 }
 
+/// Only the sessions with queued turns (an index), and each one's head of
+/// queue, its oldest queued turn: a scrape scans no whole table.
+const QUEUE_STATS: &str = "select coalesce(sum(queued_count), 0),
+        min((select t.enqueued_at from turns t
+             where t.session_id = s.session_id and t.state = 'queued'
+             order by t.seq limit 1))
+    from sessions s where s.queued_count > 0";
+
 /// One writer job of retention: a chunk of the oldest prunable session's
 /// rows, or the session itself once they are gone, or old Lark guards.
 fn prune_step(conn: &Connection, cutoff_ms: i64) -> Result<PruneStep> {
@@ -1341,17 +1349,7 @@ impl Store for SqliteStore {
     }
 
     async fn queue_stats(&self) -> Result<(i64, Option<i64>)> {
-        // Only the sessions with queued turns (an index), and each one's head
-        // of queue, its oldest queued turn: no scan of all sessions or turns.
-        Ok(sqlx::query_as(
-            "select coalesce(sum(queued_count), 0),
-                    min((select t.enqueued_at from turns t
-                         where t.session_id = s.session_id and t.state = 'queued'
-                         order by t.seq limit 1))
-             from sessions s where s.queued_count > 0",
-        )
-        .fetch_one(&self.reads)
-        .await?)
+        Ok(sqlx::query_as(QUEUE_STATS).fetch_one(&self.reads).await?)
     }
 
     async fn prune_step(&self, cutoff_ms: i64) -> Result<PruneStep> {
@@ -1426,6 +1424,40 @@ impl Store for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `/metrics` and every retention statement go through indexes: none
+    /// scans a whole table, however large the history.
+    #[tokio::test]
+    async fn scrapes_and_pruning_scan_no_whole_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("broker.db");
+        let _store = SqliteStore::open(&path, Durability::Relaxed).await.unwrap();
+        let conn = Connection::open(&path).unwrap();
+        let mut statements = vec![
+            QUEUE_STATS,
+            retention::OLDEST_PRUNABLE,
+            retention::DELETE_SESSION,
+            retention::DELETE_LARK_EVENTS,
+        ];
+        statements.extend(retention::DELETE_CHILDREN);
+        for statement in statements {
+            let mut plan = conn
+                .prepare(&format!("explain query plan {statement}"))
+                .unwrap();
+            let params = vec![1; plan.parameter_count()];
+            let steps: Vec<String> = plan
+                .query_map(rusqlite::params_from_iter(params), |row| {
+                    row.get::<_, String>(3)
+                })
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            let whole_table = steps
+                .iter()
+                .find(|step| step.starts_with("SCAN ") && !step.contains(" USING "));
+            assert!(whole_table.is_none(), "{statement}\n{steps:#?}");
+        }
+    }
 
     #[test]
     fn the_wal_file_is_reopened_when_replaced_and_a_missing_one_is_an_error() {
