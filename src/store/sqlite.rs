@@ -149,9 +149,12 @@ fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
     // answer (see [`Flusher`]); `relaxed` syncs only at checkpoints.
     conn.pragma_update(None, "synchronous", "normal")?;
     conn.pragma_update(None, "foreign_keys", "on")?;
-    // The checkpointer keeps the WAL short; the writer's own checkpoint is
-    // the backstop.
+    // The checkpointer copies most of the WAL back; the writer's own
+    // checkpoint finishes the job (see [`WRITER_CHECKPOINT_PAGES`]).
     conn.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)?;
+    // After a spike (a reader pinning an old snapshot), the WAL file shrinks
+    // back to this size when it restarts, instead of keeping its peak.
+    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)?;
     // Savepoints' sub-journals in memory, not in temp files.
     conn.pragma_update(None, "temp_store", "memory")?;
     conn.set_prepared_statement_cache_capacity(128);
@@ -222,8 +225,17 @@ fn run_writer(
 /// How many commits the writer makes between two pokes of the checkpointer.
 const CHECKPOINT_EVERY: u32 = 32;
 /// The WAL size (pages) at which the writer checkpoints itself, inside a
-/// commit: the backstop for a checkpointer that cannot catch up.
-const WRITER_CHECKPOINT_PAGES: i64 = 4000;
+/// commit. The checkpointer alone never lets the WAL restart under steady
+/// writes: its passive checkpoint copies the frames it saw while the writer
+/// appends more, so when the writer begins its next transaction the log is
+/// never fully copied, and only a complete copy lets SQLite start the log
+/// over. Under load the WAL therefore grew to this backstop (it was 4,000
+/// pages, ~16 MB) and sat there. The writer's own checkpoint completes (no
+/// write runs meanwhile) and is cheap, since the checkpointer has already
+/// copied all but the last frames; at 1,000 pages the WAL stays near 4 MB.
+const WRITER_CHECKPOINT_PAGES: i64 = 1000;
+/// The WAL file's size after a restart: the backstop plus slack.
+const WAL_SIZE_LIMIT_BYTES: i64 = 8 * 1024 * 1024;
 
 /// Copies the WAL back into the database file off the writer's path. Every
 /// [`CHECKPOINT_EVERY`] commits the writer pokes this thread, which runs a
