@@ -3,6 +3,8 @@
 //! queue until a turn is committed, the session closes, the wait ends or the
 //! broker shuts down. It knows nothing of HTTP.
 
+mod permissions;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,9 +56,9 @@ pub struct Broker {
 pub struct LoggedEvent {
     /// The per-session event number (the SSE `id:`).
     pub id: i64,
-    /// `turn` or `session` (the SSE `event:`).
+    /// `turn`, `session` or `permission` (the SSE `event:`).
     pub name: &'static str,
-    /// `{"turn_id", "seq", "state"}` or `{"state": "closed"}`.
+    /// `{"turn_id", "seq", "state"}`, `{"state": "closed"}` or `{"request_id", "state"}`.
     pub data: serde_json::Value,
 }
 
@@ -474,11 +476,13 @@ impl Broker {
     }
 
     pub async fn close(&self, session_id: &str) -> Result<Session> {
-        let (row, cancelled) = self.store.close(session_id.to_owned()).await?;
-        self.metrics.turn("cancelled", cancelled);
-        // Parked claims re-check and answer 409 session_closed.
+        let closed = self.store.close(session_id.to_owned()).await?;
+        self.metrics.turn("cancelled", closed.cancelled);
+        self.metrics.permission("expired", closed.expired);
+        // Parked claims re-check and answer 409 session_closed; waits on
+        // permission requests see them expired.
         self.changed(session_id);
-        Ok(row.projection())
+        Ok(closed.session.projection())
     }
 
     /// Starts the Lark reply dispatcher; it stops with the broker.
@@ -613,6 +617,26 @@ fn page_limit(limit: Option<u32>, default: u32, max: u32) -> Result<u32> {
     }
 }
 
+/// A log entry as the stream sends it: content-free.
+fn logged_event(row: crate::store::EventRow) -> LoggedEvent {
+    let (name, data) = match (row.kind.as_str(), row.turn_id, row.request_id) {
+        ("turn", turn_id, _) => (
+            "turn",
+            serde_json::json!({"turn_id": turn_id, "seq": row.seq, "state": row.state}),
+        ),
+        ("permission", _, request_id) => (
+            "permission",
+            serde_json::json!({"request_id": request_id, "state": row.state}),
+        ),
+        _ => ("session", serde_json::json!({"state": row.state})),
+    };
+    LoggedEvent {
+        id: row.event_no,
+        name,
+        data,
+    }
+}
+
 struct EventCursor {
     _open: Open,
     broker: Arc<Broker>,
@@ -645,20 +669,7 @@ impl EventCursor {
                 .ok()?;
             if let Some(last) = rows.last() {
                 self.after = last.event_no;
-                self.pending.extend(rows.into_iter().map(|row| LoggedEvent {
-                    id: row.event_no,
-                    data: match row.turn_id {
-                        Some(turn_id) => serde_json::json!({
-                            "turn_id": turn_id, "seq": row.seq, "state": row.state,
-                        }),
-                        None => serde_json::json!({"state": row.state}),
-                    },
-                    name: if row.kind == "turn" {
-                        "turn"
-                    } else {
-                        "session"
-                    },
-                }));
+                self.pending.extend(rows.into_iter().map(logged_event));
                 continue;
             }
             tokio::select! {

@@ -9,6 +9,10 @@ use serde::de::DeserializeOwned;
 
 use crate::error::ErrorBody;
 use crate::model::{
+    AnswerPermission, Behavior, CreatePermissionRequest, ListPermissions, PermissionList,
+    PermissionRequest, WaitPermission,
+};
+use crate::model::{
     BindPreview, BindRequest, ClaimAnswer, ClaimRequest, CompleteRequest, EnqueueRequest, Enqueued,
     LarkLink, LarkLinkRequest, ListSessions, ListTurns, Receipt, RegisterAgentThread, Registered,
     ReleaseRequest, Released, Session, SessionList, Turn, TurnList,
@@ -320,6 +324,69 @@ impl Client {
         let path = session_path(session_id, &format!("/turns{}", serde_urlencoded(page)));
         self.call(Method::GET, &path, NO_BODY, None).await
     }
+
+    pub async fn create_permission(
+        &self,
+        session_id: &str,
+        request: &CreatePermissionRequest,
+    ) -> Result<Answer<PermissionRequest>, ClientError> {
+        let path = session_path(session_id, "/permission-requests");
+        self.call(Method::POST, &path, Some(request), None).await
+    }
+
+    pub async fn permissions(
+        &self,
+        session_id: &str,
+        filter: &ListPermissions,
+    ) -> Result<Answer<PermissionList>, ClientError> {
+        let query = serde_urlencoded(filter);
+        let path = session_path(session_id, &format!("/permission-requests{query}"));
+        self.call(Method::GET, &path, NO_BODY, None).await
+    }
+
+    pub async fn permission(
+        &self,
+        session_id: &str,
+        request_id: &str,
+    ) -> Result<Answer<PermissionRequest>, ClientError> {
+        self.call(
+            Method::GET,
+            &permission_path(session_id, request_id, ""),
+            NO_BODY,
+            None,
+        )
+        .await
+    }
+
+    /// Answers as the owner.
+    pub async fn answer_permission(
+        &self,
+        session_id: &str,
+        request_id: &str,
+        behavior: Behavior,
+    ) -> Result<Answer<PermissionRequest>, ClientError> {
+        let path = permission_path(session_id, request_id, "/answer");
+        let body = AnswerPermission { behavior };
+        self.call(Method::POST, &path, Some(&body), None).await
+    }
+
+    /// Waits for the answer, with an HTTP timeout above the wait.
+    pub async fn wait_permission(
+        &self,
+        session_id: &str,
+        request_id: &str,
+        wait: &WaitPermission,
+    ) -> Result<Answer<PermissionRequest>, ClientError> {
+        let timeout = Duration::from_secs(wait.wait_seconds.min(1800) + 30);
+        let path = permission_path(session_id, request_id, "/wait");
+        self.call(Method::POST, &path, Some(wait), Some(timeout))
+            .await
+    }
+}
+
+fn permission_path(session_id: &str, request_id: &str, rest: &str) -> String {
+    let request = format!("/permission-requests/{}{rest}", segment(request_id));
+    session_path(session_id, &request)
 }
 
 /// No request body.

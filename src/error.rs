@@ -50,6 +50,8 @@ pub enum ErrorCode {
     ClaimMismatch,
     /// 408: the request body did not arrive within the server's body timeout.
     RequestTimeout,
+    /// 409: the permission request was answered otherwise, or expired (`state` says which).
+    PermissionAlreadyAnswered,
     /// 413: the request body is over 2 MiB.
     PayloadTooLarge,
     /// 415: the request body is not `application/json`.
@@ -82,7 +84,8 @@ impl ErrorCode {
             | ClaimReleased
             | AlreadyCompleted
             | NotClaimed
-            | ClaimMismatch => StatusCode::CONFLICT,
+            | ClaimMismatch
+            | PermissionAlreadyAnswered => StatusCode::CONFLICT,
             RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -103,6 +106,8 @@ pub struct Error {
     pub active_claim: Option<ActiveClaim>,
     /// Sent as `Retry-After` (seconds) when set.
     pub retry_after_seconds: Option<u32>,
+    /// For `permission_already_answered`: the request's final state.
+    pub permission_state: Option<crate::model::PermissionState>,
 }
 
 /// The details of a `claim_active` conflict.
@@ -121,6 +126,7 @@ impl Error {
             message: message.into(),
             active_claim: None,
             retry_after_seconds: None,
+            permission_state: None,
         }
     }
 
@@ -157,6 +163,23 @@ impl Error {
         }
     }
 
+    pub fn host_mismatch() -> Self {
+        Self::new(
+            ErrorCode::HostMismatch,
+            "The host identity does not match this session's binding.",
+        )
+    }
+
+    pub fn permission_already_answered(state: crate::model::PermissionState) -> Self {
+        Self {
+            permission_state: Some(state),
+            ..Self::new(
+                ErrorCode::PermissionAlreadyAnswered,
+                "This permission request is already answered or expired; the first answer is final.",
+            )
+        }
+    }
+
     /// A store failure: logged with its cause, answered as 503 without detail.
     pub fn store(context: &'static str, cause: impl std::fmt::Display) -> Self {
         tracing::error!(%cause, "store failure: {context}");
@@ -180,6 +203,7 @@ impl Error {
                     .active_claim
                     .as_ref()
                     .map(|a| crate::time::rfc3339(a.claimed_at_ms)),
+                state: self.permission_state,
             },
         }
     }
@@ -209,6 +233,9 @@ pub struct ErrorDetail {
     /// Only with `claim_active`: when that claim was made.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub claimed_at: Option<String>,
+    /// Only with `permission_already_answered`: the request's state.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub state: Option<crate::model::PermissionState>,
 }
 
 impl IntoResponse for Error {

@@ -30,6 +30,8 @@ pub mod metrics;
 pub mod model;
 /// The generated OpenAPI document.
 pub mod openapi;
+/// The permission-request rules (create, answer, expire), once for both stores.
+pub mod permission;
 /// `loopx serve`.
 pub mod serve;
 /// Durable state behind a trait: SQLite (embedded) or PostgreSQL (replicas).

@@ -1,6 +1,6 @@
 //! Prometheus metrics: requests by route and status, turn counts, queue depth
 //! and age, parked claims, open SSE streams, claim wake latency and Lark
-//! replies. No label ever carries an id chosen by a client: routes are the
+//! replies, permission requests by outcome. No label ever carries an id chosen by a client: routes are the
 //! matched templates.
 
 use prometheus::{
@@ -23,6 +23,8 @@ pub struct Metrics {
     pub lark_replies: IntCounterVec,
     /// What the server loop counts about connections.
     pub connections: ConnectionMetrics,
+    /// `outcome`: created, allowed, denied, expired.
+    pub permission_requests: IntCounterVec,
 }
 
 /// Connections: open now, refused at the cap, and failed accepts. Cheap to
@@ -102,6 +104,14 @@ impl Default for Metrics {
         )
         .expect("valid metric");
         let connections = ConnectionMetrics::new();
+        let permission_requests = IntCounterVec::new(
+            Opts::new(
+                "permission_requests_total",
+                "Permission requests by outcome: created, allowed, denied, expired.",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(turns.clone()),
@@ -114,6 +124,7 @@ impl Default for Metrics {
             Box::new(connections.open.clone()),
             Box::new(connections.refused.clone()),
             Box::new(connections.accept_errors.clone()),
+            Box::new(permission_requests.clone()),
         ] {
             registry
                 .register(collector)
@@ -130,6 +141,7 @@ impl Default for Metrics {
             claim_wake_seconds,
             lark_replies,
             connections,
+            permission_requests,
         }
     }
 }
@@ -144,6 +156,12 @@ impl Metrics {
 
     pub fn turn(&self, event: &str, count: u64) {
         self.turns.with_label_values(&[event]).inc_by(count);
+    }
+
+    pub fn permission(&self, outcome: &str, count: u64) {
+        self.permission_requests
+            .with_label_values(&[outcome])
+            .inc_by(count);
     }
 }
 

@@ -529,3 +529,147 @@ pub struct ReplyStatus {
     /// The last failure, in words (never the answer's text).
     pub error: Option<String>,
 }
+
+/// A permission request's lifecycle: `pending`, then `allowed` or `denied`
+/// by the first answer, or `expired` when its session closed first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
+pub enum PermissionState {
+    Pending,
+    Allowed,
+    Denied,
+    Expired,
+}
+
+impl PermissionState {
+    /// The wire name, as the event log stores it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PermissionState::Pending => "pending",
+            PermissionState::Allowed => "allowed",
+            PermissionState::Denied => "denied",
+            PermissionState::Expired => "expired",
+        }
+    }
+}
+
+/// An answer to a permission request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Behavior {
+    Allow,
+    Deny,
+}
+
+/// Who answered a permission request: the owner (bearer token: the Web page,
+/// the API) or an approver of the linked Lark chat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
+pub enum AnsweredVia {
+    Owner,
+    Lark,
+}
+
+/// `POST /v1/sessions/{session_id}/permission-requests`, by the host: a tool
+/// approval dialog of the agent CLI, relayed as is.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"host_surface": "claude-code", "host_session_id": "host-abc", "request_id": "abcde", "tool_name": "Bash", "description": "Remove the build directory", "input_preview": "rm -rf build"}))]
+pub struct CreatePermissionRequest {
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub host_surface: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub host_session_id: String,
+    /// Unique per session; the agent CLI's own id (Claude Code: five letters).
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub request_id: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub tool_name: String,
+    /// Up to 64 KiB; stored like message text.
+    #[schema(max_length = 65536)]
+    pub description: String,
+    /// Up to 64 KiB; stored like message text, shown as plain preformatted text.
+    #[schema(max_length = 65536)]
+    pub input_preview: String,
+}
+
+/// A permission request as read back (content-bearing, like a turn).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"request_id": "abcde", "session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "tool_name": "Bash", "description": "Remove the build directory", "input_preview": "rm -rf build", "state": "allowed", "created_at": "2026-11-30T10:00:01.000Z", "answered_at": "2026-11-30T10:00:09.000Z", "answered_via": "owner"}))]
+pub struct PermissionRequest {
+    pub request_id: String,
+    pub session_id: String,
+    pub tool_name: String,
+    pub description: String,
+    pub input_preview: String,
+    pub state: PermissionState,
+    pub created_at: String,
+    /// When it was answered or expired.
+    pub answered_at: Option<String>,
+    /// Who answered (null while pending and for an expired request).
+    pub answered_via: Option<AnsweredVia>,
+}
+
+/// A session's permission requests: pending first, then newest first.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct PermissionList {
+    pub permission_requests: Vec<PermissionRequest>,
+}
+
+/// `GET /v1/sessions/{session_id}/permission-requests` filter.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListPermissions {
+    /// Only requests in this state (`pending`: what a restarted bridge waits for again).
+    pub state: Option<PermissionState>,
+}
+
+/// `POST .../permission-requests/{request_id}/answer`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"behavior": "allow"}))]
+pub struct AnswerPermission {
+    pub behavior: Behavior,
+}
+
+/// `POST .../permission-requests/{request_id}/wait`, by the host.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"host_surface": "claude-code", "host_session_id": "host-abc", "wait_seconds": 600}))]
+pub struct WaitPermission {
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub host_surface: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub host_session_id: String,
+    /// Seconds to park while the request is pending; values above 1800 are capped at 1800.
+    #[serde(default)]
+    #[schema(minimum = 0)]
+    pub wait_seconds: u64,
+}

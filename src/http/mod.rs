@@ -8,6 +8,7 @@ pub(crate) mod agent_threads;
 pub(crate) mod claims;
 pub(crate) mod events;
 pub(crate) mod lark_links;
+pub(crate) mod permissions;
 pub mod server;
 pub(crate) mod sessions;
 pub(crate) mod turns;
@@ -74,6 +75,7 @@ pub fn router(state: AppState) -> Router {
         .merge(claims::router())
         .merge(events::router())
         .merge(lark_links::router())
+        .merge(permissions::router())
         .merge(crate::lark::webhook::router())
         .merge(turns::router());
     Router::new()

@@ -14,11 +14,13 @@ mod sync_sql;
 use async_trait::async_trait;
 
 use crate::error::Result;
+use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
 use crate::model::{
     BindRequest, CancelReason, Capabilities, ClaimedTurn, CompleteRequest, EnqueueRequest,
     LarkLink, ListSessions, ListTurns, Origin, Receipt, RegisterAgentThread, Released, ReplyState,
     ReplyStatus, Session, SessionPreview, SessionState, Turn, TurnState,
 };
+pub use crate::permission::{Decision, PermissionRow};
 use crate::time::rfc3339;
 
 /// The host's writeback authority: the exact host identity of a binding.
@@ -160,11 +162,53 @@ impl TurnRow {
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct EventRow {
     pub event_no: i64,
-    /// `turn` or `session`.
+    /// `turn`, `session` or `permission`.
     pub kind: String,
     pub turn_id: Option<String>,
     pub seq: Option<i64>,
+    pub request_id: Option<String>,
     pub state: String,
+}
+
+/// What an event of a session's log is about.
+#[derive(Debug, Clone, Copy)]
+pub enum Subject<'a> {
+    /// A turn: its id and seq.
+    Turn(&'a str, i64),
+    /// The session itself (its close).
+    Session,
+    /// A permission request: its id.
+    Permission(&'a str),
+}
+
+impl<'a> Subject<'a> {
+    /// The log's `kind` column.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Subject::Turn(..) => "turn",
+            Subject::Session => "session",
+            Subject::Permission(_) => "permission",
+        }
+    }
+
+    /// The `turn_id`, `seq` and `request_id` columns.
+    pub fn columns(self) -> (Option<&'a str>, Option<i64>, Option<&'a str>) {
+        match self {
+            Subject::Turn(turn_id, seq) => (Some(turn_id), Some(seq), None),
+            Subject::Session => (None, None, None),
+            Subject::Permission(request_id) => (None, None, Some(request_id)),
+        }
+    }
+}
+
+/// What a close did.
+#[derive(Debug)]
+pub struct Closed {
+    pub session: SessionRow,
+    /// Queued turns cancelled.
+    pub cancelled: u64,
+    /// Pending permission requests expired.
+    pub expired: u64,
 }
 
 /// An event accepted from Lark, reduced to what the store keeps.
@@ -328,8 +372,34 @@ pub trait Store: Send + Sync + 'static {
         claim_id: String,
         host: HostIdentity,
     ) -> Result<Released>;
-    /// Closes the session; answers it and how many queued turns were cancelled.
-    async fn close(&self, session_id: String) -> Result<(SessionRow, u64)>;
+    /// Closes the session, cancelling its queued turns and expiring its
+    /// pending permission requests in the same transaction.
+    async fn close(&self, session_id: String) -> Result<Closed>;
+    /// Records a permission request by the host ([`crate::permission::create`]).
+    async fn create_permission(
+        &self,
+        session_id: String,
+        host: HostIdentity,
+        request: CreatePermissionRequest,
+    ) -> Result<Decision>;
+    /// Answers a permission request ([`crate::permission::answer`]); 404 for
+    /// an unknown session.
+    async fn answer_permission(
+        &self,
+        session_id: String,
+        request_id: String,
+        behavior: Behavior,
+        via: AnsweredVia,
+    ) -> Result<Decision>;
+    /// One request; 404 for an unknown session or request.
+    async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow>;
+    /// The session's requests (in `state`, if given): pending first, then
+    /// newest first, at most [`crate::permission::LIST_LIMIT`].
+    async fn permissions(
+        &self,
+        session_id: &str,
+        state: Option<PermissionState>,
+    ) -> Result<Vec<PermissionRow>>;
     /// Links a Lark chat to an open session (replacing the session's link).
     async fn lark_link(&self, session_id: String, chat_id: String) -> Result<LarkLink>;
     async fn lark_unlink(&self, session_id: String) -> Result<LarkLink>;

@@ -81,15 +81,17 @@ use tokio_util::sync::CancellationToken;
 use super::retention::{self, PruneStep};
 use super::sqlite::MAX_QUEUED;
 use super::{
-    Bound, ChangeHook, ClaimOutcome, Enqueue, EventRow, HostIdentity, LarkEvent, LarkIngest,
-    ReplyJob, ReplyUpdate, SessionRow, Store, TurnRow,
+    Bound, ChangeHook, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent,
+    LarkIngest, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, Subject, TurnRow,
 };
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
+use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
 use crate::model::{
     BindRequest, CompleteRequest, EnqueueRequest, Ingress, LarkLink, LarkRef, ListSessions,
     ListTurns, Origin, Receipt, RegisterAgentThread, Released, SessionState, TurnState,
 };
+use crate::permission;
 use crate::time::{now_ms, rfc3339};
 
 /// The channel every change is announced on; the payload is the session id.
@@ -473,11 +475,7 @@ async fn hosted_session(
 ) -> Step<SessionRow> {
     let session = lock_session(conn, session_id).await?;
     if !session.is_bound_to(host) {
-        return Err(Error::new(
-            ErrorCode::HostMismatch,
-            "The host identity does not match this session's binding.",
-        )
-        .into());
+        return Err(Error::host_mismatch().into());
     }
     Ok(session)
 }
@@ -506,24 +504,26 @@ where
 async fn append_event(
     conn: &mut PgConnection,
     session_id: &str,
-    turn: Option<(&str, i64)>,
+    subject: Subject<'_>,
     state: &str,
 ) -> Step<()> {
-    let kind = if turn.is_some() { "turn" } else { "session" };
+    let (turn_id, seq, request_id) = subject.columns();
     sqlx::query(
         "with numbered as (
              update sessions set next_event_no = next_event_no + 1 where session_id = $1
              returning next_event_no - 1 as event_no
          ), logged as (
-             insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
-             select $1, event_no, $2, $3, $4, $5, $6 from numbered
+             insert into session_events
+                 (session_id, event_no, kind, turn_id, seq, request_id, state, at)
+             select $1, event_no, $2, $3, $4, $5, $6, $7 from numbered
          )
          select 1",
     )
     .bind(session_id)
-    .bind(kind)
-    .bind(turn.map(|t| t.0))
-    .bind(turn.map(|t| t.1))
+    .bind(subject.kind())
+    .bind(turn_id)
+    .bind(seq)
+    .bind(request_id)
     .bind(state)
     .bind(now_ms())
     .execute(conn)
@@ -708,7 +708,13 @@ async fn enqueue(
     .bind(session_id)
     .execute(&mut *conn)
     .await?;
-    append_event(conn, session_id, Some((&turn.turn_id, turn.seq)), "queued").await?;
+    append_event(
+        conn,
+        session_id,
+        Subject::Turn(&turn.turn_id, turn.seq),
+        "queued",
+    )
+    .await?;
     Ok(Enqueue {
         turn,
         duplicate: false,
@@ -813,7 +819,13 @@ async fn claim(
     .bind(session_id)
     .execute(&mut *conn)
     .await?;
-    append_event(conn, session_id, Some((&turn.turn_id, turn.seq)), "claimed").await?;
+    append_event(
+        conn,
+        session_id,
+        Subject::Turn(&turn.turn_id, turn.seq),
+        "claimed",
+    )
+    .await?;
     Ok(ClaimOutcome::Claimed {
         turn: Box::new(turn),
         attempt,
@@ -922,7 +934,7 @@ async fn complete(
     append_event(
         conn,
         session_id,
-        Some((&turn.turn_id, turn.seq)),
+        Subject::Turn(&turn.turn_id, turn.seq),
         "completed",
     )
     .await?;
@@ -995,7 +1007,13 @@ async fn release(
             .bind(session_id)
             .execute(&mut *conn)
             .await?;
-            append_event(conn, session_id, Some((&claim.turn_id, seq)), "released").await?;
+            append_event(
+                conn,
+                session_id,
+                Subject::Turn(&claim.turn_id, seq),
+                "released",
+            )
+            .await?;
             Ok(released)
         }
     }
@@ -1040,10 +1058,14 @@ async fn prune_step(conn: &mut PgConnection, cutoff_ms: i64) -> Step<PruneStep> 
     Ok(PruneStep::Session)
 }
 
-async fn close(conn: &mut PgConnection, session_id: &str) -> Step<(SessionRow, u64)> {
+async fn close(conn: &mut PgConnection, session_id: &str) -> Step<Closed> {
     let session = lock_session(conn, session_id).await?;
     if session.state == SessionState::Closed {
-        return Ok((session, 0));
+        return Ok(Closed {
+            session,
+            cancelled: 0,
+            expired: 0,
+        });
     }
     if let Some(active) = session.active_claim_id {
         return Err(active_claim_error(conn, active).await?.into());
@@ -1082,12 +1104,159 @@ async fn close(conn: &mut PgConnection, session_id: &str) -> Step<(SessionRow, u
     .fetch_one(&mut *conn)
     .await?;
     let closed = session_row(row)?;
-    append_event(conn, session_id, None, "closed").await?;
+    let expired = expire_permissions(conn, session_id).await?;
+    append_event(conn, session_id, Subject::Session, "closed").await?;
     sqlx::query("delete from lark_links where session_id = $1")
         .bind(session_id)
         .execute(&mut *conn)
         .await?;
-    Ok((closed, cancelled))
+    Ok(Closed {
+        session: closed,
+        cancelled,
+        expired,
+    })
+}
+
+/// Expires the (locked) session's pending permission requests, one
+/// `permission` event each (numbered in creation order), in the close's
+/// transaction.
+async fn expire_permissions(conn: &mut PgConnection, session_id: &str) -> Step<u64> {
+    let now = now_ms();
+    let expired = sqlx::query(
+        "insert into session_events (session_id, event_no, kind, request_id, state, at)
+         select p.session_id,
+                s.next_event_no - 1 + row_number() over (order by p.created_at, p.request_id),
+                'permission', p.request_id, $1, $2
+         from permission_requests p join sessions s on s.session_id = p.session_id
+         where p.session_id = $3 and p.state = 'pending'",
+    )
+    .bind(permission::EXPIRED_ON_CLOSE.as_str())
+    .bind(now)
+    .bind(session_id)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    sqlx::query("update sessions set next_event_no = next_event_no + $1 where session_id = $2")
+        .bind(expired as i64)
+        .bind(session_id)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(
+        "update permission_requests set state = $1, answered_at = $2
+         where session_id = $3 and state = 'pending'",
+    )
+    .bind(permission::EXPIRED_ON_CLOSE.as_str())
+    .bind(now)
+    .bind(session_id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(expired)
+}
+
+const PERMISSION_COLUMNS: &str = "session_id, request_id, tool_name, description, \
+     input_preview, state, created_at, answered_at, answered_via";
+
+fn permission_row(row: PgRow) -> sqlx::Result<PermissionRow> {
+    Ok(PermissionRow {
+        session_id: row.try_get("session_id")?,
+        request_id: row.try_get("request_id")?,
+        tool_name: row.try_get("tool_name")?,
+        description: utf8(&row, "description")?,
+        input_preview: utf8(&row, "input_preview")?,
+        state: enumeration(&row, "state")?,
+        created_at: row.try_get("created_at")?,
+        answered_at: row.try_get("answered_at")?,
+        answered_via: optional_enumeration(&row, "answered_via")?,
+    })
+}
+
+async fn load_permission<'e, E>(
+    db: E,
+    session_id: &str,
+    request_id: &str,
+) -> sqlx::Result<Option<PermissionRow>>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    if unstorable(session_id) || unstorable(request_id) {
+        return Ok(None);
+    }
+    sqlx::query(&format!(
+        "select {PERMISSION_COLUMNS} from permission_requests
+         where session_id = $1 and request_id = $2"
+    ))
+    .bind(session_id)
+    .bind(request_id)
+    .fetch_optional(db)
+    .await?
+    .map(permission_row)
+    .transpose()
+}
+
+async fn create_permission(
+    conn: &mut PgConnection,
+    session_id: &str,
+    host: &HostIdentity,
+    request: &CreatePermissionRequest,
+) -> Step<Decision> {
+    let session = lock_session(conn, session_id).await?;
+    let existing = load_permission(&mut *conn, session_id, &request.request_id).await?;
+    let decision = permission::create(&session, host, existing, request.clone(), now_ms())?;
+    if let Decision::Write(row) = &decision {
+        sqlx::query(&format!(
+            "insert into permission_requests ({PERMISSION_COLUMNS})
+             values ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+        ))
+        .bind(&row.session_id)
+        .bind(&row.request_id)
+        .bind(&row.tool_name)
+        .bind(row.description.as_bytes())
+        .bind(row.input_preview.as_bytes())
+        .bind(row.state.as_str())
+        .bind(row.created_at)
+        .bind(row.answered_at)
+        .bind(row.answered_via.as_ref().map(text))
+        .execute(&mut *conn)
+        .await?;
+        append_permission_event(conn, row).await?;
+    }
+    Ok(decision)
+}
+
+async fn answer_permission(
+    conn: &mut PgConnection,
+    session_id: &str,
+    request_id: &str,
+    (behavior, via): (Behavior, AnsweredVia),
+) -> Step<Decision> {
+    lock_session(conn, session_id).await?;
+    let existing = load_permission(&mut *conn, session_id, request_id).await?;
+    let decision = permission::answer(existing, behavior, via, now_ms())?;
+    if let Decision::Write(row) = &decision {
+        sqlx::query(
+            "update permission_requests set state = $1, answered_at = $2, answered_via = $3
+             where session_id = $4 and request_id = $5",
+        )
+        .bind(row.state.as_str())
+        .bind(row.answered_at)
+        .bind(row.answered_via.as_ref().map(text))
+        .bind(&row.session_id)
+        .bind(&row.request_id)
+        .execute(&mut *conn)
+        .await?;
+        append_permission_event(conn, row).await?;
+    }
+    Ok(decision)
+}
+
+async fn append_permission_event(conn: &mut PgConnection, row: &PermissionRow) -> Step<()> {
+    append_event(
+        conn,
+        &row.session_id,
+        Subject::Permission(&row.request_id),
+        row.state.as_str(),
+    )
+    .await
 }
 
 async fn lark_link(conn: &mut PgConnection, session_id: &str, chat_id: &str) -> Step<LarkLink> {
@@ -1454,10 +1623,74 @@ impl Store for PgStore {
         Ok(released)
     }
 
-    async fn close(&self, session_id: String) -> Result<(SessionRow, u64)> {
+    async fn close(&self, session_id: String) -> Result<Closed> {
         let closed = transaction!(self, "closing", |conn| close(conn, &session_id))?;
         self.announcer.changed(&session_id);
         Ok(closed)
+    }
+
+    async fn create_permission(
+        &self,
+        session_id: String,
+        host: HostIdentity,
+        request: CreatePermissionRequest,
+    ) -> Result<Decision> {
+        let decision = transaction!(self, "recording a permission request", |conn| {
+            create_permission(conn, &session_id, &host, &request)
+        })?;
+        if let Decision::Write(_) = decision {
+            self.announcer.changed(&session_id);
+        }
+        Ok(decision)
+    }
+
+    async fn answer_permission(
+        &self,
+        session_id: String,
+        request_id: String,
+        behavior: Behavior,
+        via: AnsweredVia,
+    ) -> Result<Decision> {
+        let decision = transaction!(self, "answering a permission request", |conn| {
+            answer_permission(conn, &session_id, &request_id, (behavior, via))
+        })?;
+        if let Decision::Write(_) = decision {
+            self.announcer.changed(&session_id);
+        }
+        Ok(decision)
+    }
+
+    async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow> {
+        if load_session(&self.pool, session_id).await?.is_none() {
+            return Err(Error::not_found("session"));
+        }
+        load_permission(&self.pool, session_id, request_id)
+            .await?
+            .ok_or_else(|| Error::not_found("permission request"))
+    }
+
+    async fn permissions(
+        &self,
+        session_id: &str,
+        state: Option<PermissionState>,
+    ) -> Result<Vec<PermissionRow>> {
+        if load_session(&self.pool, session_id).await?.is_none() {
+            return Err(Error::not_found("session"));
+        }
+        let rows = sqlx::query(&format!(
+            "select {PERMISSION_COLUMNS} from permission_requests
+             where session_id = $1 and ($2::text is null or state = $2)
+             order by state = 'pending' desc, created_at desc, request_id desc limit $3"
+        ))
+        .bind(session_id)
+        .bind(state.map(PermissionState::as_str))
+        .bind(i64::from(permission::LIST_LIMIT))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(permission_row)
+            .collect::<sqlx::Result<_>>()?)
     }
 
     async fn lark_link(&self, session_id: String, chat_id: String) -> Result<LarkLink> {
@@ -1606,7 +1839,7 @@ impl Store for PgStore {
             return Ok(Vec::new());
         }
         Ok(sqlx::query_as(
-            "select event_no, kind, turn_id, seq, state from session_events
+            "select event_no, kind, turn_id, seq, request_id, state from session_events
              where session_id = $1 and event_no > $2 order by event_no limit $3",
         )
         .bind(session_id)

@@ -19,15 +19,17 @@ use super::sync_sql as sql;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Bound, ClaimOutcome, Enqueue, EventRow, Handoff, HostIdentity, LarkEvent, LarkIngest, ReplyJob,
-    ReplyUpdate, SessionRow, Store, TurnRow,
+    Bound, ClaimOutcome, Closed, Decision, Enqueue, EventRow, Handoff, HostIdentity, LarkEvent,
+    LarkIngest, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, Subject, TurnRow,
 };
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
+use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
 use crate::model::{
     BindRequest, CompleteRequest, EnqueueRequest, Ingress, LarkLink, LarkRef, ListSessions,
     ListTurns, Receipt, RegisterAgentThread, Released, SessionState, TurnState,
 };
+use crate::permission;
 use crate::time::{now_ms, rfc3339};
 
 /// How much a power loss may take: `Full` nothing acknowledged (every commit
@@ -451,17 +453,19 @@ fn append_event_at(
 fn append_event(
     conn: &Connection,
     session_id: &str,
-    turn: Option<(&str, i64)>,
+    subject: Subject<'_>,
     state: &str,
 ) -> Result<()> {
-    let kind = if turn.is_some() { "turn" } else { "session" };
+    let (turn_id, seq, request_id) = subject.columns();
     sql::query(
-        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
-         select session_id, next_event_no, ?, ?, ?, ?, ? from sessions where session_id = ?",
+        "insert into session_events
+             (session_id, event_no, kind, turn_id, seq, request_id, state, at)
+         select session_id, next_event_no, ?, ?, ?, ?, ?, ? from sessions where session_id = ?",
     )
-    .bind(kind)
-    .bind(turn.map(|t| t.0))
-    .bind(turn.map(|t| t.1))
+    .bind(subject.kind())
+    .bind(turn_id)
+    .bind(seq)
+    .bind(request_id)
     .bind(state)
     .bind(now_ms())
     .bind(session_id)
@@ -533,10 +537,7 @@ fn existing_session(conn: &Connection, session_id: &str) -> Result<SessionRow> {
 fn hosted_session(conn: &Connection, session_id: &str, host: &HostIdentity) -> Result<SessionRow> {
     let session = existing_session(conn, session_id)?;
     if !session.is_bound_to(host) {
-        return Err(Error::new(
-            ErrorCode::HostMismatch,
-            "The host identity does not match this session's binding.",
-        ));
+        return Err(Error::host_mismatch());
     }
     Ok(session)
 }
@@ -1025,16 +1026,25 @@ fn release(
             )
             .bind(&session_id)
             .execute(conn)?;
-            append_event(conn, &session_id, Some((&claim.turn_id, seq)), "released")?;
+            append_event(
+                conn,
+                &session_id,
+                Subject::Turn(&claim.turn_id, seq),
+                "released",
+            )?;
             Ok(released)
         }
     }
 }
 
-fn close(conn: &Connection, session_id: String) -> Result<(SessionRow, u64)> {
+fn close(conn: &Connection, session_id: String) -> Result<Closed> {
     let session = existing_session(conn, &session_id)?;
     if session.state == SessionState::Closed {
-        return Ok((session, 0));
+        return Ok(Closed {
+            session,
+            cancelled: 0,
+            expired: 0,
+        });
     }
     if let Some(active) = session.active_claim_id {
         return Err(active_claim_error(conn, active)?);
@@ -1067,11 +1077,136 @@ fn close(conn: &Connection, session_id: String) -> Result<(SessionRow, u64)> {
     .bind(now_ms())
     .bind(&session_id)
     .execute(conn)?;
-    append_event(conn, &session_id, None, "closed")?;
+    let expired = expire_permissions(conn, &session_id)?;
+    append_event(conn, &session_id, Subject::Session, "closed")?;
     sql::query("delete from lark_links where session_id = ?")
         .bind(&session_id)
         .execute(conn)?;
-    Ok((existing_session(conn, &session_id)?, cancelled))
+    Ok(Closed {
+        session: existing_session(conn, &session_id)?,
+        cancelled,
+        expired,
+    })
+}
+
+/// Expires the session's pending permission requests, one `permission`
+/// event each (numbered in creation order), in the close's transaction.
+fn expire_permissions(conn: &Connection, session_id: &str) -> Result<u64> {
+    let now = now_ms();
+    let expired = sql::query(
+        "insert into session_events (session_id, event_no, kind, request_id, state, at)
+         select p.session_id,
+                s.next_event_no - 1 + row_number() over (order by p.created_at, p.request_id),
+                'permission', p.request_id, ?, ?
+         from permission_requests p join sessions s on s.session_id = p.session_id
+         where p.session_id = ? and p.state = 'pending'",
+    )
+    .bind(permission::EXPIRED_ON_CLOSE)
+    .bind(now)
+    .bind(session_id)
+    .execute(conn)?
+    .rows_affected();
+    sql::query("update sessions set next_event_no = next_event_no + ? where session_id = ?")
+        .bind(expired as i64)
+        .bind(session_id)
+        .execute(conn)?;
+    sql::query(
+        "update permission_requests set state = ?, answered_at = ?
+         where session_id = ? and state = 'pending'",
+    )
+    .bind(permission::EXPIRED_ON_CLOSE)
+    .bind(now)
+    .bind(session_id)
+    .execute(conn)?;
+    Ok(expired)
+}
+
+/// A permission request's columns, in the order [`PermissionRow`] is read.
+macro_rules! permission_columns {
+    () => {
+        "session_id, request_id, tool_name, description, input_preview, state, created_at, \
+         answered_at, answered_via"
+    };
+}
+const SELECT_PERMISSION: &str = concat!(
+    "select ",
+    permission_columns!(),
+    " from permission_requests where session_id = ? and request_id = ?"
+);
+
+fn load_permission(
+    conn: &Connection,
+    session_id: &str,
+    request_id: &str,
+) -> Result<Option<PermissionRow>> {
+    sql::query_as(SELECT_PERMISSION)
+        .bind(session_id)
+        .bind(request_id)
+        .fetch_optional(conn)
+}
+
+fn create_permission(
+    conn: &Connection,
+    session_id: String,
+    host: HostIdentity,
+    request: CreatePermissionRequest,
+) -> Result<Decision> {
+    let session = existing_session(conn, &session_id)?;
+    let existing = load_permission(conn, &session_id, &request.request_id)?;
+    let decision = permission::create(&session, &host, existing, request, now_ms())?;
+    if let Decision::Write(row) = &decision {
+        sql::query(concat!(
+            "insert into permission_requests (",
+            permission_columns!(),
+            ") values (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        ))
+        .bind(&row.session_id)
+        .bind(&row.request_id)
+        .bind(&row.tool_name)
+        .bind(&row.description)
+        .bind(&row.input_preview)
+        .bind(row.state)
+        .bind(row.created_at)
+        .bind(row.answered_at)
+        .bind(row.answered_via)
+        .execute(conn)?;
+        append_permission_event(conn, row)?;
+    }
+    Ok(decision)
+}
+
+fn answer_permission(
+    conn: &Connection,
+    session_id: String,
+    request_id: String,
+    (behavior, via): (Behavior, AnsweredVia),
+) -> Result<Decision> {
+    existing_session(conn, &session_id)?;
+    let existing = load_permission(conn, &session_id, &request_id)?;
+    let decision = permission::answer(existing, behavior, via, now_ms())?;
+    if let Decision::Write(row) = &decision {
+        sql::query(
+            "update permission_requests set state = ?, answered_at = ?, answered_via = ?
+             where session_id = ? and request_id = ?",
+        )
+        .bind(row.state)
+        .bind(row.answered_at)
+        .bind(row.answered_via)
+        .bind(&row.session_id)
+        .bind(&row.request_id)
+        .execute(conn)?;
+        append_permission_event(conn, row)?;
+    }
+    Ok(decision)
+}
+
+fn append_permission_event(conn: &Connection, row: &PermissionRow) -> Result<()> {
+    append_event(
+        conn,
+        &row.session_id,
+        Subject::Permission(&row.request_id),
+        row.state.as_str(),
+    )
 }
 
 fn lark_link(conn: &Connection, session_id: String, chat_id: String) -> Result<LarkLink> {
@@ -1277,8 +1412,62 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn close(&self, session_id: String) -> Result<(SessionRow, u64)> {
+    async fn close(&self, session_id: String) -> Result<Closed> {
         self.write(move |conn| close(conn, session_id)).await
+    }
+
+    async fn create_permission(
+        &self,
+        session_id: String,
+        host: HostIdentity,
+        request: CreatePermissionRequest,
+    ) -> Result<Decision> {
+        self.write(move |conn| create_permission(conn, session_id, host, request))
+            .await
+    }
+
+    async fn answer_permission(
+        &self,
+        session_id: String,
+        request_id: String,
+        behavior: Behavior,
+        via: AnsweredVia,
+    ) -> Result<Decision> {
+        self.write(move |conn| answer_permission(conn, session_id, request_id, (behavior, via)))
+            .await
+    }
+
+    async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow> {
+        if read_session(&self.reads, session_id).await?.is_none() {
+            return Err(Error::not_found("session"));
+        }
+        sqlx::query_as(SELECT_PERMISSION)
+            .bind(session_id)
+            .bind(request_id)
+            .fetch_optional(&self.reads)
+            .await?
+            .ok_or_else(|| Error::not_found("permission request"))
+    }
+
+    async fn permissions(
+        &self,
+        session_id: &str,
+        state: Option<PermissionState>,
+    ) -> Result<Vec<PermissionRow>> {
+        if read_session(&self.reads, session_id).await?.is_none() {
+            return Err(Error::not_found("session"));
+        }
+        Ok(sqlx::query_as(concat!(
+            "select ",
+            permission_columns!(),
+            " from permission_requests where session_id = ?1 and (?2 is null or state = ?2)
+             order by state = 'pending' desc, created_at desc, request_id desc limit ?3"
+        ))
+        .bind(session_id)
+        .bind(state)
+        .bind(permission::LIST_LIMIT)
+        .fetch_all(&self.reads)
+        .await?)
     }
 
     async fn lark_link(&self, session_id: String, chat_id: String) -> Result<LarkLink> {
@@ -1380,7 +1569,7 @@ impl Store for SqliteStore {
 
     async fn events(&self, session_id: &str, after: i64, limit: u32) -> Result<Vec<EventRow>> {
         Ok(sqlx::query_as(
-            "select event_no, kind, turn_id, seq, state from session_events
+            "select event_no, kind, turn_id, seq, request_id, state from session_events
              where session_id = ? and event_no > ? order by event_no limit ?",
         )
         .bind(session_id)

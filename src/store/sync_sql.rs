@@ -11,7 +11,10 @@ use rusqlite::types::{FromSql, Value};
 use rusqlite::{Connection, OptionalExtension, Row, params_from_iter};
 
 use crate::error::{Error, Result};
-use crate::model::{CancelReason, Origin, ReplyState, SessionState, TurnState};
+use crate::model::{
+    AnsweredVia, CancelReason, Origin, PermissionState, ReplyState, SessionState, TurnState,
+};
+use crate::permission::PermissionRow;
 use crate::store::{SessionRow, TurnRow};
 
 impl From<rusqlite::Error> for Error {
@@ -78,7 +81,15 @@ macro_rules! text_enum {
         }
     )*};
 }
-text_enum!(Origin, SessionState, TurnState, CancelReason, ReplyState);
+text_enum!(
+    Origin,
+    SessionState,
+    TurnState,
+    CancelReason,
+    ReplyState,
+    PermissionState,
+    AnsweredVia
+);
 
 fn wire<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_value(v)
@@ -154,6 +165,23 @@ impl FromRow for TurnRow {
             } else {
                 None
             },
+        })
+    }
+}
+
+/// In the order of `PERMISSION_COLUMNS` (the store's).
+impl FromRow for PermissionRow {
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(PermissionRow {
+            session_id: r.get(0)?,
+            request_id: r.get(1)?,
+            tool_name: r.get(2)?,
+            description: r.get(3)?,
+            input_preview: r.get(4)?,
+            state: r.get(5)?,
+            created_at: r.get(6)?,
+            answered_at: r.get(7)?,
+            answered_via: r.get(8)?,
         })
     }
 }

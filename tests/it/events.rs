@@ -9,10 +9,15 @@ use serde_json::{Value, json};
 
 use crate::support::*;
 
-type Events = std::pin::Pin<Box<dyn Stream<Item = Event> + Send>>;
+pub(crate) type Events = std::pin::Pin<Box<dyn Stream<Item = Event> + Send>>;
 
 /// Opens the session's event stream, optionally resuming after `last_event_id`.
-async fn subscribe(url: &str, token: &str, session_id: &str, last_event_id: Option<i64>) -> Events {
+pub(crate) async fn subscribe(
+    url: &str,
+    token: &str,
+    session_id: &str,
+    last_event_id: Option<i64>,
+) -> Events {
     let mut request = reqwest::Client::new()
         .get(format!("{url}/v1/sessions/{session_id}/events"))
         .bearer_auth(token);
@@ -35,7 +40,7 @@ async fn subscribe(url: &str, token: &str, session_id: &str, last_event_id: Opti
     )
 }
 
-async fn take(events: &mut Events, n: usize) -> Vec<(i64, String, Value)> {
+pub(crate) async fn take(events: &mut Events, n: usize) -> Vec<(i64, String, Value)> {
     let mut taken = Vec::new();
     while taken.len() < n {
         let event = tokio::time::timeout(Duration::from_secs(5), events.next())
@@ -51,7 +56,7 @@ async fn take(events: &mut Events, n: usize) -> Vec<(i64, String, Value)> {
     taken
 }
 
-fn states(events: &[(i64, String, Value)]) -> Vec<String> {
+pub(crate) fn states(events: &[(i64, String, Value)]) -> Vec<String> {
     events
         .iter()
         .map(|(_, name, data)| format!("{name}:{}", data["state"].as_str().unwrap()))

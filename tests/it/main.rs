@@ -15,6 +15,7 @@ mod fake_lark;
 mod lark;
 mod metrics;
 mod openapi_drift;
+mod permissions;
 mod replicas;
 mod retention;
 mod sessions;

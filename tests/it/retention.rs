@@ -12,12 +12,13 @@ use crate::support::*;
 const DAY_MS: i64 = 86_400_000;
 
 /// The tables that hold a session's rows.
-const OWNED: [&str; 5] = [
+const OWNED: [&str; 6] = [
     "turns",
     "claims",
     "session_events",
     "lark_replies",
     "lark_links",
+    "permission_requests",
 ];
 
 /// A direct connection to the broker's database, for what the API cannot do
@@ -84,7 +85,8 @@ impl Db {
 }
 
 /// A session with a completed turn (a claim, events), a queued one (cancelled
-/// at close) and a Lark link, closed unless `open`.
+/// at close), a permission request (expired at close) and a Lark link, closed
+/// unless `open`.
 async fn history(client: &loopx::client::Client, open: bool) -> Host {
     let host = bound_host(client).await;
     let turn = enqueue(client, &host, "answered").await;
@@ -99,6 +101,18 @@ async fn history(client: &loopx::client::Client, open: bool) -> Host {
         .await
         .unwrap();
     enqueue(client, &host, "left queued").await;
+    let permission = loopx::model::CreatePermissionRequest {
+        host_surface: HOST_SURFACE.into(),
+        host_session_id: host.host_session_id.clone(),
+        request_id: unique("perm"),
+        tool_name: "Bash".into(),
+        description: "d".into(),
+        input_preview: "ls".into(),
+    };
+    client
+        .create_permission(host.session_id(), &permission)
+        .await
+        .unwrap();
     client
         .lark_link(host.session_id(), &unique("oc"))
         .await

@@ -1,0 +1,167 @@
+//! The broker's side of permission requests: validation, metrics, wake-ups
+//! and the host's parked wait for an answer. The rules themselves are
+//! [`crate::permission`]'s; the store applies them in its transaction.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Answer, Broker, MAX_TEXT_BYTES};
+use crate::error::{Error, Result};
+use crate::ids::check;
+use crate::model::{
+    AnsweredVia, Behavior, CreatePermissionRequest, ListPermissions, PermissionList,
+    PermissionRequest, WaitPermission,
+};
+use crate::permission::{self, Decision};
+use crate::store::HostIdentity;
+
+impl Broker {
+    /// Records the host's permission request (201), or replays it (200).
+    pub async fn create_permission(
+        &self,
+        session_id: &str,
+        request: CreatePermissionRequest,
+    ) -> Result<Answer<PermissionRequest>> {
+        check("host_surface", &request.host_surface)?;
+        check("host_session_id", &request.host_session_id)?;
+        check("request_id", &request.request_id)?;
+        check("tool_name", &request.tool_name)?;
+        for (field, value) in [
+            ("description", &request.description),
+            ("input_preview", &request.input_preview),
+        ] {
+            if value.len() > MAX_TEXT_BYTES {
+                return Err(Error::invalid(format!(
+                    "`{field}` must be at most {MAX_TEXT_BYTES} bytes."
+                )));
+            }
+        }
+        let host = HostIdentity {
+            host_surface: request.host_surface.clone(),
+            host_session_id: request.host_session_id.clone(),
+        };
+        let decision = self
+            .store
+            .create_permission(session_id.to_owned(), host, request)
+            .await?;
+        Ok(self.decided(session_id, decision, "created"))
+    }
+
+    /// Answers a permission request; the first answer wins.
+    pub async fn answer_permission(
+        &self,
+        session_id: &str,
+        request_id: &str,
+        behavior: Behavior,
+        via: AnsweredVia,
+    ) -> Result<Answer<PermissionRequest>> {
+        check("request_id", request_id)?;
+        let decision = self
+            .store
+            .answer_permission(session_id.to_owned(), request_id.to_owned(), behavior, via)
+            .await?;
+        let outcome = permission::answered_state(behavior).as_str();
+        Ok(self.decided(session_id, decision, outcome))
+    }
+
+    /// Counts and announces a written decision; a replay changes nothing.
+    fn decided(
+        &self,
+        session_id: &str,
+        decision: Decision,
+        outcome: &str,
+    ) -> Answer<PermissionRequest> {
+        let replayed = matches!(decision, Decision::Replayed(_));
+        if !replayed {
+            self.metrics.permission(outcome, 1);
+            self.changes.wake(session_id);
+        }
+        Answer {
+            body: decision.into_row().readback(),
+            replayed,
+        }
+    }
+
+    pub async fn permission(
+        &self,
+        session_id: &str,
+        request_id: &str,
+    ) -> Result<PermissionRequest> {
+        check("request_id", request_id)?;
+        Ok(self
+            .store
+            .permission(session_id, request_id)
+            .await?
+            .readback())
+    }
+
+    pub async fn permissions(
+        &self,
+        session_id: &str,
+        filter: ListPermissions,
+    ) -> Result<PermissionList> {
+        let rows = self.store.permissions(session_id, filter.state).await?;
+        Ok(PermissionList {
+            permission_requests: rows.iter().map(|r| r.readback()).collect(),
+        })
+    }
+
+    /// The host parks until the request is answered or expires, up to
+    /// `wait_seconds` (capped like a claim), on the session's change signal;
+    /// at the deadline or on shutdown it answers the request still pending.
+    pub async fn wait_permission(
+        &self,
+        session_id: &str,
+        request_id: &str,
+        wait: WaitPermission,
+    ) -> Result<PermissionRequest> {
+        check("request_id", request_id)?;
+        check("host_surface", &wait.host_surface)?;
+        check("host_session_id", &wait.host_session_id)?;
+        let host = HostIdentity {
+            host_surface: wait.host_surface,
+            host_session_id: wait.host_session_id,
+        };
+        let seconds = wait.wait_seconds.min(self.max_wait_seconds);
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        let subscription = self.changes.subscribe(session_id);
+        loop {
+            // Enabled before the store is read, as for parked claims.
+            let woken = subscription.signal().notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let row = self
+                .hosted_permission(session_id, request_id, &host)
+                .await?;
+            if permission::is_settled(&row) || Instant::now() >= deadline {
+                return Ok(row.readback());
+            }
+            tokio::select! {
+                _ = woken => {}
+                _ = self.recheck() => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = self.shutdown.cancelled() => return Ok(row.readback()),
+            }
+        }
+    }
+
+    /// The request, once the host identity is the session's (404, then 403).
+    async fn hosted_permission(
+        &self,
+        session_id: &str,
+        request_id: &str,
+        host: &HostIdentity,
+    ) -> Result<permission::PermissionRow> {
+        let session = self
+            .store
+            .session(session_id)
+            .await?
+            .ok_or_else(|| Error::not_found("session"))?;
+        let row = self.store.permission(session_id, request_id).await?;
+        if !session.is_bound_to(host) {
+            return Err(Error::host_mismatch());
+        }
+        Ok(row)
+    }
+}

@@ -1,0 +1,195 @@
+//! Permission requests: the host records its agent CLI's tool-approval
+//! dialogs, the owner (or a Lark approver) answers once, the host waits
+//! parked for the answer.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use super::{AppJson, AppPath, AppQuery, AppState, replayed_header};
+use crate::error::{ErrorBody, Result};
+use crate::model::{
+    AnswerPermission, AnsweredVia, CreatePermissionRequest, ListPermissions, PermissionList,
+    PermissionRequest, WaitPermission,
+};
+
+pub fn router() -> axum::Router<AppState> {
+    axum::Router::new()
+        .route(
+            "/v1/sessions/{session_id}/permission-requests",
+            post(create).get(list),
+        )
+        .route(
+            "/v1/sessions/{session_id}/permission-requests/{request_id}",
+            get(read),
+        )
+        .route(
+            "/v1/sessions/{session_id}/permission-requests/{request_id}/answer",
+            post(answer),
+        )
+        .route(
+            "/v1/sessions/{session_id}/permission-requests/{request_id}/wait",
+            post(wait),
+        )
+}
+
+/// Record a permission request (by the host).
+///
+/// The host bridge relays its agent CLI's tool-approval dialog (Claude Code's
+/// `permission_request`): the request is recorded `pending` on the session,
+/// shown on the Web page and sent to a linked Lark chat, and announced on the
+/// event stream as `event: permission`. `request_id` is unique per session:
+/// the same `request_id` with the same body again answers 200 with
+/// `Idempotent-Replayed: true` (also once the session is closed); with another
+/// body, 422 `idempotency_key_reused`. `description` and `input_preview` (up
+/// to 64 KiB each) are content, kept like message text: never logged, never
+/// in projections or metrics. Order of checks: 404, 403 `host_mismatch`, a
+/// replay, 422 `idempotency_key_reused`, 409 `session_closed`.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/permission-requests", operation_id = "createPermissionRequest", tag = "permissions",
+    params(("session_id" = String, Path, description = "The session id.")),
+    request_body = CreatePermissionRequest,
+    responses(
+        (status = 201, description = "Recorded, pending.", body = PermissionRequest),
+        (status = 200, description = "The same request again (`Idempotent-Replayed: true`).", body = PermissionRequest),
+        (status = 400, description = "`invalid_request`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`host_mismatch`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+        (status = 409, description = "`session_closed`.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+        (status = 422, description = "`idempotency_key_reused`.", body = ErrorBody),
+    ))]
+pub async fn create(
+    State(state): State<AppState>,
+    AppPath(session_id): AppPath<String>,
+    AppJson(request): AppJson<CreatePermissionRequest>,
+) -> Result<Response> {
+    let answer = state.broker.create_permission(&session_id, request).await?;
+    let status = if answer.replayed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((status, replayed_header(answer.replayed), Json(answer.body)).into_response())
+}
+
+/// List permission requests.
+///
+/// The session's permission requests, pending first, then newest first (at
+/// most 200: every pending one, then the latest answered ones). `state`
+/// filters; `?state=pending` is what a restarted host bridge waits for again.
+#[utoipa::path(get, path = "/v1/sessions/{session_id}/permission-requests", operation_id = "listPermissionRequests", tag = "permissions",
+    params(("session_id" = String, Path, description = "The session id."), ListPermissions),
+    responses(
+        (status = 200, description = "The requests.", body = PermissionList),
+        (status = 400, description = "`invalid_request`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+    ))]
+pub async fn list(
+    State(state): State<AppState>,
+    AppPath(session_id): AppPath<String>,
+    AppQuery(filter): AppQuery<ListPermissions>,
+) -> Result<Json<PermissionList>> {
+    Ok(Json(state.broker.permissions(&session_id, filter).await?))
+}
+
+/// Read a permission request.
+#[utoipa::path(get, path = "/v1/sessions/{session_id}/permission-requests/{request_id}", operation_id = "getPermissionRequest", tag = "permissions",
+    params(
+        ("session_id" = String, Path, description = "The session id."),
+        ("request_id" = String, Path, description = "The request id."),
+    ),
+    responses(
+        (status = 200, description = "The request.", body = PermissionRequest),
+        (status = 400, description = "`invalid_request`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+    ))]
+pub async fn read(
+    State(state): State<AppState>,
+    AppPath((session_id, request_id)): AppPath<(String, String)>,
+) -> Result<Json<PermissionRequest>> {
+    Ok(Json(
+        state.broker.permission(&session_id, &request_id).await?,
+    ))
+}
+
+/// Answer a permission request (the owner).
+///
+/// `allow` or `deny`; recorded with `answered_via: "owner"`. The first answer
+/// wins and is final: the same answer again answers 200 with
+/// `Idempotent-Replayed: true`; another answer to an answered request, or any
+/// answer to an expired one (its session closed), is 409
+/// `permission_already_answered` with the request's `state` inside `error`.
+/// An answer to a closed session's request is refused the same way, since a
+/// close expires every pending request. Unknown session or request: 404.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/permission-requests/{request_id}/answer", operation_id = "answerPermissionRequest", tag = "permissions",
+    params(
+        ("session_id" = String, Path, description = "The session id."),
+        ("request_id" = String, Path, description = "The request id."),
+    ),
+    request_body = AnswerPermission,
+    responses(
+        (status = 200, description = "The answered request (`Idempotent-Replayed: true` on the same answer again).", body = PermissionRequest),
+        (status = 400, description = "`invalid_request`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+        (status = 409, description = "`permission_already_answered`, with `state`.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+    ))]
+pub async fn answer(
+    State(state): State<AppState>,
+    AppPath((session_id, request_id)): AppPath<(String, String)>,
+    AppJson(answer): AppJson<AnswerPermission>,
+) -> Result<Response> {
+    let answer = state
+        .broker
+        .answer_permission(
+            &session_id,
+            &request_id,
+            answer.behavior,
+            AnsweredVia::Owner,
+        )
+        .await?;
+    Ok((replayed_header(answer.replayed), Json(answer.body)).into_response())
+}
+
+/// Wait for the answer (by the host).
+///
+/// Parks, spending no CPU, until the request is answered or expires (then 200
+/// with it: its `state` says which), or until `wait_seconds` (capped at 1800)
+/// pass or the broker shuts down (then 200 with the request still `pending`:
+/// wait again). Long-poll clients must set their HTTP timeout above
+/// `wait_seconds`. Order of checks: 404, 403 `host_mismatch`.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/permission-requests/{request_id}/wait", operation_id = "waitPermissionRequest", tag = "permissions",
+    params(
+        ("session_id" = String, Path, description = "The session id."),
+        ("request_id" = String, Path, description = "The request id."),
+    ),
+    request_body = WaitPermission,
+    responses(
+        (status = 200, description = "The request: answered, expired, or still pending at the deadline.", body = PermissionRequest),
+        (status = 400, description = "`invalid_request`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`host_mismatch`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+    ))]
+pub async fn wait(
+    State(state): State<AppState>,
+    AppPath((session_id, request_id)): AppPath<(String, String)>,
+    AppJson(wait): AppJson<WaitPermission>,
+) -> Result<Json<PermissionRequest>> {
+    Ok(Json(
+        state
+            .broker
+            .wait_permission(&session_id, &request_id, wait)
+            .await?,
+    ))
+}
