@@ -22,6 +22,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("/assets/view.js", JS, include_str!("web/view.js")),
     ("/assets/markdown.js", JS, include_str!("web/markdown.js")),
     ("/assets/attention.js", JS, include_str!("web/attention.js")),
+    (
+        "/assets/permissions.js",
+        JS,
+        include_str!("web/permissions.js"),
+    ),
     // Pinned third-party modules; versions and licenses in web/vendor/README.md.
     (
         "/assets/vendor/marked.esm.js",

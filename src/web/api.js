@@ -148,3 +148,18 @@ export function newUuid() {
   const h = [...b].map((x) => x.toString(16).padStart(2, '0')).join('');
   return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
 }
+
+/** The session's permission requests: pending first, then newest first. */
+export async function listPermissions(sessionId) {
+  return (await request('GET', `/v1/sessions/${enc(sessionId)}/permission-requests`)).data.permission_requests;
+}
+
+export async function getPermission(sessionId, requestId) {
+  return (await request('GET', `/v1/sessions/${enc(sessionId)}/permission-requests/${enc(requestId)}`)).data;
+}
+
+/** Answers as the owner: behavior is 'allow' or 'deny'. */
+export async function answerPermission(sessionId, requestId, behavior) {
+  const path = `/v1/sessions/${enc(sessionId)}/permission-requests/${enc(requestId)}/answer`;
+  return (await request('POST', path, { behavior })).data;
+}

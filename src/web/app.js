@@ -7,6 +7,7 @@ import * as api from './api.js';
 import { openEventStream } from './sse.js';
 import { plainText } from './markdown.js';
 import { attention } from './attention.js';
+import { PermissionCards } from './permissions.js';
 import { capabilityList, duration, el, msSince, sessionFacts, sessionItem, stateBadge, turnItem } from './view.js';
 
 const $ = (id) => document.getElementById(id);
@@ -223,6 +224,7 @@ window.addEventListener('hashchange', route);
 function closeChat() {
   if (!chat) return;
   chat.disposed = true;
+  chat.permissions.disposed = true;
   chat.stream?.close();
   clearInterval(chat.pollTimer);
   chat = null;
@@ -249,6 +251,7 @@ function openChat(sessionId) {
     polling: false,
     sending: false,
     pending: draft.id ? { text: draft.text, id: draft.id } : null, // the composed message's id
+    permissions: new PermissionCards(sessionId, ui.transcript, { announce }),
   };
   ui.appView.dataset.view = 'chat';
   show(ui.chatEmpty, false);
@@ -279,6 +282,8 @@ async function loadChat(c) {
     applySession(c, session);
     c.hasMore = page.has_more;
     for (const turn of page.turns) upsertTurn(c, turn, { quiet: true });
+    await c.permissions.load();
+    if (c.disposed) return;
     renderPaging(c);
     scrollToBottom();
     if (session.state === 'open') {
@@ -477,6 +482,7 @@ async function resync(c) {
     if (!page.has_more || page.turns.length === 0) break;
     from = page.turns[page.turns.length - 1].seq;
   }
+  await c.permissions.load();
   renderPaging(c);
 }
 
@@ -533,6 +539,8 @@ function connectStream(c) {
         if (data.state === 'released' && known) noteReleased(c, data.turn_id, known.claimed_at);
         if (known && known.state === data.state) return;
         refreshTurn(c, data.turn_id);
+      } else if (event.event === 'permission' && data && typeof data.request_id === 'string') {
+        c.permissions.changed(data.request_id).catch(() => {});
       } else if (event.event === 'session') {
         if (data?.state === 'closed') {
           // The broker ends the stream after `closed`: nothing more will come.

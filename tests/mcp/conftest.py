@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import pytest
@@ -30,6 +30,8 @@ from pydantic import BaseModel
 LOOPX = os.path.abspath(os.environ.get("LOOPX_BIN", "target/debug/loopx"))
 HOST_SURFACE = "claude-code"
 CHANNEL_EVENT = "notifications/claude/channel"
+PERMISSION_REQUEST = "notifications/claude/channel/permission_request"
+PERMISSION_ANSWER = "notifications/claude/channel/permission"
 LARK_APP_ID = "cli_mcp_test_app"
 LARK_APP_SECRET = "mcp-test-secret"
 LARK_VERIFICATION_TOKEN = "mcp-test-verification-token"
@@ -214,12 +216,48 @@ class ChannelParams(BaseModel):
     meta: dict[str, str]
 
 
+class PermissionAnswer(BaseModel):
+    request_id: str
+    behavior: str
+
+
+class PermissionRequestParams(BaseModel):
+    request_id: str
+    tool_name: str
+    description: str
+    input_preview: str
+
+
+class PermissionRequestNotification(BaseModel):
+    """Claude Code's permission request, sent as any client notification is."""
+
+    method: Literal["notifications/claude/channel/permission_request"] = PERMISSION_REQUEST
+    params: PermissionRequestParams
+
+
 @dataclass
 class Mcp:
     session: ClientSession
     init: Any
     events: Any  # a receive stream of ChannelParams
     pid_file: Path
+    permissions: Any = None  # a receive stream of PermissionAnswer
+
+    async def request_permission(self, request_id: str, tool_name: str = "Bash",
+                                 description: str = "Remove the build directory",
+                                 input_preview: str = "rm -rf build") -> None:
+        params = PermissionRequestParams(request_id=request_id, tool_name=tool_name,
+                                         description=description, input_preview=input_preview)
+        await self.session.send_notification(PermissionRequestNotification(params=params))
+
+    async def next_permission(self, within: float = 10) -> PermissionAnswer:
+        with anyio.fail_after(within):
+            return await self.permissions.receive()
+
+    async def no_permission(self, within: float) -> None:
+        with anyio.move_on_after(within):
+            answer = await self.permissions.receive()
+            raise AssertionError(f"an unexpected permission answer: {answer}")
 
     async def next_event(self, within: float = 10) -> ChannelParams:
         with anyio.fail_after(within):
@@ -249,6 +287,11 @@ async def loopx_mcp(workdir: Path, broker_url: str, token: str, *args: str, host
     async def on_event(params: ChannelParams) -> None:
         await send.send(params)
 
+    send_answer, answers = anyio.create_memory_object_stream[PermissionAnswer](100)
+
+    async def on_answer(params: PermissionAnswer) -> None:
+        await send_answer.send(params)
+
     pid_file = workdir / unique("pid")
     env = {"LOOPX_BROKER_URL": broker_url, "LOOPX_TOKEN": token, "LOOPX_LOG": "debug"}
     if host_session_id is not None:
@@ -260,10 +303,13 @@ async def loopx_mcp(workdir: Path, broker_url: str, token: str, *args: str, host
     )
     with open(workdir / "mcp-stderr.log", "a") as errlog:
         async with stdio_client(params, errlog=errlog) as (read, write):
-            bindings = [NotificationBinding(method=CHANNEL_EVENT, params_type=ChannelParams, handler=on_event)]
+            bindings = [
+                NotificationBinding(method=CHANNEL_EVENT, params_type=ChannelParams, handler=on_event),
+                NotificationBinding(method=PERMISSION_ANSWER, params_type=PermissionAnswer, handler=on_answer),
+            ]
             async with ClientSession(read, write, notification_bindings=bindings) as session:
                 init = await session.initialize()
-                yield Mcp(session, init, receive, pid_file)
+                yield Mcp(session, init, receive, pid_file, answers)
 
 
 def text_of(result) -> str:

@@ -35,7 +35,7 @@ async def test_initialize_declares_the_channel_and_the_reply_tool(broker, tmp_pa
     session_id = broker.bind(host)
     async with loopx_mcp(tmp_path, broker.url, broker.token, *channel_args(session_id), host_session_id=host) as m:
         assert m.init.protocol_version in ("2025-06-18", "2025-11-25")
-        assert m.init.capabilities.experimental == {"claude/channel": {}}
+        assert m.init.capabilities.experimental == {"claude/channel": {}, "claude/channel/permission": {}}
         assert m.init.capabilities.tools is not None
         assert m.init.server_info.name == "loopx"
         assert "reply" in m.init.instructions and session_id in m.init.instructions
@@ -364,7 +364,7 @@ async def test_the_readme_host_configurations_start_working_bridges(broker, tmp_
     assert claude["command"] == "loopx" and claude["args"][0] == "mcp"
     host = unique("claude-session")
     async with loopx_mcp(tmp_path, broker.url, broker.token, *claude["args"][1:], host_session_id=host) as m:
-        assert m.init.capabilities.experimental == {"claude/channel": {}}
+        assert m.init.capabilities.experimental == {"claude/channel": {}, "claude/channel/permission": {}}
         deadline = time.monotonic() + 10
         while not (sessions := broker.ok("GET", "/v1/sessions?goal_id=g-1&state=open")["sessions"]):
             assert time.monotonic() < deadline, "the README's Claude Code bridge never bound"

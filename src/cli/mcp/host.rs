@@ -12,8 +12,9 @@ use tokio::sync::{Notify, OnceCell};
 
 use crate::client::{Client, ClientError};
 use crate::model::{
-    BindRequest, ClaimAnswer, ClaimRequest, Claimed, ClaimedTurn, CompleteRequest, Receipt,
-    RegisterAgentThread, ReleaseRequest, Released, TurnState,
+    BindRequest, ClaimAnswer, ClaimRequest, Claimed, ClaimedTurn, CompleteRequest,
+    CreatePermissionRequest, ListPermissions, PermissionRequest, PermissionState, Receipt,
+    RegisterAgentThread, ReleaseRequest, Released, TurnState, WaitPermission,
 };
 
 /// How many recently claimed turns a bridge remembers, so that a `reply`
@@ -62,6 +63,16 @@ impl Problem {
 }
 
 impl Problem {
+    /// Whether trying again later may succeed: no answer, or the broker's
+    /// store unavailable.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Problem::Unreachable { .. } | Problem::Unexpected(_) => true,
+            Problem::Refused { code, .. } => code == "store_unavailable",
+            Problem::Local(_) => false,
+        }
+    }
+
     /// What a log line may say: a local problem can quote the caller's
     /// arguments (a message text), so only its kind is logged.
     pub fn log_line(&self) -> String {
@@ -325,6 +336,67 @@ impl Host {
             }
             notified.await;
         }
+    }
+}
+
+/// Permission requests of the host's agent CLI: recorded on the session,
+/// waited for parked, listed again after a restart.
+impl Host {
+    /// Records a permission request (a replay answers the same request).
+    pub async fn create_permission(
+        &self,
+        request_id: &str,
+        tool_name: &str,
+        description: &str,
+        input_preview: &str,
+    ) -> Result<PermissionRequest, Problem> {
+        let session_id = self.session_id().await?;
+        let request = CreatePermissionRequest {
+            host_surface: self.host_surface.clone(),
+            host_session_id: self.host_session_id.clone(),
+            request_id: request_id.to_owned(),
+            tool_name: tool_name.to_owned(),
+            description: description.to_owned(),
+            input_preview: input_preview.to_owned(),
+        };
+        Ok(self
+            .client
+            .create_permission(&session_id, &request)
+            .await?
+            .body)
+    }
+
+    /// Parks up to `wait_seconds` until the request is answered or expires.
+    pub async fn wait_permission(
+        &self,
+        request_id: &str,
+        wait_seconds: u64,
+    ) -> Result<PermissionRequest, Problem> {
+        let session_id = self.session_id().await?;
+        let wait = WaitPermission {
+            host_surface: self.host_surface.clone(),
+            host_session_id: self.host_session_id.clone(),
+            wait_seconds,
+        };
+        Ok(self
+            .client
+            .wait_permission(&session_id, request_id, &wait)
+            .await?
+            .body)
+    }
+
+    /// The session's pending requests: what a restarted bridge waits for again.
+    pub async fn pending_permissions(&self) -> Result<Vec<PermissionRequest>, Problem> {
+        let session_id = self.session_id().await?;
+        let filter = ListPermissions {
+            state: Some(PermissionState::Pending),
+        };
+        Ok(self
+            .client
+            .permissions(&session_id, &filter)
+            .await?
+            .body
+            .permission_requests)
     }
 }
 

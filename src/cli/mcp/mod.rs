@@ -16,6 +16,7 @@ use super::common::{Connection, local_error};
 use crate::model::BindRequest;
 
 mod host;
+mod permissions;
 mod server;
 
 use host::{Host, Target};

@@ -21,6 +21,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::host::{Held, Host, Problem};
+use super::permissions::{self, PermissionRequestParams, Relay};
 use crate::cli::common::wire;
 
 /// Claude Code registers channels only on these (MCP.md): a newer version
@@ -50,6 +51,7 @@ pub struct Server {
     mode: Mode,
     name: String,
     channel_started: Arc<AtomicBool>,
+    relay: Relay,
 }
 
 impl Server {
@@ -59,6 +61,7 @@ impl Server {
             mode,
             name,
             channel_started: Arc::new(AtomicBool::new(false)),
+            relay: Relay::default(),
         }
     }
 
@@ -149,14 +152,9 @@ impl Server {
     /// Channel mode: keeps one claim parked; pushes each claimed turn once and
     /// waits for its reply before parking the next claim.
     async fn channel_loop(self, peer: Peer<RoleServer>) {
-        let backoff = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(250))
-            .with_max_delay(Duration::from_secs(30))
-            .with_jitter()
-            .without_max_times();
         loop {
             let claimed = (|| self.host.claim(PARK_SECONDS))
-                .retry(backoff)
+                .retry(backoff())
                 .when(|p| p.code() != Some("session_closed"))
                 .notify(log_problem)
                 .await;
@@ -177,7 +175,16 @@ impl Server {
     }
 }
 
-fn log_problem(problem: &Problem, after: Duration) {
+/// How the bridge retries the broker: from 250 ms up to 30 s, jittered, for ever.
+pub fn backoff() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(250))
+        .with_max_delay(Duration::from_secs(30))
+        .with_jitter()
+        .without_max_times()
+}
+
+pub fn log_problem(problem: &Problem, after: Duration) {
     tracing::warn!("{problem}; retrying in {:.1} s", after.as_secs_f64());
 }
 
@@ -186,9 +193,13 @@ impl ServerHandler for Server {
         let mut capabilities = ServerCapabilities::default();
         capabilities.tools = Some(ToolsCapability::default());
         if self.mode == Mode::Channel {
-            // The permission relay (MCP.md) will declare
-            // `claude/channel/permission` here too.
-            capabilities.experimental = Some([(CHANNEL.to_owned(), JsonObject::new())].into());
+            capabilities.experimental = Some(
+                [
+                    (CHANNEL.to_owned(), JsonObject::new()),
+                    (permissions::CAPABILITY.to_owned(), JsonObject::new()),
+                ]
+                .into(),
+            );
         }
         let mut info = InitializeResult::new(capabilities).with_instructions(self.instructions());
         info.protocol_version = ProtocolVersion::V_2025_11_25;
@@ -226,7 +237,23 @@ impl ServerHandler for Server {
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         if self.mode == Mode::Channel && !self.channel_started.swap(true, Ordering::SeqCst) {
+            self.relay.resume(self.host.clone(), context.peer.clone());
             tokio::spawn(self.clone().channel_loop(context.peer));
+        }
+    }
+
+    async fn on_custom_notification(
+        &self,
+        notification: CustomNotification,
+        context: NotificationContext<RoleServer>,
+    ) {
+        if self.mode != Mode::Channel || notification.method != permissions::REQUEST {
+            return;
+        }
+        match notification.params_as::<PermissionRequestParams>() {
+            Ok(Some(params)) => self.relay.request(self.host.clone(), context.peer, params),
+            // The parameters are not echoed: they carry the tool's input.
+            _ => tracing::warn!("ignored a permission request without its four string parameters"),
         }
     }
 }

@@ -1,0 +1,159 @@
+"""The permission relay of `loopx mcp` (MCP.md "Permission relay"): the
+official MCP Python SDK sends `notifications/claude/channel/permission_request`
+as Claude Code does; the request is answered through the broker's API (as the
+Web page does) and reaches the client as exactly one
+`notifications/claude/channel/permission`."""
+
+import threading
+import time
+
+import anyio
+import pytest
+
+from conftest import HOST_SURFACE, Broker, loopx_mcp, unique
+
+pytestmark = pytest.mark.anyio
+
+
+def channel_args(session_id: str) -> list[str]:
+    return ["--session-id", session_id, "--host-surface", HOST_SURFACE]
+
+
+def requests_path(session_id: str, request_id: str = "") -> str:
+    path = f"/v1/sessions/{session_id}/permission-requests"
+    return f"{path}/{request_id}" if request_id else path
+
+
+async def wait_recorded(broker: Broker, session_id: str, request_id: str, within: float = 10) -> dict:
+    """Polls without blocking the event loop, which must send the notification."""
+    deadline = time.monotonic() + within
+    while True:
+        status, request = broker.api("GET", requests_path(session_id, request_id))
+        if status == 200:
+            return request
+        assert time.monotonic() < deadline, f"the request was not recorded: {status} {request}"
+        await anyio.sleep(0.05)
+
+
+def answer(broker: Broker, session_id: str, request_id: str, behavior: str) -> tuple[int, dict]:
+    return broker.api("POST", requests_path(session_id, request_id) + "/answer", {"behavior": behavior})
+
+
+async def test_answers_given_through_the_api_reach_the_client_once(broker, tmp_path):
+    host = unique("host")
+    session_id = broker.bind(host)
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *channel_args(session_id), host_session_id=host) as m:
+        await m.request_permission("abcde", "Bash", "Remove the build directory", "rm -rf build")
+        recorded = await wait_recorded(broker, session_id, "abcde")
+        assert recorded["state"] == "pending"
+        assert (recorded["tool_name"], recorded["input_preview"]) == ("Bash", "rm -rf build")
+        assert answer(broker, session_id, "abcde", "allow")[0] == 200
+        got = await m.next_permission()
+        assert (got.request_id, got.behavior) == ("abcde", "allow")
+
+        await m.request_permission("fghij", "Write", "Write a file", "secret-preview-text")
+        await wait_recorded(broker, session_id, "fghij")
+        assert answer(broker, session_id, "fghij", "deny")[0] == 200
+        got = await m.next_permission()
+        assert (got.request_id, got.behavior) == ("fghij", "deny")
+
+        # Claude Code repeating a request, or the same answer again: nothing more.
+        await m.request_permission("abcde", "Bash", "Remove the build directory", "rm -rf build")
+        assert answer(broker, session_id, "abcde", "allow")[0] == 200
+        await m.no_permission(1.5)
+    log = (tmp_path / "mcp-stderr.log").read_text()
+    assert "rm -rf build" not in log and "secret-preview-text" not in log, "no preview in the logs"
+    assert "Remove the build directory" not in log, "no description in the logs"
+
+
+async def test_racing_answers_give_one_final_answer_and_one_notification(broker, tmp_path):
+    host = unique("host")
+    session_id = broker.bind(host)
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *channel_args(session_id), host_session_id=host) as m:
+        await m.request_permission("racer")
+        await wait_recorded(broker, session_id, "racer")
+        results: dict[str, tuple[int, dict]] = {}
+        start = threading.Barrier(2)
+
+        def race(behavior: str) -> None:
+            start.wait()
+            results[behavior] = answer(broker, session_id, "racer", behavior)
+
+        threads = [threading.Thread(target=race, args=(b,)) for b in ("allow", "deny")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        statuses = sorted(status for status, _ in results.values())
+        assert statuses == [200, 409], results
+        final = broker.ok("GET", requests_path(session_id, "racer"))["state"]
+        got = await m.next_permission()
+        assert got.behavior == {"allowed": "allow", "denied": "deny"}[final]
+        await m.no_permission(1.5)
+
+
+async def test_a_broker_restart_between_request_and_answer_loses_nothing(tmp_path):
+    broker = Broker(tmp_path).start()
+    try:
+        host = unique("host")
+        session_id = broker.bind(host)
+        async with loopx_mcp(tmp_path, broker.url, broker.token, *channel_args(session_id), host_session_id=host) as m:
+            await m.request_permission("durab")
+            await wait_recorded(broker, session_id, "durab")
+            broker.stop()
+            broker = Broker(tmp_path, port=broker.port, token=broker.token).start()
+            assert answer(broker, session_id, "durab", "allow")[0] == 200
+            got = await m.next_permission(within=40)
+            assert (got.request_id, got.behavior) == ("durab", "allow")
+            await m.no_permission(1.5)
+    finally:
+        broker.stop()
+
+
+async def test_a_restarted_bridge_waits_again_for_pending_requests(broker, tmp_path):
+    host = unique("host")
+    session_id = broker.bind(host)
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *channel_args(session_id), host_session_id=host) as m:
+        await m.request_permission("again")
+        await wait_recorded(broker, session_id, "again")
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *channel_args(session_id), host_session_id=host) as m:
+        # The restarted bridge lists the pending request and parks on it.
+        await anyio.sleep(0.5)
+        assert answer(broker, session_id, "again", "deny")[0] == 200
+        got = await m.next_permission()
+        assert (got.request_id, got.behavior) == ("again", "deny")
+        await m.no_permission(1.5)
+
+
+async def test_a_closed_session_expires_its_pending_request_and_nothing_is_relayed(broker, tmp_path):
+    host = unique("host")
+    session_id = broker.bind(host)
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *channel_args(session_id), host_session_id=host) as m:
+        await m.request_permission("later")
+        await wait_recorded(broker, session_id, "later")
+        broker.ok("POST", f"/v1/sessions/{session_id}/close")
+        assert broker.ok("GET", requests_path(session_id, "later"))["state"] == "expired"
+        status, refused = answer(broker, session_id, "later", "allow")
+        assert (status, refused["error"]["code"], refused["error"]["state"]) == (
+            409, "permission_already_answered", "expired")
+        await m.no_permission(1.5)
+
+
+async def test_the_readme_commands_list_and_answer_a_request(broker, tmp_path):
+    import os
+    import subprocess
+
+    from test_mcp import readme_block
+
+    host = unique("host")
+    session_id = broker.bind(host)
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *channel_args(session_id), host_session_id=host) as m:
+        await m.request_permission("abcde")
+        await wait_recorded(broker, session_id, "abcde")
+        script = readme_block("bash", "### Approving tool use from the Web page")
+        script = script.replace("http://127.0.0.1:7317", broker.url)
+        env = dict(os.environ, LOOPX_TOKEN=broker.token, SESSION=session_id)
+        out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=True)
+        assert '"request_id":"abcde"' in out.stdout and '"state":"allowed"' in out.stdout, out.stdout
+        got = await m.next_permission()
+        assert (got.request_id, got.behavior) == ("abcde", "allow")
