@@ -45,6 +45,48 @@ pub enum TurnState {
     Cancelled,
 }
 
+/// A turn's change as the session event stream reports it: a [`TurnState`],
+/// or `released` (its claim let go; the turn is queued again, at the head).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnChange {
+    Queued,
+    Claimed,
+    Completed,
+    Released,
+    Cancelled,
+}
+
+/// The data of an `event: turn` on the session event stream: content-free,
+/// read the turn for its text.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"turn_id": "turn_01JD8X6A0B1C2D3E4F5G6H7J8K", "seq": 1, "state": "queued"}))]
+pub struct TurnEventData {
+    pub turn_id: String,
+    pub seq: i64,
+    pub state: TurnChange,
+}
+
+/// The data of an `event: permission` on the session event stream: a
+/// permission request was made (`pending`), answered or expired.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"request_id": "perm-1", "state": "pending"}))]
+pub struct PermissionEventData {
+    pub request_id: String,
+    pub state: PermissionState,
+}
+
+/// The data of an `event: session` on the session event stream: the session
+/// closed (`state` is always `closed` today).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"state": "closed"}))]
+pub struct SessionEventData {
+    pub state: SessionState,
+}
+
 /// Why a turn was cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
@@ -88,6 +130,8 @@ pub struct RegisterAgentThread {
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[schema(example = json!({"registered": true, "goal_id": "g-1", "agent_id": "agent-7", "host_surface": "codex-cli"}))]
 pub struct Registered {
+    /// Always true.
+    #[schema(schema_with = crate::openapi::always_true)]
     pub registered: bool,
     pub goal_id: String,
     pub agent_id: String,
@@ -166,6 +210,8 @@ pub struct Session {
     pub capabilities: Capabilities,
     pub state: SessionState,
     pub created_at: String,
+    /// Null while the session is open.
+    #[schema(required = true)]
     pub closed_at: Option<String>,
 }
 
@@ -173,6 +219,8 @@ pub struct Session {
 /// create (with `session_id` and `created_at` null).
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 pub struct SessionPreview {
+    /// Null in a preview of a session the bind would create.
+    #[schema(required = true)]
     pub session_id: Option<String>,
     pub goal_id: String,
     pub agent_id: String,
@@ -180,13 +228,18 @@ pub struct SessionPreview {
     pub host_surface: String,
     pub capabilities: Capabilities,
     pub state: SessionState,
+    /// Null in a preview of a session the bind would create.
+    #[schema(required = true)]
     pub created_at: Option<String>,
+    #[schema(required = true)]
     pub closed_at: Option<String>,
 }
 
 /// The answer to a dry-run bind.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 pub struct BindPreview {
+    /// Always true.
+    #[schema(schema_with = crate::openapi::always_true)]
     pub dry_run: bool,
     pub would_create: bool,
     pub session: SessionPreview,
@@ -225,6 +278,7 @@ pub struct ListSessions {
 pub struct SessionList {
     pub sessions: Vec<Session>,
     /// Pass as `cursor` for the next page; null on the last page.
+    #[schema(required = true)]
     pub next_cursor: Option<String>,
 }
 
@@ -336,7 +390,8 @@ pub enum ClaimAnswer {
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[schema(example = json!({"claimed": true, "session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "claim_id": "claim-1", "turn": {"turn_id": "turn_01JD8X6A0B1C2D3E4F5G6H7J8K", "seq": 1, "origin": "web", "text": "Please summarise the failing test.", "enqueued_at": "2026-11-30T10:00:01.000Z", "attempt": 1}, "turn_state": "claimed"}))]
 pub struct Claimed {
-    /// Always true.
+    /// Always true: `claimed` tells the two answers apart.
+    #[schema(schema_with = crate::openapi::always_true)]
     pub claimed: bool,
     pub session_id: String,
     pub claim_id: String,
@@ -349,7 +404,8 @@ pub struct Claimed {
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[schema(example = json!({"claimed": false, "session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "waited_ms": 30000}))]
 pub struct NotClaimed {
-    /// Always false.
+    /// Always false: `claimed` tells the two answers apart.
+    #[schema(schema_with = crate::openapi::always_false)]
     pub claimed: bool,
     pub session_id: String,
     pub waited_ms: u64,
@@ -384,9 +440,8 @@ pub struct CompleteRequest {
         pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
     )]
     pub completion_id: String,
-    /// A JSON object with at least a non-empty string `message`; other fields
-    /// are kept as given. Up to 1 MiB.
-    #[schema(value_type = Object)]
+    /// Up to 1 MiB.
+    #[schema(value_type = crate::openapi::TurnResponse)]
     pub response: serde_json::Map<String, Value>,
 }
 
@@ -394,6 +449,8 @@ pub struct CompleteRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[schema(example = json!({"completed": true, "session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "turn_id": "turn_01JD8X6A0B1C2D3E4F5G6H7J8K", "claim_id": "claim-1", "completion_id": "done-1", "completed_at": "2026-11-30T10:00:05.000Z", "replayed": false}))]
 pub struct Receipt {
+    /// Always true.
+    #[schema(schema_with = crate::openapi::always_true)]
     pub completed: bool,
     pub session_id: String,
     pub turn_id: String,
@@ -426,13 +483,15 @@ pub struct ReleaseRequest {
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[schema(example = json!({"released": true, "turn_id": "turn_01JD8X6A0B1C2D3E4F5G6H7J8K"}))]
 pub struct Released {
+    /// Always true.
+    #[schema(schema_with = crate::openapi::always_true)]
     pub released: bool,
     pub turn_id: String,
 }
 
 /// The content-bearing turn readback.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
-#[schema(example = json!({"turn_id": "turn_01JD8X6A0B1C2D3E4F5G6H7J8K", "session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "seq": 1, "origin": "web", "text": "Please summarise the failing test.", "state": "completed", "enqueued_at": "2026-11-30T10:00:01.000Z", "claimed_at": "2026-11-30T10:00:02.000Z", "completed_at": "2026-11-30T10:00:05.000Z", "response": {"message": "The test fails because the fixture is stale."}, "cancel_reason": null}))]
+#[schema(example = json!({"turn_id": "turn_01JD8X6A0B1C2D3E4F5G6H7J8K", "session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "seq": 1, "origin": "web", "text": "Please summarise the failing test.", "state": "completed", "enqueued_at": "2026-11-30T10:00:01.000Z", "claimed_at": "2026-11-30T10:00:02.000Z", "completed_at": "2026-11-30T10:00:05.000Z", "response": {"message": "The test fails because the fixture is stale."}, "cancel_reason": null, "reply": null}))]
 pub struct Turn {
     pub turn_id: String,
     pub session_id: String,
@@ -441,13 +500,21 @@ pub struct Turn {
     pub text: String,
     pub state: TurnState,
     pub enqueued_at: String,
+    /// Null until the turn is claimed.
+    #[schema(required = true)]
     pub claimed_at: Option<String>,
+    /// Null until the turn is completed.
+    #[schema(required = true)]
     pub completed_at: Option<String>,
-    #[schema(value_type = Option<Object>)]
+    /// The host's response, as given; null until the turn is completed.
+    #[schema(value_type = Option<crate::openapi::TurnResponse>, required = true)]
     pub response: Option<Value>,
+    /// Null unless the turn is cancelled.
+    #[schema(required = true)]
     pub cancel_reason: Option<CancelReason>,
-    /// For a turn from Lark, once completed: the reply's delivery.
+    /// For a turn from Lark, once completed: the reply's delivery; else null.
     #[serde(default)]
+    #[schema(required = true)]
     pub reply: Option<ReplyStatus>,
 }
 
@@ -506,6 +573,8 @@ pub struct LarkLinkRequest {
 #[schema(example = json!({"session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "chat_id": "oc_5ce6d572455d361153b7xx51da133945"}))]
 pub struct LarkLink {
     pub session_id: String,
+    /// Null when no chat is linked.
+    #[schema(required = true)]
     pub chat_id: Option<String>,
 }
 
@@ -526,7 +595,8 @@ pub struct ReplyStatus {
     pub channel: String,
     pub state: ReplyState,
     pub attempts: i64,
-    /// The last failure, in words (never the answer's text).
+    /// The last failure, in words (never the answer's text); null when none.
+    #[schema(required = true)]
     pub error: Option<String>,
 }
 
@@ -622,9 +692,11 @@ pub struct PermissionRequest {
     pub input_preview: String,
     pub state: PermissionState,
     pub created_at: String,
-    /// When it was answered or expired.
+    /// When it was answered or expired (null while pending).
+    #[schema(required = true)]
     pub answered_at: Option<String>,
     /// Who answered (null while pending and for an expired request).
+    #[schema(required = true)]
     pub answered_via: Option<AnsweredVia>,
 }
 

@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 
-use super::{AppJson, AppState};
+use super::{AppJson, AppState, replayed_header};
 use crate::error::{ErrorBody, Result};
 use crate::model::{RegisterAgentThread, Registered};
 
@@ -39,5 +39,5 @@ pub async fn register(
     } else {
         StatusCode::CREATED
     };
-    Ok((status, Json(answer.body)).into_response())
+    Ok((status, replayed_header(answer.replayed), Json(answer.body)).into_response())
 }

@@ -42,18 +42,22 @@ pub fn router() -> axum::Router<AppState> {
 /// turn by another claim answers 409 `claim_active`. Long-poll clients must set
 /// their HTTP timeout above `wait_seconds`.
 ///
-/// With `Accept: text/event-stream` the answer is a Server-Sent Events stream:
-/// a comment every 15 s while parked, then one `event: claim` whose data is the
-/// JSON answer (or one `event: error` with the error body if the session closes
-/// while parked), then the stream ends. Errors found before the stream starts
-/// are plain JSON errors. Order of checks: 404, 403 `host_mismatch`, a replay of
+/// The two modes are one operation chosen by `Accept`, each media type with its
+/// own schema. Without `text/event-stream` in `Accept` the answer is
+/// `application/json`, a `ClaimAnswer` (a typed client that only speaks JSON,
+/// e.g. openapi-fetch's `createClient<paths, "application/json">`, sees just
+/// that type). With `Accept: text/event-stream` the answer is a Server-Sent
+/// Events stream (`ClaimEventStream`): a comment every 15 s while parked, then
+/// one `event: claim` whose data is the JSON answer (or one `event: error` with
+/// the error body if the session closes while parked), then the stream ends.
+/// Errors found before the stream starts are plain JSON errors. Order of checks: 404, 403 `host_mismatch`, a replay of
 /// this claim id, 409 `claim_id_reused`, 409 `session_closed`, 409 `claim_active`.
 #[utoipa::path(post, path = "/v1/sessions/{session_id}/claims", operation_id = "claimTurn", tag = "turns",
     params(("session_id" = String, Path, description = "The session id.")),
     request_body = ClaimRequest,
     responses(
         (status = 200, description = "The claimed turn, or `claimed: false` after a wait.",
-            content((ClaimAnswer = "application/json"), (String = "text/event-stream"))),
+            content((ClaimAnswer = "application/json"), (crate::openapi::ClaimEventStream = "text/event-stream"))),
         (status = 400, description = "`invalid_request`.", body = ErrorBody),
         (status = 401, description = "`unauthorized`.", body = ErrorBody),
         (status = 403, description = "`host_mismatch`.", body = ErrorBody),

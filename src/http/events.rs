@@ -38,7 +38,7 @@ pub fn router() -> axum::Router<AppState> {
         ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this event number (0: from the first event)."),
     ),
     responses(
-        (status = 200, description = "The event stream.", content_type = "text/event-stream", body = String),
+        (status = 200, description = "The event stream.", content_type = "text/event-stream", body = crate::openapi::SessionEventStream),
         (status = 400, description = "`invalid_request` (a Last-Event-ID that is not a number).", body = ErrorBody),
         (status = 401, description = "`unauthorized`.", body = ErrorBody),
         (status = 404, description = "`not_found`.", body = ErrorBody),

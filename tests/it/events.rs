@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use eventsource_stream::{Event, Eventsource};
 use futures_util::{Stream, StreamExt};
-use loopx::model::ReleaseRequest;
+use loopx::model::{PermissionEventData, ReleaseRequest, SessionEventData, TurnEventData};
 use serde_json::{Value, json};
 
 use crate::support::*;
@@ -40,6 +40,8 @@ pub(crate) async fn subscribe(
     )
 }
 
+/// Takes `n` events, each checked against the document's schema of its
+/// `data:` (the model types reject unknown fields).
 pub(crate) async fn take(events: &mut Events, n: usize) -> Vec<(i64, String, Value)> {
     let mut taken = Vec::new();
     while taken.len() < n {
@@ -47,6 +49,12 @@ pub(crate) async fn take(events: &mut Events, n: usize) -> Vec<(i64, String, Val
             .await
             .unwrap_or_else(|_| panic!("only {} of {n} events arrived: {taken:?}", taken.len()))
             .expect("the stream ended early");
+        match event.event.as_str() {
+            "turn" => drop(serde_json::from_str::<TurnEventData>(&event.data).unwrap()),
+            "permission" => drop(serde_json::from_str::<PermissionEventData>(&event.data).unwrap()),
+            "session" => drop(serde_json::from_str::<SessionEventData>(&event.data).unwrap()),
+            other => panic!("an undocumented event: {other}"),
+        }
         taken.push((
             event.id.parse().unwrap(),
             event.event,

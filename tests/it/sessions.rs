@@ -15,10 +15,15 @@ async fn register_answers_201_then_200_without_the_host_session_id() {
     let t = thread(&unique("g"), &unique("a"), "host-private-1");
     let first = broker.client.register(&t).await.unwrap();
     assert_eq!(first.reply.status, 201);
+    assert!(!first.reply.replayed, "a first registration is no replay");
     assert!(!first.reply.text.contains("host-private-1"));
     assert_eq!(first.body.goal_id, t.goal_id);
     let again = broker.client.register(&t).await.unwrap();
     assert_eq!(again.reply.status, 200);
+    assert!(
+        again.reply.replayed,
+        "the 200 carries Idempotent-Replayed: true"
+    );
     assert!(again.body.registered);
 }
 

@@ -9,13 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 loopx=${1:-target/debug/loopx}
 venv=${LOOPX_PYENV:-target/pyenv}
-work=$(mktemp -d)
-broker_pid=
-cleanup() {
-  [ -n "$broker_pid" ] && kill "$broker_pid" 2>/dev/null && wait "$broker_pid" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source tests/support/live_broker.sh
 
 if [ ! -x "$venv/bin/schemathesis" ]; then
   python3 -m venv "$venv"
@@ -33,17 +27,10 @@ if grep -qiE "^(Warning|Error).*(Unable|Cannot|Could not)" "$work/generate.log";
   echo "the generator could not handle part of the document:"; cat "$work/generate.log"; exit 1
 fi
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 # Waits are capped at 2 s here: fuzzed claims on a live session may ask for
 # any wait up to 1800 s, which would only test the fuzzer's patience.
-"$loopx" serve --listen "127.0.0.1:$port" --data-dir "$work/data" --max-wait-seconds 2 \
-  2>"$work/broker.log" &
-broker_pid=$!
-for _ in $(seq 100); do
-  curl -fsS "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
-  sleep 0.1
-done
-export LOOPX_URL="http://127.0.0.1:$port" LOOPX_TOKEN
+start_broker "$loopx" --data-dir "$work/data" --max-wait-seconds 2
+export LOOPX_URL="$BROKER_URL" LOOPX_TOKEN
 LOOPX_TOKEN=$(cat "$work/data/owner.token")
 
 echo "== a whole turn with the generated client"
@@ -53,7 +40,7 @@ echo "== schemathesis against the live broker"
 # Bounded: a fixed number of examples per operation and a time budget.
 "$venv/bin/schemathesis" run openapi/openapi.json --url "$LOOPX_URL" \
   -H "Authorization: Bearer $LOOPX_TOKEN" \
-  --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,response_headers_conformance \
+  --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,response_headers_conformance,unsupported_method \
   --phases examples,coverage,fuzzing --max-examples "${SCHEMATHESIS_EXAMPLES:-30}" \
   --max-time 90 --request-timeout 20 --seed 7317 --no-color \
   --report junit --report-dir "${LOOPX_ARTIFACTS:-target/test-artifacts}/schemathesis"

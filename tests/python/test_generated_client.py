@@ -19,7 +19,6 @@ from loopx_client.models import (
     ClaimRequest,
     Claimed,
     CompleteRequest,
-    CompleteRequestResponse,
     EnqueueRequest,
     ErrorBody,
     ErrorCode,
@@ -28,6 +27,7 @@ from loopx_client.models import (
     RegisterAgentThread,
     Session,
     SessionState,
+    TurnResponse,
     TurnState,
 )
 
@@ -85,7 +85,7 @@ def main():
     check(time.monotonic() - started < 10, "woken promptly")
     check(claimed.turn.text == "hello from python" and claimed.turn.attempt == 1, "the claimed turn's content")
 
-    response = CompleteRequestResponse.from_dict({"message": "hi from the host", "tokens": 3})
+    response = TurnResponse.from_dict({"message": "hi from the host", "tokens": 3})
     receipt = complete_turn.sync(session.session_id, claimed.turn.turn_id, client=client,
                                  body=CompleteRequest(host_surface="codex-cli", host_session_id=host,
                                                       claim_id=f"claim-{suffix}",
