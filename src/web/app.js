@@ -241,7 +241,7 @@ function openChat(sessionId) {
     session: null,
     turns: new Map(), // turn_id -> turn
     reads: new Map(), // turn_id -> latest read number (latest read wins)
-    released: new Map(), // turn_id -> {count, at}: hand-backs this page saw
+    released: loadReleased(sessionId), // turn_id -> {count, at, claimedAt}: hand-backs seen in this tab
     rendered: new Map(), // turn_id -> what its shown rendering was made from
     hasMore: false, // older turns exist before the oldest shown
     stream: null,
@@ -370,6 +370,7 @@ function upsertTurn(c, turn, { quiet = false } = {}) {
   // The turn itself does not record a release: a claimed turn seen queued
   // again was handed back (the stream also says so, see connectStream).
   if (before?.state === 'claimed' && turn.state === 'queued') noteReleased(c, turn.turn_id, before.claimed_at);
+  if ((turn.state === 'completed' || turn.state === 'cancelled') && c.released.delete(turn.turn_id)) saveReleased(c);
   const released = c.released.get(turn.turn_id);
   // Re-reads mostly bring back what is shown: then the answer is not
   // rendered again (which would also reset its code blocks' scroll).
@@ -405,7 +406,32 @@ function upsertTurn(c, turn, { quiet = false } = {}) {
 function noteReleased(c, turnId, claimedAt) {
   const known = c.released.get(turnId);
   if (known && known.claimedAt === claimedAt) return;
-  c.released.set(turnId, { count: (known?.count ?? 0) + 1, at: new Date().toISOString(), claimedAt });
+  c.released.set(turnId, { count: (known?.count ?? 0) + 1, at: new Date(api.clock.now()).toISOString(), claimedAt });
+  saveReleased(c);
+}
+
+// The broker's turn does not say it was released, so the tab keeps what it
+// saw (until the turn finishes) to still show it after a reload.
+function releasedKey(sessionId) {
+  return `loopx.released.${sessionId}`;
+}
+
+function loadReleased(sessionId) {
+  try {
+    const saved = JSON.parse(sessionStorage.getItem(releasedKey(sessionId)) || '{}');
+    return new Map(Object.entries(saved).filter(([, r]) => Number.isInteger(r?.count) && typeof r.at === 'string'));
+  } catch {
+    return new Map(); // damaged: forget it
+  }
+}
+
+function saveReleased(c) {
+  try {
+    if (c.released.size) sessionStorage.setItem(releasedKey(c.id), JSON.stringify(Object.fromEntries(c.released)));
+    else sessionStorage.removeItem(releasedKey(c.id));
+  } catch {
+    // storage refused: this page still shows it
+  }
 }
 
 function sessionName(session) {

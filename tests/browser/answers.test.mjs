@@ -360,6 +360,10 @@ describe('agent answers on the Web chat page', () => {
     assert.equal(await turn.locator('.turn-state').getAttribute('data-released'), '1');
     assert.equal(await turn.locator('.step-current').getAttribute('data-step'), 'queued');
     assert.match(await page.locator('#announcer').innerText(), /released message \d+; it is back in the queue/);
+    await page.reload();
+    await turn.waitFor();
+    assert.match(await turn.locator('.state-words').innerText(), /^Released by the agent at .+: back in the queue/, 'kept over a reload');
+    await eventually('the stream again', async () => (await page.locator('#live-status').getAttribute('data-live')) === 'live');
 
     const second = await claimNext();
     assert.equal(second.turn.turn_id, first.turn.turn_id);
@@ -367,6 +371,11 @@ describe('agent answers on the Web chat page', () => {
     assert.match(await turn.locator('.state-words').innerText(), /^Delivered to the agent again; working on it for/);
     await complete(second, 'Answered on the second try.');
     await eventually('answered', async () => (await stateOf(question)) === 'completed');
+    assert.equal(
+      await page.evaluate((id) => sessionStorage.getItem(`loopx.released.${id}`), session.session_id),
+      null,
+      'forgotten once answered',
+    );
   });
 
   step('a hidden tab counts unread answers in its title and clears them when shown; notifications only after the button', async () => {
