@@ -23,6 +23,7 @@ import {
   bindSession,
   brokerForThisProcess,
   eventually,
+  openChat,
   sleep,
   stepper,
 } from './support.mjs';
@@ -177,12 +178,7 @@ describe('agent answers on the Web chat page', () => {
       dialog.dismiss().catch(() => {});
     });
     page.on('request', (request) => requests.push(request.url()));
-    await page.goto(`${broker.base}/`);
-    await page.fill('#token-input', broker.token);
-    await page.press('#token-input', 'Enter');
-    await page.goto(`${broker.base}/#/s/${session.session_id}`);
-    await page.locator('#chat-heading', { hasText: 'goal-browser' }).waitFor();
-    await eventually('the event stream', async () => (await page.locator('#live-status').getAttribute('data-live')) === 'live');
+    await openChat(page, broker, session.session_id);
   });
 
   after(async () => {

@@ -15,7 +15,7 @@ import { after, before, describe } from 'node:test';
 
 import { chromium } from 'playwright-core';
 
-import { ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, bindSession, brokerForThisProcess, eventually, stepper } from './support.mjs';
+import { ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, bindSession, brokerForThisProcess, eventually, openChat, stepper } from './support.mjs';
 
 const axeSource = createRequire(import.meta.url)('axe-core').source;
 const HOSTILE_PREVIEW = '<img src=x onerror="window.__pwned=1"><b>bold?</b>\nrm -rf build';
@@ -53,12 +53,7 @@ describe('permission requests on the Web chat page', () => {
     page = await context.newPage();
     page.setDefaultTimeout(15000);
     page.on('pageerror', (error) => pageErrors.push(error));
-    await page.goto(`${broker.base}/`);
-    await page.fill('#token-input', broker.token);
-    await page.press('#token-input', 'Enter');
-    await page.goto(`${broker.base}/#/s/${session.session_id}`);
-    await page.locator('#chat-heading', { hasText: 'goal-browser' }).waitFor();
-    await eventually('the event stream', async () => (await page.locator('#live-status').getAttribute('data-live')) === 'live');
+    await openChat(page, broker, session.session_id);
   });
 
   after(async () => {

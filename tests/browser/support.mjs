@@ -167,6 +167,17 @@ export async function bindSession(broker, hostSessionId) {
   return { ...session, host: { host_surface: 'codex-cli', host_session_id: hostSessionId } };
 }
 
+/** Signs in with the owner token and opens a session bound by
+ * `bindSession`, waiting until its event stream is live. */
+export async function openChat(page, broker, sessionId) {
+  await page.goto(`${broker.base}/`);
+  await page.fill('#token-input', broker.token);
+  await page.press('#token-input', 'Enter');
+  await page.goto(`${broker.base}/#/s/${sessionId}`);
+  await page.locator('#chat-heading', { hasText: 'goal-browser' }).waitFor();
+  await eventually('the event stream', async () => (await page.locator('#live-status').getAttribute('data-live')) === 'live');
+}
+
 export async function allTurns(broker, sessionId) {
   const { turns } = await broker.ok('GET', `/v1/sessions/${sessionId}/turns?limit=200`);
   return turns;
