@@ -14,6 +14,9 @@ pub mod cli;
 pub mod client;
 /// The data dir and the owner token, for `serve` and the clients alike.
 pub mod config;
+/// The contract's stateful rules, once for every store: rows in, writes or
+/// a refusal out.
+pub mod decide;
 /// The one error type and its JSON body.
 pub mod error;
 /// Parked claims an enqueue hands its turn to, in one commit.

@@ -44,11 +44,9 @@ pub struct SessionRow {
     pub closed_at: Option<i64>,
     pub queued_count: i64,
     pub active_claim_id: Option<String>,
-    /// The next turn's seq and the next event's number, where a store reads
-    /// them with the session (the SQLite writer); 0 otherwise.
-    #[sqlx(default)]
+    /// The next turn's seq and the next event's number: a decision taken on
+    /// the locked row numbers what it appends from them.
     pub next_seq: i64,
-    #[sqlx(default)]
     pub next_event_no: i64,
 }
 

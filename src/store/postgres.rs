@@ -79,20 +79,22 @@ use sqlx::{Connection, Row};
 use tokio_util::sync::CancellationToken;
 
 use super::retention::{self, PruneStep};
-use super::sqlite::MAX_QUEUED;
 use super::{
     Bound, ChangeHook, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent,
     LarkIngest, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, Subject, TurnRow,
 };
+use crate::decide::session::{BindRows, Close, CloseRows};
+use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows};
+use crate::decide::{self, Change, ClaimRow, Decided, Writes};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
 use crate::model::{
     BindRequest, CompleteRequest, EnqueueRequest, Ingress, LarkLink, LarkRef, ListSessions,
-    ListTurns, Origin, Receipt, RegisterAgentThread, Released, SessionState, TurnState,
+    ListTurns, Origin, Receipt, RegisterAgentThread, Released, SessionState,
 };
 use crate::permission;
-use crate::time::{now_ms, rfc3339};
+use crate::time::now_ms;
 
 /// The channel every change is announced on; the payload is the session id.
 pub const CHANNEL: &str = "loopx_changes";
@@ -382,9 +384,8 @@ fn session_row(row: PgRow) -> sqlx::Result<SessionRow> {
         closed_at: row.try_get("closed_at")?,
         queued_count: row.try_get("queued_count")?,
         active_claim_id: row.try_get("active_claim_id")?,
-        // Counted inside the PostgreSQL statements themselves.
-        next_seq: 0,
-        next_event_no: 0,
+        next_seq: row.try_get("next_seq")?,
+        next_event_no: row.try_get("next_event_no")?,
     })
 }
 
@@ -421,7 +422,8 @@ fn unstorable(id: &str) -> bool {
 }
 
 const SESSION_COLUMNS: &str = "session_id, goal_id, agent_id, host_surface, host_session_id, \
-     executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id";
+     executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id, \
+     next_seq, next_event_no";
 
 const TURN_COLUMNS: &str = "turn_id, session_id, seq, origin, text, client_message_id, \
      lark_chat_id, lark_message_id, state, enqueued_at, claimed_at, completed_at, claim_count, \
@@ -451,33 +453,26 @@ where
 }
 
 /// Locks the session's row for the rest of the transaction: every write that
-/// touches a session goes through here first. 404 for an unknown session.
-async fn lock_session(conn: &mut PgConnection, session_id: &str) -> Step<SessionRow> {
-    if unstorable(session_id) {
-        return Err(Error::not_found("session").into());
-    }
-    let sql = format!("select {SESSION_COLUMNS} from sessions where session_id = $1 for update");
-    let row = sqlx::query(&sql)
-        .bind(session_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-    match row {
-        Some(row) => Ok(session_row(row)?),
-        None => Err(Error::not_found("session").into()),
-    }
-}
-
-/// The session, locked, if the host identity is the one it is bound to.
-async fn hosted_session(
+/// touches a session goes through here first.
+async fn lock_session(
     conn: &mut PgConnection,
     session_id: &str,
-    host: &HostIdentity,
-) -> Step<SessionRow> {
-    let session = lock_session(conn, session_id).await?;
-    if !session.is_bound_to(host) {
-        return Err(Error::host_mismatch().into());
+) -> sqlx::Result<Option<SessionRow>> {
+    if unstorable(session_id) {
+        return Ok(None);
     }
-    Ok(session)
+    let sql = format!("select {SESSION_COLUMNS} from sessions where session_id = $1 for update");
+    sqlx::query(&sql)
+        .bind(session_id)
+        .fetch_optional(&mut *conn)
+        .await?
+        .map(session_row)
+        .transpose()
+}
+
+/// [`lock_session`], 404 for an unknown session.
+async fn locked_session(conn: &mut PgConnection, session_id: &str) -> Step<SessionRow> {
+    Ok(decide::existing(lock_session(conn, session_id).await?)?)
 }
 
 async fn load_turn<'e, E>(db: E, session_id: &str, turn_id: &str) -> sqlx::Result<Option<TurnRow>>
@@ -531,18 +526,45 @@ async fn append_event(
     Ok(())
 }
 
-/// The claimed-at time of a session's active claim, for `claim_active`.
-async fn active_claim_error(conn: &mut PgConnection, claim_id: String) -> Step<Error> {
-    let claimed_at: i64 = sqlx::query_scalar("select claimed_at from claims where claim_id = $1")
-        .bind(&claim_id)
-        .fetch_one(conn)
-        .await?;
-    Ok(Error::claim_active(claim_id, claimed_at))
+fn claim_row(row: PgRow) -> sqlx::Result<ClaimRow> {
+    Ok(ClaimRow {
+        claim_id: row.try_get("claim_id")?,
+        session_id: row.try_get("session_id")?,
+        turn_id: row.try_get("turn_id")?,
+        attempt: row.try_get("attempt")?,
+        state: enumeration(&row, "state")?,
+        claimed_at: row.try_get("claimed_at")?,
+        released_at: row.try_get("released_at")?,
+    })
 }
 
-/// The bind checks, in the contract's order: registration, then the open
-/// session of the tuple (same executor: answered again; another: 409).
-async fn check_bind(conn: &mut PgConnection, bind: &BindRequest) -> Step<Option<SessionRow>> {
+async fn load_claim(conn: &mut PgConnection, claim_id: &str) -> sqlx::Result<Option<ClaimRow>> {
+    if unstorable(claim_id) {
+        return Ok(None);
+    }
+    sqlx::query(
+        "select claim_id, session_id, turn_id, attempt, state, claimed_at, released_at
+         from claims where claim_id = $1",
+    )
+    .bind(claim_id)
+    .fetch_optional(conn)
+    .await?
+    .map(claim_row)
+    .transpose()
+}
+
+/// The (locked) session's active claim, if it has one.
+async fn active_claim(
+    conn: &mut PgConnection,
+    session: &SessionRow,
+) -> sqlx::Result<Option<ClaimRow>> {
+    match &session.active_claim_id {
+        Some(claim_id) => load_claim(conn, claim_id).await,
+        None => Ok(None),
+    }
+}
+
+async fn bind_rows(conn: &mut PgConnection, bind: &BindRequest) -> sqlx::Result<BindRows> {
     let registered: Option<i32> = sqlx::query_scalar(
         "select 1 from agent_threads
          where goal_id = $1 and agent_id = $2 and host_surface = $3 and host_session_id = $4",
@@ -553,13 +575,6 @@ async fn check_bind(conn: &mut PgConnection, bind: &BindRequest) -> Step<Option<
     .bind(&bind.host_session_id)
     .fetch_optional(&mut *conn)
     .await?;
-    if registered.is_none() {
-        return Err(Error::new(
-            ErrorCode::NotRegistered,
-            "This exact goal, agent, host surface and host session is not registered; run bind-agent-thread first.",
-        )
-        .into());
-    }
     let sql = format!(
         "select {SESSION_COLUMNS} from sessions
          where goal_id = $1 and agent_id = $2 and host_surface = $3 and host_session_id = $4
@@ -574,55 +589,164 @@ async fn check_bind(conn: &mut PgConnection, bind: &BindRequest) -> Step<Option<
         .await?
         .map(session_row)
         .transpose()?;
-    match open {
-        Some(s) if s.executor_endpoint_id != bind.executor_endpoint_id => Err(Error::new(
-            ErrorCode::SessionExists,
-            "This host session is bound to an open session with another executor endpoint.",
+    Ok(BindRows {
+        registered: registered.is_some(),
+        open,
+    })
+}
+
+async fn bind(conn: &mut PgConnection, request: &BindRequest, minter: &Minter) -> Step<Bound> {
+    let rows = bind_rows(conn, request).await?;
+    let bound = decide::session::bind(rows, request.clone(), minter, now_ms())?;
+    if let Bound::Created(s) = &bound {
+        // Two replicas binding the same tuple at once: the second insert fails
+        // on sessions_open_tuple, and the decision taken again answers the
+        // first's session.
+        sqlx::query(
+            "insert into sessions (session_id, goal_id, agent_id, host_surface, host_session_id,
+                 executor_endpoint_id, state, created_at, next_seq, next_event_no)
+             values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         )
-        .into()),
-        open => Ok(open),
-    }
-}
-
-async fn bind(conn: &mut PgConnection, bind: &BindRequest, minter: &Minter) -> Step<Bound> {
-    if let Some(existing) = check_bind(conn, bind).await? {
-        return Ok(Bound::Existing(existing));
-    }
-    // Two replicas binding the same tuple at once: the second insert fails on
-    // sessions_open_tuple, and the decision taken again answers the first's session.
-    let session_id = minter.mint("ses");
-    let sql = format!(
-        "insert into sessions (session_id, goal_id, agent_id, host_surface, host_session_id,
-             executor_endpoint_id, state, created_at)
-         values ($1, $2, $3, $4, $5, $6, 'open', $7)
-         returning {SESSION_COLUMNS}"
-    );
-    let row = sqlx::query(&sql)
-        .bind(&session_id)
-        .bind(&bind.goal_id)
-        .bind(&bind.agent_id)
-        .bind(&bind.host_surface)
-        .bind(&bind.host_session_id)
-        .bind(&bind.executor_endpoint_id)
-        .bind(now_ms())
-        .fetch_one(conn)
+        .bind(&s.session_id)
+        .bind(&s.goal_id)
+        .bind(&s.agent_id)
+        .bind(&s.host_surface)
+        .bind(&s.host_session_id)
+        .bind(&s.executor_endpoint_id)
+        .bind(text(&s.state))
+        .bind(s.created_at)
+        .bind(s.next_seq)
+        .bind(s.next_event_no)
+        .execute(conn)
         .await?;
-    Ok(Bound::Created(session_row(row)?))
+    }
+    Ok(bound)
 }
 
-/// Whether a replayed enqueue carries the same body as the stored turn.
-fn same_message(turn: &TurnRow, message: &EnqueueRequest) -> bool {
-    let lark = match (&turn.lark_chat_id, &turn.lark_message_id) {
-        (Some(chat_id), Some(message_id)) => Some(LarkRef {
-            chat_id: chat_id.clone(),
-            message_id: message_id.clone(),
-        }),
-        _ => None,
-    };
-    turn.origin == message.origin
-        && turn.text == message.text
-        && message.ingress == Ingress::SessionQueue
-        && lark == message.lark
+/// Applies a decision's writes, in their order, in the caller's transaction.
+/// The caller announces the change once its transaction has committed
+/// ([`Announcer`]).
+async fn apply(conn: &mut PgConnection, writes: Writes) -> Step<()> {
+    match writes.turn {
+        Some(Change::Insert(t)) => {
+            sqlx::query(
+                "insert into turns (turn_id, session_id, seq, origin, text, client_message_id,
+                     lark_chat_id, lark_message_id, state, enqueued_at)
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            )
+            .bind(&t.turn_id)
+            .bind(&t.session_id)
+            .bind(t.seq)
+            .bind(text(&t.origin))
+            .bind(t.text.as_bytes())
+            .bind(&t.client_message_id)
+            .bind(&t.lark_chat_id)
+            .bind(&t.lark_message_id)
+            .bind(text(&t.state))
+            .bind(t.enqueued_at)
+            .execute(&mut *conn)
+            .await?;
+        }
+        Some(Change::Update(t)) => {
+            sqlx::query(
+                "update turns set state = $1, claimed_at = $2, completed_at = $3,
+                     claim_count = $4, current_claim_id = $5, completion_id = $6, response = $7
+                 where turn_id = $8",
+            )
+            .bind(text(&t.state))
+            .bind(t.claimed_at)
+            .bind(t.completed_at)
+            .bind(t.claim_count)
+            .bind(&t.current_claim_id)
+            .bind(&t.completion_id)
+            .bind(&t.response)
+            .bind(&t.turn_id)
+            .execute(&mut *conn)
+            .await?;
+        }
+        None => {}
+    }
+    match writes.claim {
+        // The same claim id claimed on another session at this very moment:
+        // this insert waits for that transaction, fails if it committed, and
+        // the decision taken again answers claim_id_reused.
+        Some(Change::Insert(c)) => {
+            sqlx::query(
+                "insert into claims (claim_id, session_id, turn_id, attempt, state, claimed_at)
+                 values ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(&c.claim_id)
+            .bind(&c.session_id)
+            .bind(&c.turn_id)
+            .bind(c.attempt)
+            .bind(text(&c.state))
+            .bind(c.claimed_at)
+            .execute(&mut *conn)
+            .await?;
+        }
+        Some(Change::Update(c)) => {
+            sqlx::query("update claims set state = $1, released_at = $2 where claim_id = $3")
+                .bind(text(&c.state))
+                .bind(c.released_at)
+                .bind(&c.claim_id)
+                .execute(&mut *conn)
+                .await?;
+        }
+        None => {}
+    }
+    if let Some(s) = writes.session {
+        sqlx::query(
+            "update sessions set next_seq = $1, next_event_no = $2, queued_count = $3,
+                 active_claim_id = $4
+             where session_id = $5",
+        )
+        .bind(s.next_seq)
+        .bind(s.next_event_no)
+        .bind(s.queued_count)
+        .bind(&s.active_claim_id)
+        .bind(&s.session_id)
+        .execute(&mut *conn)
+        .await?;
+    }
+    if let Some(e) = writes.event {
+        sqlx::query(
+            "insert into session_events
+                 (session_id, event_no, kind, turn_id, seq, request_id, state, at)
+             values ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(&e.session_id)
+        .bind(e.event_no)
+        .bind(e.kind)
+        .bind(&e.turn_id)
+        .bind(e.seq)
+        .bind(&e.request_id)
+        .bind(e.state)
+        .bind(e.at)
+        .execute(&mut *conn)
+        .await?;
+    }
+    if let Some(r) = writes.reply {
+        sqlx::query(
+            "insert into lark_replies (turn_id, session_id, chat_id, message_id, text, state,
+                 next_attempt_at, created_at, updated_at)
+             values ($1, $2, $3, $4, $5, 'pending', $6, $6, $6)",
+        )
+        .bind(&r.turn_id)
+        .bind(&r.session_id)
+        .bind(&r.chat_id)
+        .bind(&r.message_id)
+        .bind(r.text.as_bytes())
+        .bind(r.at)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Applies a decision's writes and answers its answer.
+async fn decided<T>(conn: &mut PgConnection, decided: Decided<T>) -> Step<T> {
+    apply(conn, decided.writes).await?;
+    Ok(decided.answer)
 }
 
 async fn enqueue(
@@ -632,9 +756,8 @@ async fn enqueue(
     minter: &Minter,
 ) -> Step<Enqueue> {
     let session = lock_session(conn, session_id).await?;
-    let closed = || Error::new(ErrorCode::SessionClosed, "The session is closed.");
-    if let Some(client_message_id) = &message.client_message_id {
-        let earlier = sqlx::query(&format!(
+    let earlier = match (&session, &message.client_message_id) {
+        (Some(_), Some(client_message_id)) => sqlx::query(&format!(
             "select {TURN_COLUMNS} from turns where session_id = $1 and client_message_id = $2"
         ))
         .bind(session_id)
@@ -642,136 +765,26 @@ async fn enqueue(
         .fetch_optional(&mut *conn)
         .await?
         .map(turn_row)
-        .transpose()?;
-        if let Some(turn) = earlier {
-            if session.state == SessionState::Closed {
-                return Err(closed().into());
-            }
-            if !same_message(&turn, message) {
-                return Err(Error::new(
-                    ErrorCode::IdempotencyKeyReused,
-                    "This client_message_id was used with another message.",
-                )
-                .into());
-            }
-            return Ok(Enqueue {
-                turn,
-                duplicate: true,
-            });
-        }
-    }
-    if session.state == SessionState::Closed {
-        return Err(closed().into());
-    }
-    if message.ingress == Ingress::LiveSteering {
-        return Err(Error::new(
-            ErrorCode::LiveSteeringUnavailable,
-            "Live steering is unavailable: the host exposes no push transport. Nothing was queued.",
-        )
-        .into());
-    }
-    if session.queued_count >= MAX_QUEUED {
-        return Err(Error::new(
-            ErrorCode::QueueFull,
-            format!("The session already holds {MAX_QUEUED} queued turns."),
-        )
-        .into());
-    }
-    let turn_id = minter.mint("turn");
-    let (lark_chat_id, lark_message_id) = message
-        .lark
-        .as_ref()
-        .map(|l| (Some(l.chat_id.as_str()), Some(l.message_id.as_str())))
-        .unwrap_or_default();
-    let row = sqlx::query(&format!(
-        "insert into turns (turn_id, session_id, seq, origin, text, client_message_id,
-             lark_chat_id, lark_message_id, state, enqueued_at)
-         select $1, session_id, next_seq, $2, $3, $4, $5, $6, 'queued', $7
-         from sessions where session_id = $8
-         returning {TURN_COLUMNS}"
-    ))
-    .bind(&turn_id)
-    .bind(text(&message.origin))
-    .bind(message.text.as_bytes())
-    .bind(&message.client_message_id)
-    .bind(lark_chat_id)
-    .bind(lark_message_id)
-    .bind(now_ms())
-    .bind(session_id)
-    .fetch_one(&mut *conn)
-    .await?;
-    let turn = turn_row(row)?;
-    sqlx::query(
-        "update sessions set next_seq = next_seq + 1, queued_count = queued_count + 1
-         where session_id = $1",
-    )
-    .bind(session_id)
-    .execute(&mut *conn)
-    .await?;
-    append_event(
-        conn,
-        session_id,
-        Subject::Turn(&turn.turn_id, turn.seq),
-        "queued",
-    )
-    .await?;
-    Ok(Enqueue {
-        turn,
-        duplicate: false,
-    })
+        .transpose()?,
+        _ => None,
+    };
+    let decision = decide::turn::enqueue(session, earlier, message.clone(), minter, now_ms())?;
+    decided(conn, decision).await
 }
 
-#[derive(sqlx::FromRow)]
-struct ClaimRow {
-    session_id: String,
-    turn_id: String,
-    attempt: i64,
-    state: String,
-}
-
-async fn claim(
+async fn claim_rows(
     conn: &mut PgConnection,
     session_id: &str,
-    host: &HostIdentity,
     claim_id: &str,
-) -> Step<ClaimOutcome> {
-    let session = hosted_session(conn, session_id, host).await?;
-    let earlier: Option<ClaimRow> = sqlx::query_as(
-        "select session_id, turn_id, attempt, state from claims where claim_id = $1",
-    )
-    .bind(claim_id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    if let Some(earlier) = earlier {
-        if earlier.session_id != session_id {
-            return Err(Error::new(
-                ErrorCode::ClaimIdReused,
-                "This claim_id was already used on another session.",
-            )
-            .into());
-        }
-        if earlier.state == "released" {
-            return Err(Error::new(
-                ErrorCode::ClaimReleased,
-                "This claim_id's turn was released; the claim_id is spent. Claim with a new one.",
-            )
-            .into());
-        }
-        let turn = load_turn(&mut *conn, session_id, &earlier.turn_id)
-            .await?
-            .ok_or_else(|| Error::store("replaying a claim", "the claimed turn is missing"))?;
-        return Ok(ClaimOutcome::Claimed {
-            turn: Box::new(turn),
-            attempt: earlier.attempt,
-            replayed: true,
-        });
-    }
-    if session.state == SessionState::Closed {
-        return Err(Error::new(ErrorCode::SessionClosed, "The session is closed.").into());
-    }
-    if let Some(active) = session.active_claim_id {
-        return Err(active_claim_error(conn, active).await?.into());
-    }
+) -> sqlx::Result<ClaimRows> {
+    let Some(session) = lock_session(conn, session_id).await? else {
+        return Ok(ClaimRows::default());
+    };
+    let earlier = load_claim(conn, claim_id).await?;
+    let earlier_turn = match &earlier {
+        Some(claim) => load_turn(&mut *conn, session_id, &claim.turn_id).await?,
+        None => None,
+    };
     let head = sqlx::query(&format!(
         "select {TURN_COLUMNS} from turns where session_id = $1 and state = 'queued'
          order by seq limit 1"
@@ -781,68 +794,24 @@ async fn claim(
     .await?
     .map(turn_row)
     .transpose()?;
-    let Some(head) = head else {
-        return Ok(ClaimOutcome::Empty);
-    };
-    let now = now_ms();
-    let attempt = head.claim_count + 1;
-    // The same claim id claimed on another session at this very moment: this
-    // insert waits for that transaction, fails if it committed, and the
-    // decision taken again answers claim_id_reused.
-    sqlx::query(
-        "insert into claims (claim_id, session_id, turn_id, attempt, state, claimed_at)
-         values ($1, $2, $3, $4, 'active', $5)",
-    )
-    .bind(claim_id)
-    .bind(session_id)
-    .bind(&head.turn_id)
-    .bind(attempt)
-    .bind(now)
-    .execute(&mut *conn)
-    .await?;
-    let row = sqlx::query(&format!(
-        "update turns set state = 'claimed', claimed_at = $1, claim_count = $2, current_claim_id = $3
-         where turn_id = $4 returning {TURN_COLUMNS}"
-    ))
-    .bind(now)
-    .bind(attempt)
-    .bind(claim_id)
-    .bind(&head.turn_id)
-    .fetch_one(&mut *conn)
-    .await?;
-    let turn = turn_row(row)?;
-    sqlx::query(
-        "update sessions set active_claim_id = $1, queued_count = queued_count - 1
-         where session_id = $2",
-    )
-    .bind(claim_id)
-    .bind(session_id)
-    .execute(&mut *conn)
-    .await?;
-    append_event(
-        conn,
-        session_id,
-        Subject::Turn(&turn.turn_id, turn.seq),
-        "claimed",
-    )
-    .await?;
-    Ok(ClaimOutcome::Claimed {
-        turn: Box::new(turn),
-        attempt,
-        replayed: false,
+    Ok(ClaimRows {
+        active: active_claim(conn, &session).await?,
+        session: Some(session),
+        earlier,
+        earlier_turn,
+        head,
     })
 }
 
-fn receipt(turn: &TurnRow, replayed: bool) -> Receipt {
-    Receipt {
-        completed: true,
-        session_id: turn.session_id.clone(),
-        turn_id: turn.turn_id.clone(),
-        claim_id: turn.current_claim_id.clone().unwrap_or_default(),
-        completion_id: turn.completion_id.clone().unwrap_or_default(),
-        completed_at: turn.completed_at.map(rfc3339).unwrap_or_default(),
-        replayed,
-    }
+async fn claim(
+    conn: &mut PgConnection,
+    session_id: &str,
+    host: &HostIdentity,
+    claim_id: &str,
+) -> Step<ClaimOutcome> {
+    let rows = claim_rows(conn, session_id, claim_id).await?;
+    let decision = decide::turn::claim(rows, host, claim_id, now_ms())?;
+    decided(conn, decision).await
 }
 
 async fn complete(
@@ -851,111 +820,21 @@ async fn complete(
     turn_id: &str,
     completion: &CompleteRequest,
 ) -> Step<Receipt> {
-    let host = HostIdentity {
-        host_surface: completion.host_surface.clone(),
-        host_session_id: completion.host_session_id.clone(),
-    };
-    hosted_session(conn, session_id, &host).await?;
-    let turn = load_turn(&mut *conn, session_id, turn_id)
-        .await?
-        .ok_or_else(|| Error::not_found("turn"))?;
-    let response = serde_json::Value::Object(completion.response.clone());
-    let reused = || {
-        Error::new(
-            ErrorCode::IdempotencyKeyReused,
-            "This completion_id was used with another claim, turn or response.",
-        )
-    };
-    if turn.completion_id.as_deref() == Some(completion.completion_id.as_str()) {
-        let stored: Option<serde_json::Value> = turn
-            .response
-            .as_deref()
-            .and_then(|r| serde_json::from_str(r).ok());
-        let same = turn.current_claim_id.as_deref() == Some(completion.claim_id.as_str())
-            && stored.as_ref() == Some(&response);
-        return if same {
-            Ok(receipt(&turn, true))
-        } else {
-            Err(reused().into())
-        };
-    }
-    let used_elsewhere: Option<i32> =
+    let session = lock_session(conn, session_id).await?;
+    let turn = load_turn(&mut *conn, session_id, turn_id).await?;
+    let used: Option<i32> =
         sqlx::query_scalar("select 1 from turns where session_id = $1 and completion_id = $2")
             .bind(session_id)
             .bind(&completion.completion_id)
             .fetch_optional(&mut *conn)
             .await?;
-    if used_elsewhere.is_some() {
-        return Err(reused().into());
-    }
-    match turn.state {
-        TurnState::Completed => {
-            return Err(Error::new(
-                ErrorCode::AlreadyCompleted,
-                "The turn is already completed by another completion.",
-            )
-            .into());
-        }
-        TurnState::Queued | TurnState::Cancelled => {
-            return Err(Error::new(
-                ErrorCode::NotClaimed,
-                "The turn is not claimed; claim it before completing it.",
-            )
-            .into());
-        }
-        TurnState::Claimed if turn.current_claim_id.as_deref() != Some(&completion.claim_id) => {
-            return Err(Error::new(
-                ErrorCode::ClaimMismatch,
-                "The turn is held by another claim.",
-            )
-            .into());
-        }
-        TurnState::Claimed => {}
-    }
-    let row = sqlx::query(&format!(
-        "update turns set state = 'completed', completed_at = $1, completion_id = $2, response = $3
-         where turn_id = $4 returning {TURN_COLUMNS}"
-    ))
-    .bind(now_ms())
-    .bind(&completion.completion_id)
-    .bind(response.to_string())
-    .bind(turn_id)
-    .fetch_one(&mut *conn)
-    .await?;
-    let turn = turn_row(row)?;
-    sqlx::query("update claims set state = 'completed' where claim_id = $1")
-        .bind(&completion.claim_id)
-        .execute(&mut *conn)
-        .await?;
-    sqlx::query("update sessions set active_claim_id = null where session_id = $1")
-        .bind(session_id)
-        .execute(&mut *conn)
-        .await?;
-    append_event(
-        conn,
-        session_id,
-        Subject::Turn(&turn.turn_id, turn.seq),
-        "completed",
-    )
-    .await?;
-    if let (Some(chat_id), Some(message_id)) = (&turn.lark_chat_id, &turn.lark_message_id) {
-        let message = response["message"].as_str().unwrap_or_default();
-        let now = now_ms();
-        sqlx::query(
-            "insert into lark_replies (turn_id, session_id, chat_id, message_id, text, state,
-                 next_attempt_at, created_at, updated_at)
-             values ($1, $2, $3, $4, $5, 'pending', $6, $6, $6)",
-        )
-        .bind(&turn.turn_id)
-        .bind(session_id)
-        .bind(chat_id)
-        .bind(message_id)
-        .bind(message.as_bytes())
-        .bind(now)
-        .execute(&mut *conn)
-        .await?;
-    }
-    Ok(receipt(&turn, false))
+    let rows = CompleteRows {
+        session,
+        turn,
+        completion_id_used: used.is_some(),
+    };
+    let decision = decide::turn::complete(rows, completion.clone(), now_ms())?;
+    decided(conn, decision).await
 }
 
 async fn release(
@@ -964,59 +843,21 @@ async fn release(
     claim_id: &str,
     host: &HostIdentity,
 ) -> Step<Released> {
-    hosted_session(conn, session_id, host).await?;
-    let claim: ClaimRow = sqlx::query_as(
-        "select session_id, turn_id, attempt, state from claims
-         where claim_id = $1 and session_id = $2",
-    )
-    .bind(claim_id)
-    .bind(session_id)
-    .fetch_optional(&mut *conn)
-    .await?
-    .ok_or_else(|| Error::not_found("claim on this session"))?;
-    let released = Released {
-        released: true,
-        turn_id: claim.turn_id.clone(),
+    let session = lock_session(conn, session_id).await?;
+    let claim = load_claim(conn, claim_id)
+        .await?
+        .filter(|c| c.session_id == session_id);
+    let turn = match &claim {
+        Some(claim) => load_turn(&mut *conn, session_id, &claim.turn_id).await?,
+        None => None,
     };
-    match claim.state.as_str() {
-        "completed" => Err(Error::new(
-            ErrorCode::AlreadyCompleted,
-            "The claimed turn is already completed; there is nothing to release.",
-        )
-        .into()),
-        "released" => Ok(released),
-        _ => {
-            sqlx::query(
-                "update claims set state = 'released', released_at = $1 where claim_id = $2",
-            )
-            .bind(now_ms())
-            .bind(claim_id)
-            .execute(&mut *conn)
-            .await?;
-            let seq: i64 = sqlx::query_scalar(
-                "update turns set state = 'queued', claimed_at = null, current_claim_id = null
-                 where turn_id = $1 returning seq",
-            )
-            .bind(&claim.turn_id)
-            .fetch_one(&mut *conn)
-            .await?;
-            sqlx::query(
-                "update sessions set active_claim_id = null, queued_count = queued_count + 1
-                 where session_id = $1",
-            )
-            .bind(session_id)
-            .execute(&mut *conn)
-            .await?;
-            append_event(
-                conn,
-                session_id,
-                Subject::Turn(&claim.turn_id, seq),
-                "released",
-            )
-            .await?;
-            Ok(released)
-        }
-    }
+    let rows = ReleaseRows {
+        session,
+        claim,
+        turn,
+    };
+    let decision = decide::turn::release(rows, host, now_ms())?;
+    decided(conn, decision).await
 }
 
 /// One transaction of retention: a chunk of the oldest prunable session's
@@ -1060,16 +901,26 @@ async fn prune_step(conn: &mut PgConnection, cutoff_ms: i64) -> Step<PruneStep> 
 
 async fn close(conn: &mut PgConnection, session_id: &str) -> Step<Closed> {
     let session = lock_session(conn, session_id).await?;
-    if session.state == SessionState::Closed {
-        return Ok(Closed {
-            session,
-            cancelled: 0,
-            expired: 0,
-        });
-    }
-    if let Some(active) = session.active_claim_id {
-        return Err(active_claim_error(conn, active).await?.into());
-    }
+    let active = match &session {
+        Some(session) => active_claim(conn, session).await?,
+        None => None,
+    };
+    let (at, cancel_reason, expired_state) =
+        match decide::session::close(CloseRows { session, active }, now_ms())? {
+            Close::Replayed(session) => {
+                return Ok(Closed {
+                    session,
+                    cancelled: 0,
+                    expired: 0,
+                });
+            }
+            Close::Close {
+                at,
+                cancel_reason,
+                expired,
+                ..
+            } => (at, cancel_reason, expired),
+        };
     // One `cancelled` event per queued turn, numbered in seq order.
     let cancelled = sqlx::query(
         "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
@@ -1078,7 +929,7 @@ async fn close(conn: &mut PgConnection, session_id: &str) -> Step<Closed> {
          from turns t join sessions s on s.session_id = t.session_id
          where t.session_id = $2 and t.state = 'queued'",
     )
-    .bind(now_ms())
+    .bind(at)
     .bind(session_id)
     .execute(&mut *conn)
     .await?
@@ -1089,9 +940,10 @@ async fn close(conn: &mut PgConnection, session_id: &str) -> Step<Closed> {
         .execute(&mut *conn)
         .await?;
     sqlx::query(
-        "update turns set state = 'cancelled', cancel_reason = 'session_closed'
-         where session_id = $1 and state = 'queued'",
+        "update turns set state = 'cancelled', cancel_reason = $1
+         where session_id = $2 and state = 'queued'",
     )
+    .bind(text(&cancel_reason))
     .bind(session_id)
     .execute(&mut *conn)
     .await?;
@@ -1099,12 +951,12 @@ async fn close(conn: &mut PgConnection, session_id: &str) -> Step<Closed> {
         "update sessions set state = 'closed', closed_at = $1, queued_count = 0
          where session_id = $2 returning {SESSION_COLUMNS}"
     ))
-    .bind(now_ms())
+    .bind(at)
     .bind(session_id)
     .fetch_one(&mut *conn)
     .await?;
     let closed = session_row(row)?;
-    let expired = expire_permissions(conn, session_id).await?;
+    let expired = expire_permissions(conn, session_id, expired_state, at).await?;
     append_event(conn, session_id, Subject::Session, "closed").await?;
     sqlx::query("delete from lark_links where session_id = $1")
         .bind(session_id)
@@ -1120,9 +972,13 @@ async fn close(conn: &mut PgConnection, session_id: &str) -> Step<Closed> {
 /// Expires the (locked) session's pending permission requests, one
 /// `permission` event each (numbered in creation order), in the close's
 /// transaction.
-async fn expire_permissions(conn: &mut PgConnection, session_id: &str) -> Step<u64> {
-    let now = now_ms();
-    let expired = sqlx::query(
+async fn expire_permissions(
+    conn: &mut PgConnection,
+    session_id: &str,
+    expired: PermissionState,
+    now: i64,
+) -> Step<u64> {
+    let count = sqlx::query(
         "insert into session_events (session_id, event_no, kind, request_id, state, at)
          select p.session_id,
                 s.next_event_no - 1 + row_number() over (order by p.created_at, p.request_id),
@@ -1130,14 +986,14 @@ async fn expire_permissions(conn: &mut PgConnection, session_id: &str) -> Step<u
          from permission_requests p join sessions s on s.session_id = p.session_id
          where p.session_id = $3 and p.state = 'pending'",
     )
-    .bind(permission::EXPIRED_ON_CLOSE.as_str())
+    .bind(expired.as_str())
     .bind(now)
     .bind(session_id)
     .execute(&mut *conn)
     .await?
     .rows_affected();
     sqlx::query("update sessions set next_event_no = next_event_no + $1 where session_id = $2")
-        .bind(expired as i64)
+        .bind(count as i64)
         .bind(session_id)
         .execute(&mut *conn)
         .await?;
@@ -1145,12 +1001,12 @@ async fn expire_permissions(conn: &mut PgConnection, session_id: &str) -> Step<u
         "update permission_requests set state = $1, answered_at = $2
          where session_id = $3 and state = 'pending'",
     )
-    .bind(permission::EXPIRED_ON_CLOSE.as_str())
+    .bind(expired.as_str())
     .bind(now)
     .bind(session_id)
     .execute(&mut *conn)
     .await?;
-    Ok(expired)
+    Ok(count)
 }
 
 const PERMISSION_COLUMNS: &str = "session_id, request_id, tool_name, description, \
@@ -1199,7 +1055,7 @@ async fn create_permission(
     host: &HostIdentity,
     request: &CreatePermissionRequest,
 ) -> Step<Decision> {
-    let session = lock_session(conn, session_id).await?;
+    let session = locked_session(conn, session_id).await?;
     let existing = load_permission(&mut *conn, session_id, &request.request_id).await?;
     let decision = permission::create(&session, host, existing, request.clone(), now_ms())?;
     if let Decision::Write(row) = &decision {
@@ -1229,7 +1085,7 @@ async fn answer_permission(
     request_id: &str,
     (behavior, via): (Behavior, AnsweredVia),
 ) -> Step<Decision> {
-    lock_session(conn, session_id).await?;
+    locked_session(conn, session_id).await?;
     let existing = load_permission(&mut *conn, session_id, request_id).await?;
     let decision = permission::answer(existing, behavior, via, now_ms())?;
     if let Decision::Write(row) = &decision {
@@ -1260,7 +1116,7 @@ async fn append_permission_event(conn: &mut PgConnection, row: &PermissionRow) -
 }
 
 async fn lark_link(conn: &mut PgConnection, session_id: &str, chat_id: &str) -> Step<LarkLink> {
-    let session = lock_session(conn, session_id).await?;
+    let session = locked_session(conn, session_id).await?;
     if session.state == SessionState::Closed {
         return Err(Error::new(ErrorCode::SessionClosed, "The session is closed.").into());
     }
@@ -1296,7 +1152,7 @@ async fn lark_link(conn: &mut PgConnection, session_id: &str, chat_id: &str) -> 
 }
 
 async fn lark_unlink(conn: &mut PgConnection, session_id: &str) -> Step<LarkLink> {
-    lock_session(conn, session_id).await?;
+    locked_session(conn, session_id).await?;
     sqlx::query("delete from lark_links where session_id = $1")
         .bind(session_id)
         .execute(conn)
@@ -1346,7 +1202,7 @@ async fn lark_event(
         let Some(candidate) = linked else {
             return Ok(LarkIngest::Unlinked);
         };
-        lock_session(conn, &candidate).await?;
+        locked_session(conn, &candidate).await?;
         linked = sqlx::query_scalar(link)
             .bind(chat_id)
             .fetch_optional(&mut *conn)
@@ -1515,11 +1371,8 @@ impl Store for PgStore {
 
     async fn preview_bind(&self, request: BindRequest) -> Result<Option<SessionRow>> {
         let mut conn = self.pool.acquire().await?;
-        match check_bind(&mut conn, &request).await {
-            Ok(open) => Ok(open),
-            Err(Fail::Refused(e)) => Err(e),
-            Err(Fail::Db(e)) => Err(e.into()),
-        }
+        let rows = bind_rows(&mut conn, &request).await?;
+        decide::session::check_bind(rows, &request)
     }
 
     async fn bind(&self, request: BindRequest) -> Result<Bound> {

@@ -22,15 +22,18 @@ use super::{
     Bound, ClaimOutcome, Closed, Decision, Enqueue, EventRow, Handoff, HostIdentity, LarkEvent,
     LarkIngest, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, Subject, TurnRow,
 };
+use crate::decide::session::{BindRows, Close, CloseRows};
+use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows};
+use crate::decide::{self, Change, ClaimRow, Decided, NewEvent, Writes};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
 use crate::model::{
     BindRequest, CompleteRequest, EnqueueRequest, Ingress, LarkLink, LarkRef, ListSessions,
-    ListTurns, Receipt, RegisterAgentThread, Released, SessionState, TurnState,
+    ListTurns, Receipt, RegisterAgentThread, Released, SessionState,
 };
 use crate::permission;
-use crate::time::{now_ms, rfc3339};
+use crate::time::now_ms;
 
 /// How much a power loss may take: `Full` nothing acknowledged (every commit
 /// is synced to disk before it is answered), `Relaxed` the last commits
@@ -44,8 +47,6 @@ pub enum Durability {
 
 /// The most writes one transaction commits together.
 const MAX_BATCH: usize = 256;
-/// The most queued turns one session holds.
-pub const MAX_QUEUED: i64 = 10_000;
 
 /// A write, run by the writer inside its savepoint. It answers whether its
 /// changes are kept, and the reply to send once the batch has committed.
@@ -426,29 +427,6 @@ fn execute(conn: &Connection, statement: &'static str) -> Result<()> {
     Ok(())
 }
 
-/// Appends event number `event_no` (the session's `next_event_no`, which the
-/// caller advances in its own update of the session) to the session's log.
-fn append_event_at(
-    conn: &Connection,
-    session_id: &str,
-    event_no: i64,
-    turn: (&str, i64),
-    state: &str,
-) -> Result<()> {
-    sql::query(
-        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
-         values (?, ?, 'turn', ?, ?, ?, ?)",
-    )
-    .bind(session_id)
-    .bind(event_no)
-    .bind(turn.0)
-    .bind(turn.1)
-    .bind(state)
-    .bind(now_ms())
-    .execute(conn)?;
-    Ok(())
-}
-
 /// Appends one event to the session's log, in the caller's transaction.
 fn append_event(
     conn: &Connection,
@@ -533,15 +511,6 @@ fn existing_session(conn: &Connection, session_id: &str) -> Result<SessionRow> {
     load_session(conn, session_id)?.ok_or_else(|| Error::not_found("session"))
 }
 
-/// The session, if the host identity is the one it is bound to.
-fn hosted_session(conn: &Connection, session_id: &str, host: &HostIdentity) -> Result<SessionRow> {
-    let session = existing_session(conn, session_id)?;
-    if !session.is_bound_to(host) {
-        return Err(Error::host_mismatch());
-    }
-    Ok(session)
-}
-
 fn load_turn(db: &Connection, session_id: &str, turn_id: &str) -> Result<Option<TurnRow>> {
     sql::query_as(SELECT_TURN)
         .bind(session_id)
@@ -549,17 +518,21 @@ fn load_turn(db: &Connection, session_id: &str, turn_id: &str) -> Result<Option<
         .fetch_optional(db)
 }
 
-/// The claimed-at time of a session's active claim, for `claim_active`.
-fn active_claim_error(conn: &Connection, claim_id: String) -> Result<Error> {
-    let claimed_at: i64 = sql::query_scalar("select claimed_at from claims where claim_id = ?")
-        .bind(&claim_id)
-        .fetch_one(conn)?;
-    Ok(Error::claim_active(claim_id, claimed_at))
+fn load_claim(conn: &Connection, claim_id: &str) -> Result<Option<ClaimRow>> {
+    sql::query_as("select * from claims where claim_id = ?")
+        .bind(claim_id)
+        .fetch_optional(conn)
 }
 
-/// The bind checks, in the contract's order: registration, then the open
-/// session of the tuple (same executor: answered again; another: 409).
-fn check_bind(conn: &Connection, bind: &BindRequest) -> Result<Option<SessionRow>> {
+/// The session's active claim, if it has one.
+fn active_claim(conn: &Connection, session: &SessionRow) -> Result<Option<ClaimRow>> {
+    match &session.active_claim_id {
+        Some(claim_id) => load_claim(conn, claim_id),
+        None => Ok(None),
+    }
+}
+
+fn bind_rows(conn: &Connection, bind: &BindRequest) -> Result<BindRows> {
     let registered: Option<i64> = sql::query_scalar(
         "select 1 from agent_threads
          where goal_id = ? and agent_id = ? and host_surface = ? and host_session_id = ?",
@@ -569,65 +542,165 @@ fn check_bind(conn: &Connection, bind: &BindRequest) -> Result<Option<SessionRow
     .bind(&bind.host_surface)
     .bind(&bind.host_session_id)
     .fetch_optional(conn)?;
-    if registered.is_none() {
-        return Err(Error::new(
-            ErrorCode::NotRegistered,
-            "This exact goal, agent, host surface and host session is not registered; run bind-agent-thread first.",
-        ));
-    }
     let sql = format!(
         "select {SESSION_COLUMNS} from sessions
          where goal_id = ? and agent_id = ? and host_surface = ? and host_session_id = ? and state = 'open'"
     );
-    let open: Option<SessionRow> = sql::query_as(&sql)
+    let open = sql::query_as(&sql)
         .bind(&bind.goal_id)
         .bind(&bind.agent_id)
         .bind(&bind.host_surface)
         .bind(&bind.host_session_id)
         .fetch_optional(conn)?;
-    match open {
-        Some(s) if s.executor_endpoint_id != bind.executor_endpoint_id => Err(Error::new(
-            ErrorCode::SessionExists,
-            "This host session is bound to an open session with another executor endpoint.",
-        )),
-        open => Ok(open),
-    }
+    Ok(BindRows {
+        registered: registered.is_some(),
+        open,
+    })
 }
 
-fn bind(conn: &Connection, bind: BindRequest, minter: &Minter) -> Result<Bound> {
-    if let Some(existing) = check_bind(conn, &bind)? {
-        return Ok(Bound::Existing(existing));
+fn bind(conn: &Connection, request: BindRequest, minter: &Minter) -> Result<Bound> {
+    let rows = bind_rows(conn, &request)?;
+    let bound = decide::session::bind(rows, request, minter, now_ms())?;
+    if let Bound::Created(s) = &bound {
+        sql::query(
+            "insert into sessions (session_id, goal_id, agent_id, host_surface, host_session_id,
+                 executor_endpoint_id, state, created_at, next_seq, next_event_no)
+             values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&s.session_id)
+        .bind(&s.goal_id)
+        .bind(&s.agent_id)
+        .bind(&s.host_surface)
+        .bind(&s.host_session_id)
+        .bind(&s.executor_endpoint_id)
+        .bind(s.state)
+        .bind(s.created_at)
+        .bind(s.next_seq)
+        .bind(s.next_event_no)
+        .execute(conn)?;
     }
-    let session_id = minter.mint("ses");
+    Ok(bound)
+}
+
+/// Applies a decision's writes, in their order.
+fn apply(conn: &Connection, writes: Writes) -> Result<()> {
+    match writes.turn {
+        Some(Change::Insert(t)) => {
+            sql::query(
+                "insert into turns (turn_id, session_id, seq, origin, text, client_message_id,
+                     lark_chat_id, lark_message_id, state, enqueued_at)
+                 values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            )
+            .bind(&t.turn_id)
+            .bind(&t.session_id)
+            .bind(t.seq)
+            .bind(t.origin)
+            .bind(&t.text)
+            .bind(&t.client_message_id)
+            .bind(&t.lark_chat_id)
+            .bind(&t.lark_message_id)
+            .bind(t.state)
+            .bind(t.enqueued_at)
+            .execute(conn)?;
+        }
+        Some(Change::Update(t)) => {
+            sql::query(
+                "update turns set state = ?, claimed_at = ?, completed_at = ?, claim_count = ?,
+                     current_claim_id = ?, completion_id = ?, response = ?
+                 where turn_id = ?",
+            )
+            .bind(t.state)
+            .bind(t.claimed_at)
+            .bind(t.completed_at)
+            .bind(t.claim_count)
+            .bind(&t.current_claim_id)
+            .bind(&t.completion_id)
+            .bind(&t.response)
+            .bind(&t.turn_id)
+            .execute(conn)?;
+        }
+        None => {}
+    }
+    match writes.claim {
+        Some(Change::Insert(c)) => {
+            sql::query(
+                "insert into claims (claim_id, session_id, turn_id, attempt, state, claimed_at)
+                 values (?, ?, ?, ?, ?, ?)",
+            )
+            .bind(&c.claim_id)
+            .bind(&c.session_id)
+            .bind(&c.turn_id)
+            .bind(c.attempt)
+            .bind(c.state)
+            .bind(c.claimed_at)
+            .execute(conn)?;
+        }
+        Some(Change::Update(c)) => {
+            sql::query("update claims set state = ?, released_at = ? where claim_id = ?")
+                .bind(c.state)
+                .bind(c.released_at)
+                .bind(&c.claim_id)
+                .execute(conn)?;
+        }
+        None => {}
+    }
+    if let Some(s) = writes.session {
+        sql::query(
+            "update sessions set next_seq = ?, next_event_no = ?, queued_count = ?,
+                 active_claim_id = ?
+             where session_id = ?",
+        )
+        .bind(s.next_seq)
+        .bind(s.next_event_no)
+        .bind(s.queued_count)
+        .bind(&s.active_claim_id)
+        .bind(&s.session_id)
+        .execute(conn)?;
+    }
+    if let Some(e) = writes.event {
+        insert_event(conn, &e)?;
+    }
+    if let Some(r) = writes.reply {
+        sql::query(
+            "insert into lark_replies (turn_id, session_id, chat_id, message_id, text, state,
+                 next_attempt_at, created_at, updated_at)
+             values (?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
+        )
+        .bind(&r.turn_id)
+        .bind(&r.session_id)
+        .bind(&r.chat_id)
+        .bind(&r.message_id)
+        .bind(&r.text)
+        .bind(r.at)
+        .bind(r.at)
+        .bind(r.at)
+        .execute(conn)?;
+    }
+    Ok(())
+}
+
+fn insert_event(conn: &Connection, e: &NewEvent) -> Result<()> {
     sql::query(
-        "insert into sessions (session_id, goal_id, agent_id, host_surface, host_session_id,
-             executor_endpoint_id, state, created_at)
-         values (?, ?, ?, ?, ?, ?, 'open', ?)",
+        "insert into session_events
+             (session_id, event_no, kind, turn_id, seq, request_id, state, at)
+         values (?, ?, ?, ?, ?, ?, ?, ?)",
     )
-    .bind(&session_id)
-    .bind(&bind.goal_id)
-    .bind(&bind.agent_id)
-    .bind(&bind.host_surface)
-    .bind(&bind.host_session_id)
-    .bind(&bind.executor_endpoint_id)
-    .bind(now_ms())
+    .bind(&e.session_id)
+    .bind(e.event_no)
+    .bind(e.kind)
+    .bind(&e.turn_id)
+    .bind(e.seq)
+    .bind(&e.request_id)
+    .bind(e.state)
+    .bind(e.at)
     .execute(conn)?;
-    Ok(Bound::Created(existing_session(conn, &session_id)?))
+    Ok(())
 }
 
-/// Whether a replayed enqueue carries the same body as the stored turn.
-fn same_message(turn: &TurnRow, message: &EnqueueRequest) -> bool {
-    let lark = match (&turn.lark_chat_id, &turn.lark_message_id) {
-        (Some(chat_id), Some(message_id)) => Some(LarkRef {
-            chat_id: chat_id.clone(),
-            message_id: message_id.clone(),
-        }),
-        _ => None,
-    };
-    turn.origin == message.origin
-        && turn.text == message.text
-        && message.ingress == Ingress::SessionQueue
-        && lark == message.lark
+/// Applies a decision's writes and answers its answer.
+fn decided<T>(conn: &Connection, decided: Decided<T>) -> Result<T> {
+    apply(conn, decided.writes)?;
+    Ok(decided.answer)
 }
 
 fn enqueue(
@@ -636,124 +709,41 @@ fn enqueue(
     message: EnqueueRequest,
     minter: &Minter,
 ) -> Result<Enqueue> {
-    let session = existing_session(conn, &session_id)?;
-    let closed = || Error::new(ErrorCode::SessionClosed, "The session is closed.");
-    if let Some(client_message_id) = &message.client_message_id {
-        let earlier: Option<TurnRow> =
+    let session = load_session(conn, &session_id)?;
+    let earlier = match (&session, &message.client_message_id) {
+        (Some(_), Some(client_message_id)) => {
             sql::query_as("select * from turns where session_id = ? and client_message_id = ?")
                 .bind(&session_id)
                 .bind(client_message_id)
-                .fetch_optional(conn)?;
-        if let Some(turn) = earlier {
-            if session.state == SessionState::Closed {
-                return Err(closed());
-            }
-            if !same_message(&turn, &message) {
-                return Err(Error::new(
-                    ErrorCode::IdempotencyKeyReused,
-                    "This client_message_id was used with another message.",
-                ));
-            }
-            return Ok(Enqueue {
-                turn,
-                duplicate: true,
-            });
+                .fetch_optional(conn)?
         }
-    }
-    if session.state == SessionState::Closed {
-        return Err(closed());
-    }
-    if message.ingress == Ingress::LiveSteering {
-        return Err(Error::new(
-            ErrorCode::LiveSteeringUnavailable,
-            "Live steering is unavailable: the host exposes no push transport. Nothing was queued.",
-        ));
-    }
-    if session.queued_count >= MAX_QUEUED {
-        return Err(Error::new(
-            ErrorCode::QueueFull,
-            format!("The session already holds {MAX_QUEUED} queued turns."),
-        ));
-    }
-    let (lark_chat_id, lark_message_id) = message
-        .lark
-        .map(|l| (Some(l.chat_id), Some(l.message_id)))
-        .unwrap_or_default();
-    let turn = TurnRow {
-        turn_id: minter.mint("turn"),
-        session_id: session_id.clone(),
-        seq: session.next_seq,
-        origin: message.origin,
-        text: message.text,
-        client_message_id: message.client_message_id,
-        lark_chat_id,
-        lark_message_id,
-        state: TurnState::Queued,
-        enqueued_at: now_ms(),
-        claimed_at: None,
-        completed_at: None,
-        claim_count: 0,
-        current_claim_id: None,
-        completion_id: None,
-        response: None,
-        cancel_reason: None,
-        reply_state: None,
-        reply_attempts: None,
-        reply_error: None,
+        _ => None,
     };
-    sql::query(
-        "insert into turns (turn_id, session_id, seq, origin, text, client_message_id,
-             lark_chat_id, lark_message_id, state, enqueued_at)
-         values (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?)",
+    let decision = decide::turn::enqueue(session, earlier, message, minter, now_ms())?;
+    decided(conn, decision)
+}
+
+fn claim_rows(conn: &Connection, session_id: &str, claim_id: &str) -> Result<ClaimRows> {
+    let Some(session) = load_session(conn, session_id)? else {
+        return Ok(ClaimRows::default());
+    };
+    let earlier = load_claim(conn, claim_id)?;
+    let earlier_turn = match &earlier {
+        Some(claim) => load_turn(conn, session_id, &claim.turn_id)?,
+        None => None,
+    };
+    let head = sql::query_as(
+        "select * from turns where session_id = ? and state = 'queued' order by seq limit 1",
     )
-    .bind(&turn.turn_id)
-    .bind(&session_id)
-    .bind(turn.seq)
-    .bind(turn.origin)
-    .bind(&turn.text)
-    .bind(&turn.client_message_id)
-    .bind(&turn.lark_chat_id)
-    .bind(&turn.lark_message_id)
-    .bind(turn.enqueued_at)
-    .execute(conn)?;
-    let event_no = session.next_event_no;
-    sql::query(
-        "update sessions set next_seq = ?, queued_count = queued_count + 1, next_event_no = ?
-         where session_id = ?",
-    )
-    .bind(turn.seq + 1)
-    .bind(event_no + 1)
-    .bind(&session_id)
-    .execute(conn)?;
-    append_event_at(
-        conn,
-        &session_id,
-        event_no,
-        (&turn.turn_id, turn.seq),
-        "queued",
-    )?;
-    Ok(Enqueue {
-        turn,
-        duplicate: false,
+    .bind(session_id)
+    .fetch_optional(conn)?;
+    Ok(ClaimRows {
+        active: active_claim(conn, &session)?,
+        session: Some(session),
+        earlier,
+        earlier_turn,
+        head,
     })
-}
-
-struct ClaimRow {
-    session_id: String,
-    turn_id: String,
-    attempt: i64,
-    state: String,
-}
-
-impl sql::FromRow for ClaimRow {
-    fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
-        Ok(ClaimRow {
-            session_id: r.get("session_id")?,
-            turn_id: r.get("turn_id")?,
-            attempt: r.get("attempt")?,
-            state: r.get("state")?,
-        })
-    }
 }
 
 fn claim(
@@ -762,111 +752,8 @@ fn claim(
     host: HostIdentity,
     claim_id: String,
 ) -> Result<ClaimOutcome> {
-    let session = hosted_session(conn, &session_id, &host)?;
-    let earlier: Option<ClaimRow> =
-        sql::query_as("select session_id, turn_id, attempt, state from claims where claim_id = ?")
-            .bind(&claim_id)
-            .fetch_optional(conn)?;
-    if let Some(earlier) = earlier {
-        if earlier.session_id != session_id {
-            return Err(Error::new(
-                ErrorCode::ClaimIdReused,
-                "This claim_id was already used on another session.",
-            ));
-        }
-        if earlier.state == "released" {
-            return Err(Error::new(
-                ErrorCode::ClaimReleased,
-                "This claim_id's turn was released; the claim_id is spent. Claim with a new one.",
-            ));
-        }
-        let turn = load_turn(conn, &session_id, &earlier.turn_id)?
-            .ok_or_else(|| Error::store("replaying a claim", "the claimed turn is missing"))?;
-        return Ok(ClaimOutcome::Claimed {
-            turn: Box::new(turn),
-            attempt: earlier.attempt,
-            replayed: true,
-        });
-    }
-    if session.state == SessionState::Closed {
-        return Err(Error::new(
-            ErrorCode::SessionClosed,
-            "The session is closed.",
-        ));
-    }
-    if let Some(active) = session.active_claim_id {
-        return Err(active_claim_error(conn, active)?);
-    }
-    let head: Option<TurnRow> = sql::query_as(
-        "select * from turns where session_id = ? and state = 'queued' order by seq limit 1",
-    )
-    .bind(&session_id)
-    .fetch_optional(conn)?;
-    let Some(head) = head else {
-        return Ok(ClaimOutcome::Empty);
-    };
-    let now = now_ms();
-    let attempt = head.claim_count + 1;
-    sql::query(
-        "insert into claims (claim_id, session_id, turn_id, attempt, state, claimed_at)
-         values (?, ?, ?, ?, 'active', ?)",
-    )
-    .bind(&claim_id)
-    .bind(&session_id)
-    .bind(&head.turn_id)
-    .bind(attempt)
-    .bind(now)
-    .execute(conn)?;
-    sql::query(
-        "update turns set state = 'claimed', claimed_at = ?, claim_count = ?, current_claim_id = ?
-         where turn_id = ?",
-    )
-    .bind(now)
-    .bind(attempt)
-    .bind(&claim_id)
-    .bind(&head.turn_id)
-    .execute(conn)?;
-    let turn = TurnRow {
-        state: TurnState::Claimed,
-        claimed_at: Some(now),
-        claim_count: attempt,
-        current_claim_id: Some(claim_id.clone()),
-        ..head
-    };
-    let event_no = session.next_event_no;
-    sql::query(
-        "update sessions set active_claim_id = ?, queued_count = queued_count - 1,
-             next_event_no = ?
-         where session_id = ?",
-    )
-    .bind(&claim_id)
-    .bind(event_no + 1)
-    .bind(&session_id)
-    .execute(conn)?;
-    append_event_at(
-        conn,
-        &session_id,
-        event_no,
-        (&turn.turn_id, turn.seq),
-        "claimed",
-    )?;
-    Ok(ClaimOutcome::Claimed {
-        turn: Box::new(turn),
-        attempt,
-        replayed: false,
-    })
-}
-
-fn receipt(turn: &TurnRow, replayed: bool) -> Receipt {
-    Receipt {
-        completed: true,
-        session_id: turn.session_id.clone(),
-        turn_id: turn.turn_id.clone(),
-        claim_id: turn.current_claim_id.clone().unwrap_or_default(),
-        completion_id: turn.completion_id.clone().unwrap_or_default(),
-        completed_at: turn.completed_at.map(rfc3339).unwrap_or_default(),
-        replayed,
-    }
+    let rows = claim_rows(conn, &session_id, &claim_id)?;
+    decided(conn, decide::turn::claim(rows, &host, &claim_id, now_ms())?)
 }
 
 fn complete(
@@ -875,114 +762,19 @@ fn complete(
     turn_id: String,
     completion: CompleteRequest,
 ) -> Result<Receipt> {
-    let host = HostIdentity {
-        host_surface: completion.host_surface,
-        host_session_id: completion.host_session_id,
-    };
-    let session = hosted_session(conn, &session_id, &host)?;
-    let turn = load_turn(conn, &session_id, &turn_id)?.ok_or_else(|| Error::not_found("turn"))?;
-    let response = serde_json::Value::Object(completion.response);
-    let reused = || {
-        Error::new(
-            ErrorCode::IdempotencyKeyReused,
-            "This completion_id was used with another claim, turn or response.",
-        )
-    };
-    if turn.completion_id.as_deref() == Some(completion.completion_id.as_str()) {
-        let stored: Option<serde_json::Value> = turn
-            .response
-            .as_deref()
-            .and_then(|r| serde_json::from_str(r).ok());
-        let same = turn.current_claim_id.as_deref() == Some(completion.claim_id.as_str())
-            && stored.as_ref() == Some(&response);
-        return if same {
-            Ok(receipt(&turn, true))
-        } else {
-            Err(reused())
-        };
-    }
-    let used_elsewhere: Option<i64> =
+    let session = load_session(conn, &session_id)?;
+    let turn = load_turn(conn, &session_id, &turn_id)?;
+    let used: Option<i64> =
         sql::query_scalar("select 1 from turns where session_id = ? and completion_id = ?")
             .bind(&session_id)
             .bind(&completion.completion_id)
             .fetch_optional(conn)?;
-    if used_elsewhere.is_some() {
-        return Err(reused());
-    }
-    match turn.state {
-        TurnState::Completed => {
-            return Err(Error::new(
-                ErrorCode::AlreadyCompleted,
-                "The turn is already completed by another completion.",
-            ));
-        }
-        TurnState::Queued | TurnState::Cancelled => {
-            return Err(Error::new(
-                ErrorCode::NotClaimed,
-                "The turn is not claimed; claim it before completing it.",
-            ));
-        }
-        TurnState::Claimed if turn.current_claim_id.as_deref() != Some(&completion.claim_id) => {
-            return Err(Error::new(
-                ErrorCode::ClaimMismatch,
-                "The turn is held by another claim.",
-            ));
-        }
-        TurnState::Claimed => {}
-    }
-    let (completed_at, stored) = (now_ms(), response.to_string());
-    sql::query(
-        "update turns set state = 'completed', completed_at = ?, completion_id = ?, response = ?
-         where turn_id = ?",
-    )
-    .bind(completed_at)
-    .bind(&completion.completion_id)
-    .bind(&stored)
-    .bind(&turn_id)
-    .execute(conn)?;
-    let turn = TurnRow {
-        state: TurnState::Completed,
-        completed_at: Some(completed_at),
-        completion_id: Some(completion.completion_id.clone()),
-        response: Some(stored),
-        ..turn
+    let rows = CompleteRows {
+        session,
+        turn,
+        completion_id_used: used.is_some(),
     };
-    sql::query("update claims set state = 'completed' where claim_id = ?")
-        .bind(&completion.claim_id)
-        .execute(conn)?;
-    let event_no = session.next_event_no;
-    sql::query(
-        "update sessions set active_claim_id = null, next_event_no = ? where session_id = ?",
-    )
-    .bind(event_no + 1)
-    .bind(&session_id)
-    .execute(conn)?;
-    append_event_at(
-        conn,
-        &session_id,
-        event_no,
-        (&turn.turn_id, turn.seq),
-        "completed",
-    )?;
-    if let (Some(chat_id), Some(message_id)) = (&turn.lark_chat_id, &turn.lark_message_id) {
-        let message = response["message"].as_str().unwrap_or_default();
-        let now = now_ms();
-        sql::query(
-            "insert into lark_replies (turn_id, session_id, chat_id, message_id, text, state,
-                 next_attempt_at, created_at, updated_at)
-             values (?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
-        )
-        .bind(&turn.turn_id)
-        .bind(&session_id)
-        .bind(chat_id)
-        .bind(message_id)
-        .bind(message)
-        .bind(now)
-        .bind(now)
-        .bind(now)
-        .execute(conn)?;
-    }
-    Ok(receipt(&turn, false))
+    decided(conn, decide::turn::complete(rows, completion, now_ms())?)
 }
 
 fn release(
@@ -991,64 +783,42 @@ fn release(
     claim_id: String,
     host: HostIdentity,
 ) -> Result<Released> {
-    hosted_session(conn, &session_id, &host)?;
-    let claim: ClaimRow = sql::query_as(
-        "select session_id, turn_id, attempt, state from claims where claim_id = ? and session_id = ?",
-    )
-    .bind(&claim_id)
-    .bind(&session_id)
-    .fetch_optional(conn)?
-    .ok_or_else(|| Error::not_found("claim on this session"))?;
-    let released = Released {
-        released: true,
-        turn_id: claim.turn_id.clone(),
+    let session = load_session(conn, &session_id)?;
+    let claim = load_claim(conn, &claim_id)?.filter(|c| c.session_id == session_id);
+    let turn = match &claim {
+        Some(claim) => load_turn(conn, &session_id, &claim.turn_id)?,
+        None => None,
     };
-    match claim.state.as_str() {
-        "completed" => Err(Error::new(
-            ErrorCode::AlreadyCompleted,
-            "The claimed turn is already completed; there is nothing to release.",
-        )),
-        "released" => Ok(released),
-        _ => {
-            sql::query("update claims set state = 'released', released_at = ? where claim_id = ?")
-                .bind(now_ms())
-                .bind(&claim_id)
-                .execute(conn)?;
-            let seq: i64 = sql::query_scalar(
-                "update turns set state = 'queued', claimed_at = null, current_claim_id = null
-                 where turn_id = ? returning seq",
-            )
-            .bind(&claim.turn_id)
-            .fetch_one(conn)?;
-            sql::query(
-                "update sessions set active_claim_id = null, queued_count = queued_count + 1
-                 where session_id = ?",
-            )
-            .bind(&session_id)
-            .execute(conn)?;
-            append_event(
-                conn,
-                &session_id,
-                Subject::Turn(&claim.turn_id, seq),
-                "released",
-            )?;
-            Ok(released)
-        }
-    }
+    let rows = ReleaseRows {
+        session,
+        claim,
+        turn,
+    };
+    decided(conn, decide::turn::release(rows, &host, now_ms())?)
 }
 
 fn close(conn: &Connection, session_id: String) -> Result<Closed> {
-    let session = existing_session(conn, &session_id)?;
-    if session.state == SessionState::Closed {
-        return Ok(Closed {
-            session,
-            cancelled: 0,
-            expired: 0,
-        });
-    }
-    if let Some(active) = session.active_claim_id {
-        return Err(active_claim_error(conn, active)?);
-    }
+    let session = load_session(conn, &session_id)?;
+    let active = match &session {
+        Some(session) => active_claim(conn, session)?,
+        None => None,
+    };
+    let (at, cancel_reason, expired_state) =
+        match decide::session::close(CloseRows { session, active }, now_ms())? {
+            Close::Replayed(session) => {
+                return Ok(Closed {
+                    session,
+                    cancelled: 0,
+                    expired: 0,
+                });
+            }
+            Close::Close {
+                at,
+                cancel_reason,
+                expired,
+                ..
+            } => (at, cancel_reason, expired),
+        };
     // One `cancelled` event per queued turn, numbered in seq order.
     let cancelled = sql::query(
         "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
@@ -1057,7 +827,7 @@ fn close(conn: &Connection, session_id: String) -> Result<Closed> {
          from turns t join sessions s on s.session_id = t.session_id
          where t.session_id = ? and t.state = 'queued'",
     )
-    .bind(now_ms())
+    .bind(at)
     .bind(&session_id)
     .execute(conn)?
     .rows_affected();
@@ -1066,18 +836,19 @@ fn close(conn: &Connection, session_id: String) -> Result<Closed> {
         .bind(&session_id)
         .execute(conn)?;
     sql::query(
-        "update turns set state = 'cancelled', cancel_reason = 'session_closed'
+        "update turns set state = 'cancelled', cancel_reason = ?
          where session_id = ? and state = 'queued'",
     )
+    .bind(cancel_reason)
     .bind(&session_id)
     .execute(conn)?;
     sql::query(
         "update sessions set state = 'closed', closed_at = ?, queued_count = 0 where session_id = ?",
     )
-    .bind(now_ms())
+    .bind(at)
     .bind(&session_id)
     .execute(conn)?;
-    let expired = expire_permissions(conn, &session_id)?;
+    let expired = expire_permissions(conn, &session_id, expired_state, at)?;
     append_event(conn, &session_id, Subject::Session, "closed")?;
     sql::query("delete from lark_links where session_id = ?")
         .bind(&session_id)
@@ -1091,9 +862,13 @@ fn close(conn: &Connection, session_id: String) -> Result<Closed> {
 
 /// Expires the session's pending permission requests, one `permission`
 /// event each (numbered in creation order), in the close's transaction.
-fn expire_permissions(conn: &Connection, session_id: &str) -> Result<u64> {
-    let now = now_ms();
-    let expired = sql::query(
+fn expire_permissions(
+    conn: &Connection,
+    session_id: &str,
+    expired: PermissionState,
+    now: i64,
+) -> Result<u64> {
+    let count = sql::query(
         "insert into session_events (session_id, event_no, kind, request_id, state, at)
          select p.session_id,
                 s.next_event_no - 1 + row_number() over (order by p.created_at, p.request_id),
@@ -1101,24 +876,24 @@ fn expire_permissions(conn: &Connection, session_id: &str) -> Result<u64> {
          from permission_requests p join sessions s on s.session_id = p.session_id
          where p.session_id = ? and p.state = 'pending'",
     )
-    .bind(permission::EXPIRED_ON_CLOSE)
+    .bind(expired)
     .bind(now)
     .bind(session_id)
     .execute(conn)?
     .rows_affected();
     sql::query("update sessions set next_event_no = next_event_no + ? where session_id = ?")
-        .bind(expired as i64)
+        .bind(count as i64)
         .bind(session_id)
         .execute(conn)?;
     sql::query(
         "update permission_requests set state = ?, answered_at = ?
          where session_id = ? and state = 'pending'",
     )
-    .bind(permission::EXPIRED_ON_CLOSE)
+    .bind(expired)
     .bind(now)
     .bind(session_id)
     .execute(conn)?;
-    Ok(expired)
+    Ok(count)
 }
 
 /// A permission request's columns, in the order [`PermissionRow`] is read.
@@ -1316,7 +1091,8 @@ impl Store for SqliteStore {
 
     async fn preview_bind(&self, request: BindRequest) -> Result<Option<SessionRow>> {
         // Through the writer, which writes nothing: the checks are the bind's own.
-        self.write(move |conn| check_bind(conn, &request)).await
+        self.write(move |conn| decide::session::check_bind(bind_rows(conn, &request)?, &request))
+            .await
     }
 
     async fn bind(&self, request: BindRequest) -> Result<Bound> {

@@ -10,6 +10,7 @@ use std::marker::PhantomData;
 use rusqlite::types::{FromSql, Value};
 use rusqlite::{Connection, OptionalExtension, Row, params_from_iter};
 
+use crate::decide::{ClaimRow, ClaimState};
 use crate::error::{Error, Result};
 use crate::model::{
     AnsweredVia, CancelReason, Origin, PermissionState, ReplyState, SessionState, TurnState,
@@ -88,7 +89,8 @@ text_enum!(
     CancelReason,
     ReplyState,
     PermissionState,
-    AnsweredVia
+    AnsweredVia,
+    ClaimState
 );
 
 fn wire<T: serde::Serialize>(v: &T) -> String {
@@ -186,6 +188,21 @@ impl FromRow for PermissionRow {
     }
 }
 
+/// In the `claims` table's column order (`select *`).
+impl FromRow for ClaimRow {
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(ClaimRow {
+            claim_id: r.get(0)?,
+            session_id: r.get(1)?,
+            turn_id: r.get(2)?,
+            attempt: r.get(3)?,
+            state: r.get(4)?,
+            claimed_at: r.get(5)?,
+            released_at: r.get(6)?,
+        })
+    }
+}
+
 /// What an executed statement changed.
 pub struct Done(usize);
 
@@ -246,11 +263,6 @@ impl<T: FromRow> Query<'_, T> {
             .query_row(params_from_iter(self.params), T::from_row)
             .optional()?)
     }
-
-    pub fn fetch_one(self, conn: &Connection) -> Result<T> {
-        let mut statement = conn.prepare_cached(self.sql)?;
-        Ok(statement.query_row(params_from_iter(self.params), T::from_row)?)
-    }
 }
 
 /// A statement whose answer is its first column.
@@ -263,9 +275,5 @@ impl<T: FromSql> ScalarQuery<'_, T> {
 
     pub fn fetch_optional(self, conn: &Connection) -> Result<Option<T>> {
         Ok(self.0.fetch_optional(conn)?.map(|s| s.0))
-    }
-
-    pub fn fetch_one(self, conn: &Connection) -> Result<T> {
-        Ok(self.0.fetch_one(conn)?.0)
     }
 }

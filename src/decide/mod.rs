@@ -1,0 +1,194 @@
+//! The contract's stateful rules, written once for every store: given the
+//! rows a request needs (loaded, and locked, by the store inside its
+//! transaction) and the request itself, what happens: the writes to apply and
+//! the answer, a replay of an earlier answer, or the contract's refusal, in
+//! the contract's order. It knows no SQL, no HTTP and no waiting: a store
+//! loads the rows, calls a decision and applies the [`Writes`] it returns in
+//! the same transaction; the broker parks the waits.
+//!
+//! Every stateful refusal (`session_closed`, `claim_active`, `not_claimed`,
+//! `session_exists`, …) is constructed here and nowhere else.
+
+pub mod session;
+pub mod turn;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::model::SessionState;
+use crate::store::{HostIdentity, SessionRow, Subject, TurnRow};
+
+/// A claim's state, as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClaimState {
+    Active,
+    Released,
+    Completed,
+}
+
+/// A stored claim: every claim ever made (a claim id keeps answering the same turn).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRow {
+    pub claim_id: String,
+    pub session_id: String,
+    pub turn_id: String,
+    pub attempt: i64,
+    pub state: ClaimState,
+    pub claimed_at: i64,
+    pub released_at: Option<i64>,
+}
+
+/// A row a decision writes: a new one, or new values for an existing one.
+#[derive(Debug, Clone)]
+pub enum Change<T> {
+    Insert(T),
+    Update(T),
+}
+
+/// One entry appended to a session's event log, numbered by the decision
+/// from the session's (locked) `next_event_no`.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub session_id: String,
+    pub event_no: i64,
+    /// `turn`, `session` or `permission`.
+    pub kind: &'static str,
+    pub turn_id: Option<String>,
+    pub seq: Option<i64>,
+    pub request_id: Option<String>,
+    pub state: &'static str,
+    pub at: i64,
+}
+
+/// A Lark reply to send for a completed turn that came from Lark.
+#[derive(Debug, Clone)]
+pub struct NewReply {
+    pub turn_id: String,
+    pub session_id: String,
+    pub chat_id: String,
+    pub message_id: String,
+    pub text: String,
+    pub at: i64,
+}
+
+/// What a turn decision writes, applied by the store in this order (turn,
+/// claim, session, event, reply), in the decision's transaction.
+#[derive(Debug, Default)]
+pub struct Writes {
+    pub turn: Option<Change<TurnRow>>,
+    pub claim: Option<Change<ClaimRow>>,
+    /// The session after the decision: its counters (`next_seq`,
+    /// `next_event_no`, `queued_count`, `active_claim_id`) are written back
+    /// as they are (the row is locked for the transaction).
+    pub session: Option<SessionRow>,
+    pub event: Option<NewEvent>,
+    pub reply: Option<NewReply>,
+}
+
+/// A decision's answer and what to write for it (nothing for a replay, or when
+/// there is nothing to do).
+#[derive(Debug)]
+pub struct Decided<T> {
+    pub answer: T,
+    pub writes: Writes,
+}
+
+impl<T> Decided<T> {
+    pub(crate) fn nothing(answer: T) -> Self {
+        Decided {
+            answer,
+            writes: Writes::default(),
+        }
+    }
+}
+
+/// Appends one event to the session's log: numbers it and advances the
+/// session's counter.
+fn log(session: &mut SessionRow, subject: Subject<'_>, state: &'static str, at: i64) -> NewEvent {
+    let (turn_id, seq, request_id) = subject.columns();
+    let event = NewEvent {
+        session_id: session.session_id.clone(),
+        event_no: session.next_event_no,
+        kind: subject.kind(),
+        turn_id: turn_id.map(str::to_owned),
+        seq,
+        request_id: request_id.map(str::to_owned),
+        state,
+        at,
+    };
+    session.next_event_no += 1;
+    event
+}
+
+/// The session the request names: 404 when there is none.
+pub fn existing(session: Option<SessionRow>) -> Result<SessionRow> {
+    session.ok_or_else(|| Error::not_found("session"))
+}
+
+/// The session, if the host identity is the one it is bound to (else 403
+/// `host_mismatch`).
+pub fn hosted(session: Option<SessionRow>, host: &HostIdentity) -> Result<SessionRow> {
+    let session = existing(session)?;
+    if !session.is_bound_to(host) {
+        return Err(Error::host_mismatch());
+    }
+    Ok(session)
+}
+
+/// 409 `session_closed` when the session is closed.
+pub fn open(session: &SessionRow) -> Result<()> {
+    match session.state {
+        SessionState::Closed => Err(Error::new(
+            ErrorCode::SessionClosed,
+            "The session is closed.",
+        )),
+        SessionState::Open => Ok(()),
+    }
+}
+
+/// 409 `claim_active` when the session holds an active claim (`active`, loaded
+/// by its `active_claim_id`).
+pub fn no_active_claim(session: &SessionRow, active: Option<&ClaimRow>) -> Result<()> {
+    match (&session.active_claim_id, active) {
+        (None, _) => Ok(()),
+        (Some(_), Some(claim)) => Err(Error::claim_active(
+            claim.claim_id.clone(),
+            claim.claimed_at,
+        )),
+        (Some(_), None) => Err(Error::store(
+            "checking the active claim",
+            "the session's active claim is missing",
+        )),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub fn session(state: SessionState) -> SessionRow {
+        SessionRow {
+            session_id: "ses_1".into(),
+            goal_id: "g".into(),
+            agent_id: "a".into(),
+            host_surface: "claude-code".into(),
+            host_session_id: "h".into(),
+            executor_endpoint_id: "e".into(),
+            state,
+            created_at: 0,
+            closed_at: None,
+            queued_count: 3,
+            active_claim_id: None,
+            next_seq: 4,
+            next_event_no: 9,
+        }
+    }
+
+    pub fn host(id: &str) -> HostIdentity {
+        HostIdentity {
+            host_surface: "claude-code".into(),
+            host_session_id: id.into(),
+        }
+    }
+}

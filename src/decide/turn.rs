@@ -1,0 +1,673 @@
+//! The queue's rules: enqueue (idempotency, closed session, live steering,
+//! the queue limit), claim (one active claim per session, claim id replay and
+//! reuse), complete (fencing by claim, completion replay) and release.
+
+use super::{
+    Change, ClaimRow, ClaimState, Decided, NewReply, Writes, existing, hosted, log,
+    no_active_claim, open,
+};
+use crate::error::{Error, ErrorCode, Result};
+use crate::ids::Minter;
+use crate::model::{
+    CompleteRequest, EnqueueRequest, Ingress, LarkRef, Receipt, Released, TurnState,
+};
+use crate::store::{ClaimOutcome, Enqueue, HostIdentity, SessionRow, Subject, TurnRow};
+use crate::time::rfc3339;
+
+/// The most queued turns one session holds.
+pub const MAX_QUEUED: i64 = 10_000;
+
+/// Whether a replayed enqueue carries the same body as the stored turn.
+fn same_message(turn: &TurnRow, message: &EnqueueRequest) -> bool {
+    let lark = match (&turn.lark_chat_id, &turn.lark_message_id) {
+        (Some(chat_id), Some(message_id)) => Some(LarkRef {
+            chat_id: chat_id.clone(),
+            message_id: message_id.clone(),
+        }),
+        _ => None,
+    };
+    turn.origin == message.origin
+        && turn.text == message.text
+        && message.ingress == Ingress::SessionQueue
+        && lark == message.lark
+}
+
+/// An enqueue, given the session and the turn already enqueued there with
+/// the message's `client_message_id` (if any). In this order: unknown session
+/// 404; a known client_message_id answers its turn again (409
+/// `session_closed` once closed, 422 `idempotency_key_reused` for another
+/// body); closed 409; live steering 409 `live_steering_unavailable`; 429
+/// `queue_full` at [`MAX_QUEUED`].
+pub fn enqueue(
+    session: Option<SessionRow>,
+    earlier: Option<TurnRow>,
+    message: EnqueueRequest,
+    minter: &Minter,
+    now: i64,
+) -> Result<Decided<Enqueue>> {
+    let mut session = existing(session)?;
+    if let Some(turn) = earlier {
+        open(&session)?;
+        if !same_message(&turn, &message) {
+            return Err(Error::new(
+                ErrorCode::IdempotencyKeyReused,
+                "This client_message_id was used with another message.",
+            ));
+        }
+        return Ok(Decided::nothing(Enqueue {
+            turn,
+            duplicate: true,
+        }));
+    }
+    open(&session)?;
+    if message.ingress == Ingress::LiveSteering {
+        return Err(Error::new(
+            ErrorCode::LiveSteeringUnavailable,
+            "Live steering is unavailable: the host exposes no push transport. Nothing was queued.",
+        ));
+    }
+    if session.queued_count >= MAX_QUEUED {
+        return Err(Error::new(
+            ErrorCode::QueueFull,
+            format!("The session already holds {MAX_QUEUED} queued turns."),
+        ));
+    }
+    let (lark_chat_id, lark_message_id) = message
+        .lark
+        .map(|l| (Some(l.chat_id), Some(l.message_id)))
+        .unwrap_or_default();
+    let turn = TurnRow {
+        turn_id: minter.mint("turn"),
+        session_id: session.session_id.clone(),
+        seq: session.next_seq,
+        origin: message.origin,
+        text: message.text,
+        client_message_id: message.client_message_id,
+        lark_chat_id,
+        lark_message_id,
+        state: TurnState::Queued,
+        enqueued_at: now,
+        claimed_at: None,
+        completed_at: None,
+        claim_count: 0,
+        current_claim_id: None,
+        completion_id: None,
+        response: None,
+        cancel_reason: None,
+        reply_state: None,
+        reply_attempts: None,
+        reply_error: None,
+    };
+    session.next_seq += 1;
+    session.queued_count += 1;
+    let event = log(
+        &mut session,
+        Subject::Turn(&turn.turn_id, turn.seq),
+        "queued",
+        now,
+    );
+    Ok(Decided {
+        writes: Writes {
+            turn: Some(Change::Insert(turn.clone())),
+            session: Some(session),
+            event: Some(event),
+            ..Writes::default()
+        },
+        answer: Enqueue {
+            turn,
+            duplicate: false,
+        },
+    })
+}
+
+/// What a claim decision reads.
+#[derive(Debug, Default)]
+pub struct ClaimRows {
+    pub session: Option<SessionRow>,
+    /// The claim stored under the requested claim id, on any session.
+    pub earlier: Option<ClaimRow>,
+    /// That claim's turn, when it is on this session.
+    pub earlier_turn: Option<TurnRow>,
+    /// The session's active claim, if it has one.
+    pub active: Option<ClaimRow>,
+    /// The session's oldest queued turn.
+    pub head: Option<TurnRow>,
+}
+
+/// A claim, in this order: unknown session 404; another host 403
+/// `host_mismatch`; a claim id used on another session 409 `claim_id_reused`,
+/// released 409 `claim_released`, else its turn answered again (also on a
+/// closed session); closed 409 `session_closed`; another active claim 409
+/// `claim_active`; an empty queue [`ClaimOutcome::Empty`] (nothing written).
+pub fn claim(
+    rows: ClaimRows,
+    host: &HostIdentity,
+    claim_id: &str,
+    now: i64,
+) -> Result<Decided<ClaimOutcome>> {
+    let mut session = hosted(rows.session, host)?;
+    if let Some(earlier) = rows.earlier {
+        if earlier.session_id != session.session_id {
+            return Err(Error::new(
+                ErrorCode::ClaimIdReused,
+                "This claim_id was already used on another session.",
+            ));
+        }
+        if earlier.state == ClaimState::Released {
+            return Err(Error::new(
+                ErrorCode::ClaimReleased,
+                "This claim_id's turn was released; the claim_id is spent. Claim with a new one.",
+            ));
+        }
+        let turn = rows
+            .earlier_turn
+            .ok_or_else(|| Error::store("replaying a claim", "the claimed turn is missing"))?;
+        return Ok(Decided::nothing(ClaimOutcome::Claimed {
+            turn: Box::new(turn),
+            attempt: earlier.attempt,
+            replayed: true,
+        }));
+    }
+    open(&session)?;
+    no_active_claim(&session, rows.active.as_ref())?;
+    let Some(head) = rows.head else {
+        return Ok(Decided::nothing(ClaimOutcome::Empty));
+    };
+    let attempt = head.claim_count + 1;
+    let claim = ClaimRow {
+        claim_id: claim_id.to_owned(),
+        session_id: session.session_id.clone(),
+        turn_id: head.turn_id.clone(),
+        attempt,
+        state: ClaimState::Active,
+        claimed_at: now,
+        released_at: None,
+    };
+    let turn = TurnRow {
+        state: TurnState::Claimed,
+        claimed_at: Some(now),
+        claim_count: attempt,
+        current_claim_id: Some(claim_id.to_owned()),
+        ..head
+    };
+    session.active_claim_id = Some(claim_id.to_owned());
+    session.queued_count -= 1;
+    let event = log(
+        &mut session,
+        Subject::Turn(&turn.turn_id, turn.seq),
+        "claimed",
+        now,
+    );
+    Ok(Decided {
+        writes: Writes {
+            turn: Some(Change::Update(turn.clone())),
+            claim: Some(Change::Insert(claim)),
+            session: Some(session),
+            event: Some(event),
+            reply: None,
+        },
+        answer: ClaimOutcome::Claimed {
+            turn: Box::new(turn),
+            attempt,
+            replayed: false,
+        },
+    })
+}
+
+/// What a completion decision reads.
+#[derive(Debug, Default)]
+pub struct CompleteRows {
+    pub session: Option<SessionRow>,
+    /// The turn being completed.
+    pub turn: Option<TurnRow>,
+    /// Whether a turn of the session already carries the completion id.
+    pub completion_id_used: bool,
+}
+
+fn receipt(turn: &TurnRow, replayed: bool) -> Receipt {
+    Receipt {
+        completed: true,
+        session_id: turn.session_id.clone(),
+        turn_id: turn.turn_id.clone(),
+        claim_id: turn.current_claim_id.clone().unwrap_or_default(),
+        completion_id: turn.completion_id.clone().unwrap_or_default(),
+        completed_at: turn.completed_at.map(rfc3339).unwrap_or_default(),
+        replayed,
+    }
+}
+
+/// A completion, in this order: unknown session 404; another host 403; unknown
+/// turn 404; the turn's own completion id with the same claim and response
+/// answers its receipt again (another claim or response, or the id on another
+/// turn: 422 `idempotency_key_reused`); completed 409 `already_completed`;
+/// queued or cancelled 409 `not_claimed`; held by another claim 409
+/// `claim_mismatch`. A turn that came from Lark gets its reply queued.
+pub fn complete(
+    rows: CompleteRows,
+    completion: CompleteRequest,
+    now: i64,
+) -> Result<Decided<Receipt>> {
+    let host = HostIdentity {
+        host_surface: completion.host_surface,
+        host_session_id: completion.host_session_id,
+    };
+    let mut session = hosted(rows.session, &host)?;
+    let turn = rows.turn.ok_or_else(|| Error::not_found("turn"))?;
+    let response = serde_json::Value::Object(completion.response);
+    let reused = || {
+        Error::new(
+            ErrorCode::IdempotencyKeyReused,
+            "This completion_id was used with another claim, turn or response.",
+        )
+    };
+    if turn.completion_id.as_deref() == Some(completion.completion_id.as_str()) {
+        let stored: Option<serde_json::Value> = turn
+            .response
+            .as_deref()
+            .and_then(|r| serde_json::from_str(r).ok());
+        let same = turn.current_claim_id.as_deref() == Some(completion.claim_id.as_str())
+            && stored.as_ref() == Some(&response);
+        return match same {
+            true => Ok(Decided::nothing(receipt(&turn, true))),
+            false => Err(reused()),
+        };
+    }
+    if rows.completion_id_used {
+        return Err(reused());
+    }
+    match turn.state {
+        TurnState::Completed => {
+            return Err(Error::new(
+                ErrorCode::AlreadyCompleted,
+                "The turn is already completed by another completion.",
+            ));
+        }
+        TurnState::Queued | TurnState::Cancelled => {
+            return Err(Error::new(
+                ErrorCode::NotClaimed,
+                "The turn is not claimed; claim it before completing it.",
+            ));
+        }
+        TurnState::Claimed if turn.current_claim_id.as_deref() != Some(&completion.claim_id) => {
+            return Err(Error::new(
+                ErrorCode::ClaimMismatch,
+                "The turn is held by another claim.",
+            ));
+        }
+        TurnState::Claimed => {}
+    }
+    let reply = lark_reply(&turn, &response, now);
+    let turn = TurnRow {
+        state: TurnState::Completed,
+        completed_at: Some(now),
+        completion_id: Some(completion.completion_id),
+        response: Some(response.to_string()),
+        ..turn
+    };
+    let claim = ClaimRow {
+        claim_id: completion.claim_id,
+        session_id: session.session_id.clone(),
+        turn_id: turn.turn_id.clone(),
+        attempt: turn.claim_count,
+        state: ClaimState::Completed,
+        claimed_at: turn.claimed_at.unwrap_or(now),
+        released_at: None,
+    };
+    session.active_claim_id = None;
+    let event = log(
+        &mut session,
+        Subject::Turn(&turn.turn_id, turn.seq),
+        "completed",
+        now,
+    );
+    Ok(Decided {
+        answer: receipt(&turn, false),
+        writes: Writes {
+            turn: Some(Change::Update(turn)),
+            claim: Some(Change::Update(claim)),
+            session: Some(session),
+            event: Some(event),
+            reply,
+        },
+    })
+}
+
+/// The Lark reply a completed Lark turn sends: the response's `message`.
+fn lark_reply(turn: &TurnRow, response: &serde_json::Value, now: i64) -> Option<NewReply> {
+    let (Some(chat_id), Some(message_id)) = (&turn.lark_chat_id, &turn.lark_message_id) else {
+        return None;
+    };
+    Some(NewReply {
+        turn_id: turn.turn_id.clone(),
+        session_id: turn.session_id.clone(),
+        chat_id: chat_id.clone(),
+        message_id: message_id.clone(),
+        text: response["message"].as_str().unwrap_or_default().to_owned(),
+        at: now,
+    })
+}
+
+/// What a release decision reads.
+#[derive(Debug, Default)]
+pub struct ReleaseRows {
+    pub session: Option<SessionRow>,
+    /// The claim, when it is one of this session's.
+    pub claim: Option<ClaimRow>,
+    /// The claim's turn.
+    pub turn: Option<TurnRow>,
+}
+
+/// A release, in this order: unknown session 404; another host 403; no such
+/// claim on the session 404; completed 409 `already_completed`; released
+/// already: answered again; else the turn goes back to the head of the queue.
+pub fn release(rows: ReleaseRows, host: &HostIdentity, now: i64) -> Result<Decided<Released>> {
+    let mut session = hosted(rows.session, host)?;
+    let claim = rows
+        .claim
+        .ok_or_else(|| Error::not_found("claim on this session"))?;
+    let released = Released {
+        released: true,
+        turn_id: claim.turn_id.clone(),
+    };
+    match claim.state {
+        ClaimState::Completed => Err(Error::new(
+            ErrorCode::AlreadyCompleted,
+            "The claimed turn is already completed; there is nothing to release.",
+        )),
+        ClaimState::Released => Ok(Decided::nothing(released)),
+        ClaimState::Active => {
+            let turn = rows
+                .turn
+                .ok_or_else(|| Error::store("releasing a claim", "the claimed turn is missing"))?;
+            let turn = TurnRow {
+                state: TurnState::Queued,
+                claimed_at: None,
+                current_claim_id: None,
+                ..turn
+            };
+            session.active_claim_id = None;
+            session.queued_count += 1;
+            let event = log(
+                &mut session,
+                Subject::Turn(&turn.turn_id, turn.seq),
+                "released",
+                now,
+            );
+            Ok(Decided {
+                answer: released,
+                writes: Writes {
+                    turn: Some(Change::Update(turn)),
+                    claim: Some(Change::Update(ClaimRow {
+                        state: ClaimState::Released,
+                        released_at: Some(now),
+                        ..claim
+                    })),
+                    session: Some(session),
+                    event: Some(event),
+                    reply: None,
+                },
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::tests::{host, session};
+    use crate::model::{Origin, SessionState};
+
+    fn message(text: &str, id: Option<&str>) -> EnqueueRequest {
+        EnqueueRequest {
+            origin: Origin::Web,
+            text: text.into(),
+            client_message_id: id.map(str::to_owned),
+            ingress: Ingress::SessionQueue,
+            lark: None,
+        }
+    }
+
+    fn code<T: std::fmt::Debug>(result: Result<T>) -> ErrorCode {
+        result.expect_err("a refusal").code
+    }
+
+    fn enqueued(session: &SessionRow) -> Decided<Enqueue> {
+        enqueue(
+            Some(session.clone()),
+            None,
+            message("hi", Some("m1")),
+            &Minter::default(),
+            7,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn an_enqueue_numbers_the_turn_and_its_event_from_the_session() {
+        let open = session(SessionState::Open);
+        let done = enqueued(&open);
+        assert_eq!(done.answer.turn.seq, open.next_seq);
+        let after = done.writes.session.as_ref().unwrap();
+        assert_eq!(after.next_seq, open.next_seq + 1);
+        assert_eq!(after.queued_count, open.queued_count + 1);
+        let event = done.writes.event.as_ref().unwrap();
+        assert_eq!(
+            (event.event_no, event.state),
+            (open.next_event_no, "queued")
+        );
+        assert_eq!(after.next_event_no, open.next_event_no + 1);
+    }
+
+    #[test]
+    fn an_enqueue_replays_then_refuses_closed_then_steering_then_a_full_queue() {
+        let open = session(SessionState::Open);
+        let closed = session(SessionState::Closed);
+        let turn = enqueued(&open).answer.turn;
+        let minter = Minter::default();
+        let again = enqueue(
+            Some(open.clone()),
+            Some(turn.clone()),
+            message("hi", Some("m1")),
+            &minter,
+            8,
+        );
+        let again = again.unwrap();
+        assert!(again.answer.duplicate && again.writes.session.is_none());
+        let other = enqueue(
+            Some(open.clone()),
+            Some(turn.clone()),
+            message("ho", Some("m1")),
+            &minter,
+            8,
+        );
+        assert_eq!(code(other), ErrorCode::IdempotencyKeyReused);
+        let late = enqueue(
+            Some(closed.clone()),
+            Some(turn),
+            message("ho", Some("m1")),
+            &minter,
+            8,
+        );
+        assert_eq!(code(late), ErrorCode::SessionClosed);
+        let steering = EnqueueRequest {
+            ingress: Ingress::LiveSteering,
+            ..message("hi", None)
+        };
+        let refused = enqueue(Some(closed), None, steering.clone(), &minter, 8);
+        assert_eq!(code(refused), ErrorCode::SessionClosed);
+        let refused = enqueue(Some(open.clone()), None, steering, &minter, 8);
+        assert_eq!(code(refused), ErrorCode::LiveSteeringUnavailable);
+        let full = SessionRow {
+            queued_count: MAX_QUEUED,
+            ..open
+        };
+        let refused = enqueue(Some(full), None, message("hi", None), &minter, 8);
+        assert_eq!(code(refused), ErrorCode::QueueFull);
+        let unknown = enqueue(None, None, message("hi", None), &minter, 8);
+        assert_eq!(code(unknown), ErrorCode::NotFound);
+    }
+
+    fn claim_rows(session: SessionRow, head: Option<TurnRow>) -> ClaimRows {
+        ClaimRows {
+            session: Some(session),
+            head,
+            ..ClaimRows::default()
+        }
+    }
+
+    fn claimed(session: &SessionRow) -> (TurnRow, ClaimRow, SessionRow) {
+        let head = enqueued(session).answer.turn;
+        let done = claim(claim_rows(session.clone(), Some(head)), &host("h"), "c1", 9).unwrap();
+        let (Some(Change::Update(turn)), Some(Change::Insert(claim))) =
+            (done.writes.turn, done.writes.claim)
+        else {
+            panic!("a claim updates the turn and inserts the claim")
+        };
+        (turn, claim, done.writes.session.unwrap())
+    }
+
+    #[test]
+    fn a_claim_checks_host_then_its_id_then_closed_then_the_active_claim() {
+        let open = session(SessionState::Open);
+        let closed = session(SessionState::Closed);
+        let (turn, held, busy) = claimed(&open);
+        assert_eq!(turn.state, TurnState::Claimed);
+        assert_eq!(
+            (held.attempt, busy.queued_count),
+            (1, open.queued_count - 1)
+        );
+        let wrong = claim(claim_rows(open.clone(), None), &host("x"), "c1", 9);
+        assert_eq!(code(wrong), ErrorCode::HostMismatch);
+        let elsewhere = ClaimRow {
+            session_id: "ses_other".into(),
+            ..held.clone()
+        };
+        let rows = ClaimRows {
+            earlier: Some(elsewhere),
+            ..claim_rows(closed.clone(), None)
+        };
+        assert_eq!(
+            code(claim(rows, &host("h"), "c1", 9)),
+            ErrorCode::ClaimIdReused
+        );
+        let spent = ClaimRow {
+            state: ClaimState::Released,
+            ..held.clone()
+        };
+        let rows = ClaimRows {
+            earlier: Some(spent),
+            ..claim_rows(closed.clone(), None)
+        };
+        assert_eq!(
+            code(claim(rows, &host("h"), "c1", 9)),
+            ErrorCode::ClaimReleased
+        );
+        let rows = ClaimRows {
+            earlier: Some(held.clone()),
+            earlier_turn: Some(turn.clone()),
+            ..claim_rows(closed.clone(), None)
+        };
+        let replay = claim(rows, &host("h"), "c1", 9).unwrap();
+        assert!(matches!(
+            replay.answer,
+            ClaimOutcome::Claimed {
+                replayed: true,
+                attempt: 1,
+                ..
+            }
+        ));
+        assert!(replay.writes.turn.is_none());
+        let late = claim(claim_rows(closed, Some(turn.clone())), &host("h"), "c2", 9);
+        assert_eq!(code(late), ErrorCode::SessionClosed);
+        let rows = ClaimRows {
+            active: Some(held),
+            ..claim_rows(busy, Some(turn))
+        };
+        let refused = claim(rows, &host("h"), "c2", 9).expect_err("a refusal");
+        assert_eq!(refused.code, ErrorCode::ClaimActive);
+        let empty = claim(claim_rows(open, None), &host("h"), "c2", 9).unwrap();
+        assert!(matches!(empty.answer, ClaimOutcome::Empty));
+        assert!(empty.writes.session.is_none());
+    }
+
+    fn completion(claim_id: &str, completion_id: &str, message: &str) -> CompleteRequest {
+        let response = serde_json::json!({ "message": message });
+        CompleteRequest {
+            host_surface: "claude-code".into(),
+            host_session_id: "h".into(),
+            claim_id: claim_id.into(),
+            completion_id: completion_id.into(),
+            response: response.as_object().unwrap().clone(),
+        }
+    }
+
+    #[test]
+    fn a_completion_is_fenced_by_its_claim_and_replays_its_receipt() {
+        let (turn, _, busy) = claimed(&session(SessionState::Open));
+        let rows = |turn: &TurnRow, used| CompleteRows {
+            session: Some(busy.clone()),
+            turn: Some(turn.clone()),
+            completion_id_used: used,
+        };
+        let other = complete(rows(&turn, false), completion("c9", "d1", "ok"), 10);
+        assert_eq!(code(other), ErrorCode::ClaimMismatch);
+        let reused = complete(rows(&turn, true), completion("c1", "d1", "ok"), 10);
+        assert_eq!(code(reused), ErrorCode::IdempotencyKeyReused);
+        let done = complete(rows(&turn, false), completion("c1", "d1", "ok"), 10).unwrap();
+        assert!(!done.answer.replayed && done.writes.reply.is_none());
+        assert_eq!(done.writes.session.as_ref().unwrap().active_claim_id, None);
+        let Some(Change::Update(completed)) = done.writes.turn else {
+            panic!("a completion updates the turn")
+        };
+        let again = complete(rows(&completed, true), completion("c1", "d1", "ok"), 11).unwrap();
+        assert!(again.answer.replayed && again.writes.turn.is_none());
+        let changed = complete(rows(&completed, true), completion("c1", "d1", "no"), 11);
+        assert_eq!(code(changed), ErrorCode::IdempotencyKeyReused);
+        let second = complete(rows(&completed, false), completion("c1", "d2", "ok"), 11);
+        assert_eq!(code(second), ErrorCode::AlreadyCompleted);
+        let queued = TurnRow {
+            state: TurnState::Queued,
+            ..turn
+        };
+        let early = complete(rows(&queued, false), completion("c1", "d1", "ok"), 10);
+        assert_eq!(code(early), ErrorCode::NotClaimed);
+    }
+
+    #[test]
+    fn a_release_requeues_once_and_never_a_completed_turn() {
+        let (turn, held, busy) = claimed(&session(SessionState::Open));
+        let rows = |claim: &ClaimRow| ReleaseRows {
+            session: Some(busy.clone()),
+            claim: Some(claim.clone()),
+            turn: Some(turn.clone()),
+        };
+        let done = release(rows(&held), &host("h"), 12).unwrap();
+        let after = done.writes.session.unwrap();
+        assert_eq!(
+            (after.active_claim_id, after.queued_count),
+            (None, busy.queued_count + 1)
+        );
+        let Some(Change::Update(requeued)) = done.writes.turn else {
+            panic!("a release updates the turn")
+        };
+        assert_eq!(requeued.state, TurnState::Queued);
+        let Some(Change::Update(spent)) = done.writes.claim else {
+            panic!("a release updates the claim")
+        };
+        let again = release(rows(&spent), &host("h"), 13).unwrap();
+        assert!(again.writes.turn.is_none());
+        let completed = ClaimRow {
+            state: ClaimState::Completed,
+            ..held
+        };
+        assert_eq!(
+            code(release(rows(&completed), &host("h"), 13)),
+            ErrorCode::AlreadyCompleted
+        );
+        let none = ReleaseRows {
+            claim: None,
+            ..rows(&spent)
+        };
+        assert_eq!(code(release(none, &host("h"), 13)), ErrorCode::NotFound);
+    }
+}
