@@ -244,15 +244,22 @@ impl Broker {
             check("lark.message_id", &lark.message_id)?;
         }
         let started = Instant::now();
-        let waiter = match self.store.hands_off() {
+        let taken = match self.store.hands_off() {
             true => self.handoffs.take(session_id, started),
             false => None,
         };
-        let done = match waiter {
-            Some(waiter) => {
-                self.store
-                    .enqueue_handing_off(session_id.to_owned(), message, waiter)
-                    .await?
+        let done = match taken {
+            // A claim parked on the session: claimed for in this enqueue's
+            // commit. Should the enqueue fail, `taken` is dropped and the
+            // parked claim re-checks the store.
+            Some(taken) => {
+                let claimer = (taken.host.clone(), taken.claim_id.clone());
+                let (done, claimed) = self
+                    .store
+                    .enqueue_and_claim(session_id.to_owned(), message, claimer)
+                    .await?;
+                taken.deliver(claimed);
+                done
             }
             None => self.store.enqueue(session_id.to_owned(), message).await?,
         };
@@ -597,15 +604,12 @@ impl Broker {
     }
 }
 
-/// A parked claim's hand-off, if it has one and an enqueue delivers it.
+/// A parked claim's hand-off, if it has one, once an enqueue has taken it:
+/// its outcome, or `None` when the enqueue failed (the claim re-checks the
+/// store).
 async fn handed_off(handoff: &mut Option<Parked>) -> Option<Delivery> {
     match handoff {
-        Some(parked) => match parked.delivered().await {
-            Some(delivery) => Some(delivery),
-            // The enqueue failed before claiming: wait for the wake-up
-            // (or the deadline) like any parked claim.
-            None => std::future::pending().await,
-        },
+        Some(parked) => parked.delivered().await,
         None => std::future::pending().await,
     }
 }

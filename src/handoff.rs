@@ -1,7 +1,8 @@
 //! Parked claims waiting to be handed a turn. An enqueue that finds a claim
-//! parked on its session takes the oldest one and has the store claim the new
-//! turn for it in the enqueue's own transaction ([`crate::store::Handoff`]):
-//! the parked host gets its turn one commit after the enqueue began, not two.
+//! parked on its session takes the oldest one, has the store claim the new
+//! turn for it in the enqueue's own transaction
+//! ([`crate::store::Store::enqueue_and_claim`]) and hands it the outcome: the
+//! parked host gets its turn one commit after the enqueue began, not two.
 //!
 //! A parked claim is in the registry only while it sleeps. It leaves by being
 //! taken (its outcome is then on its way: it must wait for it) or by
@@ -16,7 +17,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::error::Result;
-use crate::store::{ClaimOutcome, Handoff, HostIdentity};
+use crate::store::{ClaimOutcome, HostIdentity};
 
 /// What a handed-off claim receives: when the enqueue that served it began,
 /// and what its claim found.
@@ -66,9 +67,9 @@ impl Handoffs {
         }
     }
 
-    /// Takes the session's oldest parked claim, as a hand-off for the store;
-    /// `started` is when the enqueue that serves it began.
-    pub fn take(&self, session_id: &str, started: Instant) -> Option<Handoff> {
+    /// Takes the session's oldest parked claim; `started` is when the
+    /// enqueue that serves it began.
+    pub fn take(&self, session_id: &str, started: Instant) -> Option<Taken> {
         let slot = {
             let mut parked = self.parked();
             let queue = parked.get_mut(session_id)?;
@@ -78,13 +79,11 @@ impl Handoffs {
             }
             slot?
         };
-        let deliver = slot.deliver;
-        Some(Handoff {
+        Some(Taken {
             host: slot.host,
             claim_id: slot.claim_id,
-            deliver: Box::new(move |outcome| {
-                let _ = deliver.send((started, outcome));
-            }),
+            started,
+            deliver: slot.deliver,
         })
     }
 
@@ -102,6 +101,22 @@ impl Handoffs {
             parked.remove(session_id);
         }
         true
+    }
+}
+
+/// A parked claim an enqueue has taken: the enqueue claims for it and
+/// delivers the outcome. Dropped undelivered (the enqueue failed), the parked
+/// claim re-checks the store.
+pub struct Taken {
+    pub host: HostIdentity,
+    pub claim_id: String,
+    started: Instant,
+    deliver: oneshot::Sender<Delivery>,
+}
+
+impl Taken {
+    pub fn deliver(self, outcome: Result<ClaimOutcome>) {
+        let _ = self.deliver.send((self.started, outcome));
     }
 }
 
@@ -159,7 +174,7 @@ mod tests {
         drop(second);
         let taken = registry.take("ses", Instant::now()).unwrap();
         assert_eq!(taken.claim_id, "c1");
-        (taken.deliver)(Ok(ClaimOutcome::Empty));
+        taken.deliver(Ok(ClaimOutcome::Empty));
         let (_, outcome) = first.leave().await.expect("taken: the outcome arrives");
         assert!(matches!(outcome, Ok(ClaimOutcome::Empty)));
         assert!(third.leave().await.is_none(), "not taken: it withdraws");

@@ -5,7 +5,8 @@
 //!
 //! The map of the house:
 
-/// The broker core: validation, decisions handed to the store, parked claims.
+/// The broker core: validation, limits, parked claims and the hand-off of
+/// an enqueue to a parked claim; the store takes the decisions.
 pub mod broker;
 /// The `loopx` command line: `serve`, and the client side (worker-bridge,
 /// chat, lark, mcp), one file per command family.

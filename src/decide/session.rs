@@ -6,7 +6,7 @@ use super::{ClaimRow, existing, no_active_claim};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
 use crate::model::{BindRequest, CancelReason, PermissionState, SessionState};
-use crate::store::{Bound, SessionRow};
+use crate::store::{Bound, Closed, SessionRow};
 
 /// What a bind decision reads.
 #[derive(Debug, Default)]
@@ -71,18 +71,20 @@ pub struct CloseRows {
 #[derive(Debug)]
 pub enum Close {
     /// Closed already: answered again, nothing written.
-    Replayed(SessionRow),
-    /// Close the session at `at`: every queued turn is cancelled with
-    /// `cancel_reason` (one `cancelled` event each, in seq order), every
-    /// pending permission request becomes `expired` (one `permission` event
-    /// each, in creation order), then the session's `closed` event; its Lark
-    /// link goes.
-    Close {
-        session_id: String,
-        at: i64,
-        cancel_reason: CancelReason,
-        expired: PermissionState,
-    },
+    Replayed(Closed),
+    Close(Closing),
+}
+
+/// Close the session at `at`: every queued turn is cancelled with
+/// `cancel_reason` (one `cancelled` event each, in seq order), every pending
+/// permission request becomes `expired` (one `permission` event each, in
+/// creation order), then the session's `closed` event; its Lark link goes.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Closing {
+    pub session_id: String,
+    pub at: i64,
+    pub cancel_reason: CancelReason,
+    pub expired: PermissionState,
 }
 
 /// A close, in this order: unknown session 404; closed already answers
@@ -90,15 +92,19 @@ pub enum Close {
 pub fn close(rows: CloseRows, now: i64) -> Result<Close> {
     let session = existing(rows.session)?;
     if session.state == SessionState::Closed {
-        return Ok(Close::Replayed(session));
+        return Ok(Close::Replayed(Closed {
+            session,
+            cancelled: 0,
+            expired: 0,
+        }));
     }
     no_active_claim(&session, rows.active.as_ref())?;
-    Ok(Close::Close {
+    Ok(Close::Close(Closing {
         session_id: session.session_id,
         at: now,
         cancel_reason: CancelReason::SessionClosed,
         expired: crate::permission::EXPIRED_ON_CLOSE,
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -178,19 +184,16 @@ mod tests {
             session: Some(session(SessionState::Open)),
             active: None,
         };
-        let Ok(Close::Close {
-            at,
-            cancel_reason,
-            expired,
-            ..
-        }) = close(open, 5)
-        else {
+        let Ok(Close::Close(closing)) = close(open, 5) else {
             panic!("an open session without a claim closes")
         };
-        assert_eq!(
-            (at, cancel_reason, expired),
-            (5, CancelReason::SessionClosed, PermissionState::Expired)
-        );
+        let expected = Closing {
+            session_id: "ses_1".into(),
+            at: 5,
+            cancel_reason: CancelReason::SessionClosed,
+            expired: PermissionState::Expired,
+        };
+        assert_eq!(closing, expected);
         let unknown = close(CloseRows::default(), 5).expect_err("a refusal");
         assert_eq!(unknown.code, ErrorCode::NotFound);
     }

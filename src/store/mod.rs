@@ -1,10 +1,14 @@
-//! The store: durable state and the contract's decisions that need it
-//! (ordering, idempotency, fencing, conflict precedence), each taken inside one
-//! transaction. It knows nothing of HTTP and nothing of waiting: a claim on an
-//! empty queue answers [`ClaimOutcome::Empty`] and the broker decides to park.
+//! The store: durable state, and the transactions in which the contract's
+//! decisions ([`crate::decide`]) are taken. For each decision a backend loads
+//! the rows it needs (locked for the transaction), calls the decision, and
+//! applies the writes it returns before committing; the backends take no
+//! decision of their own. It knows nothing of HTTP and nothing of waiting: a
+//! claim on an empty queue answers [`ClaimOutcome::Empty`] and the broker
+//! decides to park (and, on SQLite, hands the next enqueue the parked claim
+//! to take in the same commit: [`Store::enqueue_and_claim`]).
 //!
-//! [`Store`] is the seam for the backends: SQLite (embedded, the default) now,
-//! PostgreSQL for replicas later.
+//! [`Store`] is the seam for the backends: SQLite (embedded, the default) and
+//! PostgreSQL (several replicas sharing one database).
 
 pub mod postgres;
 pub mod retention;
@@ -289,18 +293,6 @@ pub enum ClaimOutcome {
     Empty,
 }
 
-/// A claim parked on an empty queue, handed the next turn by the enqueue
-/// that commits it: the store claims the turn for it inside the enqueue's own
-/// transaction, so the parked host waits for one commit instead of two.
-pub struct Handoff {
-    pub host: HostIdentity,
-    pub claim_id: String,
-    /// Called once the transaction has committed (or failed), with what the
-    /// claim found. Dropped uncalled when the enqueue itself failed: the
-    /// waiter then re-checks the store.
-    pub deliver: Box<dyn FnOnce(Result<ClaimOutcome>) + Send>,
-}
-
 /// Called with a session id whenever a change to that session may have been
 /// committed elsewhere (another replica): the broker wakes its local waiters.
 pub type ChangeHook = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
@@ -321,24 +313,28 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// Whether [`Store::enqueue_handing_off`] claims for the waiter in the
-    /// enqueue's transaction. A store whose waiters may sit on other
-    /// processes (PostgreSQL replicas) wakes them instead.
+    /// Whether [`Store::enqueue_and_claim`] can claim in the enqueue's own
+    /// transaction. A store whose waiters may sit on other processes
+    /// (PostgreSQL replicas) wakes them instead.
     fn hands_off(&self) -> bool {
         false
     }
 
-    /// Enqueues, then claims the session's oldest queued turn for `waiter`
-    /// in the same transaction, exactly as [`Store::claim`] would, and
-    /// delivers that outcome to it after the commit.
-    async fn enqueue_handing_off(
+    /// Enqueues, then claims the session's oldest queued turn for `host` and
+    /// `claim_id` in the same transaction, exactly as [`Store::claim`] would,
+    /// in a savepoint of its own: a refused claim keeps the enqueue. Only
+    /// called on a store that [`Store::hands_off`].
+    async fn enqueue_and_claim(
         &self,
         session_id: String,
         message: EnqueueRequest,
-        waiter: Handoff,
-    ) -> Result<Enqueue> {
-        drop(waiter);
-        self.enqueue(session_id, message).await
+        claimer: (HostIdentity, String),
+    ) -> Result<(Enqueue, Result<ClaimOutcome>)> {
+        let _ = (session_id, message, claimer);
+        Err(crate::error::Error::store(
+            "enqueueing",
+            "this store does not claim in the enqueue's transaction",
+        ))
     }
 
     /// Answers when the store can serve requests.

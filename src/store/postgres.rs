@@ -83,7 +83,7 @@ use super::{
     Bound, ChangeHook, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent,
     LarkIngest, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, Subject, TurnRow,
 };
-use crate::decide::session::{BindRows, Close, CloseRows};
+use crate::decide::session::{BindRows, Close, CloseRows, Closing};
 use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows};
 use crate::decide::{self, Change, ClaimRow, Decided, Writes};
 use crate::error::{Error, ErrorCode, Result};
@@ -556,9 +556,9 @@ async fn load_claim(conn: &mut PgConnection, claim_id: &str) -> sqlx::Result<Opt
 /// The (locked) session's active claim, if it has one.
 async fn active_claim(
     conn: &mut PgConnection,
-    session: &SessionRow,
+    session: Option<&SessionRow>,
 ) -> sqlx::Result<Option<ClaimRow>> {
-    match &session.active_claim_id {
+    match session.and_then(|s| s.active_claim_id.as_ref()) {
         Some(claim_id) => load_claim(conn, claim_id).await,
         None => Ok(None),
     }
@@ -795,7 +795,7 @@ async fn claim_rows(
     .map(turn_row)
     .transpose()?;
     Ok(ClaimRows {
-        active: active_claim(conn, &session).await?,
+        active: active_claim(conn, Some(&session)).await?,
         session: Some(session),
         earlier,
         earlier_turn,
@@ -901,26 +901,16 @@ async fn prune_step(conn: &mut PgConnection, cutoff_ms: i64) -> Step<PruneStep> 
 
 async fn close(conn: &mut PgConnection, session_id: &str) -> Step<Closed> {
     let session = lock_session(conn, session_id).await?;
-    let active = match &session {
-        Some(session) => active_claim(conn, session).await?,
-        None => None,
+    let active = active_claim(conn, session.as_ref()).await?;
+    let Closing {
+        at,
+        cancel_reason,
+        expired: expired_state,
+        ..
+    } = match decide::session::close(CloseRows { session, active }, now_ms())? {
+        Close::Replayed(closed) => return Ok(closed),
+        Close::Close(closing) => closing,
     };
-    let (at, cancel_reason, expired_state) =
-        match decide::session::close(CloseRows { session, active }, now_ms())? {
-            Close::Replayed(session) => {
-                return Ok(Closed {
-                    session,
-                    cancelled: 0,
-                    expired: 0,
-                });
-            }
-            Close::Close {
-                at,
-                cancel_reason,
-                expired,
-                ..
-            } => (at, cancel_reason, expired),
-        };
     // One `cancelled` event per queued turn, numbered in seq order.
     let cancelled = sqlx::query(
         "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)

@@ -19,10 +19,10 @@ use super::sync_sql as sql;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Bound, ClaimOutcome, Closed, Decision, Enqueue, EventRow, Handoff, HostIdentity, LarkEvent,
-    LarkIngest, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, Subject, TurnRow,
+    Bound, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent, LarkIngest,
+    PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, Subject, TurnRow,
 };
-use crate::decide::session::{BindRows, Close, CloseRows};
+use crate::decide::session::{BindRows, Close, CloseRows, Closing};
 use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows};
 use crate::decide::{self, Change, ClaimRow, Decided, NewEvent, Writes};
 use crate::error::{Error, ErrorCode, Result};
@@ -114,24 +114,12 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
-        self.write_then(move |conn| (op(conn), Box::new(|_| {})))
-            .await
-    }
-
-    /// [`Self::write`], where `op` also answers what to do once its batch has
-    /// committed (or failed to), just before its caller is answered.
-    async fn write_then<T, F>(&self, op: F) -> Result<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> (Result<T>, Reply) + Send + 'static,
-    {
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |conn| {
-            let (outcome, then) = op(conn);
+            let outcome = op(conn);
             Finished {
                 keep: outcome.is_ok(),
                 reply: Box::new(move |committed: Result<()>| {
-                    then(committed.clone());
                     let _ = tx.send(committed.and(outcome));
                 }),
             }
@@ -525,8 +513,8 @@ fn load_claim(conn: &Connection, claim_id: &str) -> Result<Option<ClaimRow>> {
 }
 
 /// The session's active claim, if it has one.
-fn active_claim(conn: &Connection, session: &SessionRow) -> Result<Option<ClaimRow>> {
-    match &session.active_claim_id {
+fn active_claim(conn: &Connection, session: Option<&SessionRow>) -> Result<Option<ClaimRow>> {
+    match session.and_then(|s| s.active_claim_id.as_ref()) {
         Some(claim_id) => load_claim(conn, claim_id),
         None => Ok(None),
     }
@@ -738,7 +726,7 @@ fn claim_rows(conn: &Connection, session_id: &str, claim_id: &str) -> Result<Cla
     .bind(session_id)
     .fetch_optional(conn)?;
     Ok(ClaimRows {
-        active: active_claim(conn, &session)?,
+        active: active_claim(conn, Some(&session))?,
         session: Some(session),
         earlier,
         earlier_turn,
@@ -799,26 +787,16 @@ fn release(
 
 fn close(conn: &Connection, session_id: String) -> Result<Closed> {
     let session = load_session(conn, &session_id)?;
-    let active = match &session {
-        Some(session) => active_claim(conn, session)?,
-        None => None,
+    let active = active_claim(conn, session.as_ref())?;
+    let Closing {
+        at,
+        cancel_reason,
+        expired: expired_state,
+        ..
+    } = match decide::session::close(CloseRows { session, active }, now_ms())? {
+        Close::Replayed(closed) => return Ok(closed),
+        Close::Close(closing) => closing,
     };
-    let (at, cancel_reason, expired_state) =
-        match decide::session::close(CloseRows { session, active }, now_ms())? {
-            Close::Replayed(session) => {
-                return Ok(Closed {
-                    session,
-                    cancelled: 0,
-                    expired: 0,
-                });
-            }
-            Close::Close {
-                at,
-                cancel_reason,
-                expired,
-                ..
-            } => (at, cancel_reason, expired),
-        };
     // One `cancelled` event per queued turn, numbered in seq order.
     let cancelled = sql::query(
         "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
@@ -1131,29 +1109,19 @@ impl Store for SqliteStore {
         true
     }
 
-    async fn enqueue_handing_off(
+    async fn enqueue_and_claim(
         &self,
         session_id: String,
         message: EnqueueRequest,
-        waiter: Handoff,
-    ) -> Result<Enqueue> {
+        (host, claim_id): (HostIdentity, String),
+    ) -> Result<(Enqueue, Result<ClaimOutcome>)> {
         let minter = self.minter.clone();
-        self.write_then(move |conn| {
-            let enqueued = enqueue(conn, session_id.clone(), message, &minter);
-            // The claim runs in a savepoint of its own: refusing the waiter
+        self.write(move |conn| {
+            let enqueued = enqueue(conn, session_id.clone(), message, &minter)?;
+            // The claim runs in a savepoint of its own: refusing the claimer
             // (another claim is active, say) keeps the enqueue.
-            let claimed = enqueued.is_ok().then(|| {
-                nested(conn, |conn| {
-                    claim(conn, session_id, waiter.host, waiter.claim_id)
-                })
-            });
-            let deliver = waiter.deliver;
-            let then: Reply = Box::new(move |committed| {
-                if let Some(claimed) = claimed {
-                    deliver(committed.and(claimed));
-                }
-            });
-            (enqueued, then)
+            let claimed = nested(conn, |conn| claim(conn, session_id, host, claim_id));
+            Ok((enqueued, claimed))
         })
         .await
     }
