@@ -111,3 +111,74 @@ impl std::fmt::Debug for Secret {
         f.write_str("<redacted>")
     }
 }
+
+/// A database URL from a flag or the environment. `Debug` shows where it
+/// points but never its password (in the user info or a `password=`
+/// parameter): a URL is printed whole by anything that debug-prints the
+/// arguments.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DatabaseUrl(pub String);
+
+impl std::str::FromStr for DatabaseUrl {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(DatabaseUrl(s.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match redacted_url(&self.0) {
+            Some(url) => write!(f, "DatabaseUrl({url:?})"),
+            None => f.write_str("DatabaseUrl(<not a URL, redacted>)"),
+        }
+    }
+}
+
+/// The URL with its password and any password parameter replaced; `None`
+/// when it does not parse (then nothing of it may show).
+fn redacted_url(url: &str) -> Option<String> {
+    const HIDDEN: &str = "redacted";
+    let mut url = url::Url::parse(url).ok()?;
+    if url.password().is_some() {
+        url.set_password(Some(HIDDEN)).ok()?;
+    }
+    // libpq's `password` and `sslpassword`.
+    let secret = |name: &str| name.to_ascii_lowercase().contains("password");
+    if url.query_pairs().any(|(name, _)| secret(&name)) {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(name, value)| {
+                let value = if secret(&name) {
+                    HIDDEN.into()
+                } else {
+                    value.into_owned()
+                };
+                (name.into_owned(), value)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    Some(url.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DatabaseUrl;
+
+    #[test]
+    fn a_database_url_debug_prints_where_it_points_but_no_password() {
+        let url = DatabaseUrl(
+            "postgres://loopx:hunter2@db.internal:5432/loopx?sslmode=require&password=s3cret&sslpassword=k3y"
+                .into(),
+        );
+        let shown = format!("{url:?}");
+        for secret in ["hunter2", "s3cret", "k3y"] {
+            assert!(!shown.contains(secret), "{shown} shows {secret}");
+        }
+        assert!(shown.contains("db.internal:5432/loopx"), "{shown}");
+        assert!(shown.contains("sslmode=require"), "{shown}");
+        let unparsable = format!("{:?}", DatabaseUrl("postgres://u:hunter2@[::1".into()));
+        assert!(!unparsable.contains("hunter2"), "{unparsable}");
+    }
+}

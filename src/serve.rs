@@ -10,7 +10,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
-use crate::config::{self, Secret, TokenSource};
+use crate::broker::MAX_WAIT_SECONDS;
+use crate::config::{self, DatabaseUrl, Secret, TokenSource};
 use crate::http::{self, AppState, ConnectionLimits, OwnerToken};
 use crate::lark::LarkConfig;
 use crate::store::postgres::PgStore;
@@ -23,20 +24,22 @@ pub struct ServeArgs {
     /// The address to listen on. Non-loopback addresses need --allow-remote.
     #[arg(long, env = "LOOPX_LISTEN", default_value = "127.0.0.1:7317")]
     pub listen: SocketAddr,
-    /// Where the database, the owner token and the lock live
+    /// Where the SQLite database, the owner token and the lock live (with
+    /// --database-url, only the owner token)
     /// [default: $XDG_DATA_HOME/loopx, else ~/.local/share/loopx].
     #[arg(long, env = "LOOPX_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// A PostgreSQL URL (postgres://…) for replicas sharing one database; the
     /// embedded SQLite store in the data dir is used when this is unset.
     #[arg(long, env = "LOOPX_DATABASE_URL", hide_env_values = true)]
-    pub database_url: Option<String>,
+    pub database_url: Option<DatabaseUrl>,
     /// Read the owner token from this file (LOOPX_TOKEN wins over it).
     #[arg(long, env = "LOOPX_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
     /// Allow listening on a non-loopback address.
     #[arg(long)]
     pub allow_remote: bool,
+    /// SQLite only (PostgreSQL follows its server's synchronous_commit):
     /// `full` survives power loss (every commit synced before it is
     /// answered); `relaxed` only process crashes (synced at checkpoints), and
     /// is faster.
@@ -63,12 +66,12 @@ pub struct ServeArgs {
     #[arg(
         long,
         env = "LOOPX_MAX_WAIT_SECONDS",
-        default_value_t = 1800,
+        default_value_t = MAX_WAIT_SECONDS,
         hide = true
     )]
     pub max_wait_seconds: u64,
     /// Seconds between keep-alive comments on parked SSE claims.
-    #[arg(long, env = "LOOPX_SSE_KEEP_ALIVE", default_value_t = 15, hide = true)]
+    #[arg(long, env = "LOOPX_SSE_KEEP_ALIVE", default_value_t = DEFAULT_KEEP_ALIVE_SECONDS, hide = true)]
     pub sse_keep_alive_seconds: u64,
     /// Prune sessions closed more than this many days ago, with all their
     /// turns, claims, events and Lark rows, in small batches at start and
@@ -91,12 +94,101 @@ pub struct PruneArgs {
     pub data_dir: Option<PathBuf>,
     /// The replicas' PostgreSQL URL, instead of the data dir's SQLite store.
     #[arg(long, env = "LOOPX_DATABASE_URL", hide_env_values = true)]
-    pub database_url: Option<String>,
+    pub database_url: Option<DatabaseUrl>,
 }
+
+/// Seconds between keep-alive comments on parked SSE claims.
+const DEFAULT_KEEP_ALIVE_SECONDS: u64 = 15;
 
 /// Descriptors the broker keeps besides its connections: the store's files
 /// and pool, the listener, the lock, logs, the Lark client's sockets.
 const OTHER_DESCRIPTORS: u64 = 128;
+
+/// What a broker is built from, however it starts: [`run`] fills it from the
+/// flags, the integration tests from their fixtures, and both go through
+/// [`App::new`] and [`App::serve`], so the tests run the wiring users run.
+pub struct AppConfig {
+    pub store: Arc<dyn Store>,
+    pub owner_token: String,
+    /// The comment interval on parked SSE claims.
+    pub keep_alive: Duration,
+    /// The claim wait cap (the contract's 1800 s, lowered only for fuzzing).
+    pub max_wait_seconds: u64,
+    /// The Lark connector, off when `None`.
+    pub lark: Option<LarkConfig>,
+    /// Prune sessions closed this many days ago, at start and hourly.
+    pub retain_closed_days: Option<u32>,
+    pub limits: ConnectionLimits,
+}
+
+impl AppConfig {
+    /// A broker over `store` with `serve`'s defaults.
+    pub fn new(store: Arc<dyn Store>, owner_token: String) -> Self {
+        Self {
+            store,
+            owner_token,
+            keep_alive: Duration::from_secs(DEFAULT_KEEP_ALIVE_SECONDS),
+            max_wait_seconds: MAX_WAIT_SECONDS,
+            lark: None,
+            retain_closed_days: None,
+            limits: ConnectionLimits::default(),
+        }
+    }
+}
+
+/// A wired broker whose background loops run, ready to serve a listener.
+pub struct App {
+    state: AppState,
+    limits: ConnectionLimits,
+    dispatcher: Option<tokio::task::JoinHandle<()>>,
+    shutdown: CancellationToken,
+}
+
+impl App {
+    /// Wires the broker core and the HTTP state, and starts the background
+    /// loops (Lark replies, retention); `shutdown` stops all of them.
+    pub fn new(config: AppConfig, shutdown: CancellationToken) -> Self {
+        if let Some(days) = config.retain_closed_days {
+            tokio::spawn(retention::run(config.store.clone(), days, shutdown.clone()));
+        }
+        let broker = Arc::new(
+            Broker::new(config.store, shutdown.clone())
+                .with_max_wait_seconds(config.max_wait_seconds),
+        );
+        let dispatcher = config
+            .lark
+            .clone()
+            .map(|lark| broker.spawn_lark_dispatcher(lark));
+        let state = AppState {
+            broker,
+            owner_token: Arc::new(OwnerToken::new(config.owner_token)),
+            keep_alive: config.keep_alive,
+            lark: config.lark.map(Arc::new),
+        };
+        Self {
+            state,
+            limits: config.limits,
+            dispatcher,
+            shutdown,
+        }
+    }
+
+    /// The broker core, for what the HTTP API does not reach.
+    pub fn broker(&self) -> &Arc<Broker> {
+        &self.state.broker
+    }
+
+    /// Serves `listener` until shutdown, then lets the Lark dispatcher finish.
+    pub async fn serve(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+        let connections = self.state.broker.metrics().connections.clone();
+        let router = http::router(self.state);
+        http::serve(listener, router, self.shutdown, self.limits, connections).await?;
+        if let Some(dispatcher) = self.dispatcher {
+            let _ = dispatcher.await;
+        }
+        Ok(())
+    }
+}
 
 /// Runs the broker until a signal; `Err` is a message for the operator.
 pub async fn run(args: ServeArgs) -> Result<(), String> {
@@ -106,7 +198,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
             args.listen
         ));
     }
-    let database_url = database_url(args.database_url.as_deref())?;
+    let database_url = database_url(args.database_url.as_ref())?;
     let lark = lark_config(&args)?;
     let data_dir = args
         .data_dir
@@ -130,40 +222,30 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
 
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    if let Some(days) = args.retain_closed_days {
-        tokio::spawn(retention::run(store.clone(), days, shutdown.clone()));
-    }
-    let broker =
-        Arc::new(Broker::new(store, shutdown.clone()).with_max_wait_seconds(args.max_wait_seconds));
-    let dispatcher = lark.clone().map(|lark| broker.spawn_lark_dispatcher(lark));
-    let state = AppState {
-        broker,
-        owner_token: Arc::new(OwnerToken::new(token)),
-        keep_alive: Duration::from_secs(args.sse_keep_alive_seconds.max(1)),
-        lark: lark.map(Arc::new),
-    };
+    let lark_on = lark.is_some();
+    let app = App::new(
+        AppConfig {
+            keep_alive: Duration::from_secs(args.sse_keep_alive_seconds.max(1)),
+            max_wait_seconds: args.max_wait_seconds,
+            lark,
+            retain_closed_days: args.retain_closed_days,
+            limits,
+            ..AppConfig::new(store, token)
+        },
+        shutdown,
+    );
     let listen = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(
         %listen,
         data_dir = %data_dir.display(),
         durability = ?args.durability,
-        lark = state.lark.is_some(),
+        lark = lark_on,
         "loopx broker listening"
     );
     announce_page(listen, &source);
-    let connection_metrics = state.broker.metrics().connections.clone();
-    http::serve(
-        listener,
-        http::router(state),
-        shutdown,
-        limits,
-        connection_metrics,
-    )
-    .await
-    .map_err(|e| format!("the server failed: {e}"))?;
-    if let Some(dispatcher) = dispatcher {
-        let _ = dispatcher.await;
-    }
+    app.serve(listener)
+        .await
+        .map_err(|e| format!("the server failed: {e}"))?;
     tracing::info!("loopx broker stopped");
     Ok(())
 }
@@ -197,7 +279,7 @@ fn announce_page(listen: SocketAddr, token: &TokenSource) {
 /// hourly. On SQLite the broker must be stopped (one process per data dir);
 /// PostgreSQL replicas may keep serving.
 pub async fn prune(args: PruneArgs) -> Result<retention::Pruned, String> {
-    let database_url = database_url(args.database_url.as_deref())?;
+    let database_url = database_url(args.database_url.as_ref())?;
     let data_dir = args.data_dir.unwrap_or_else(config::default_data_dir);
     let _lock = match database_url {
         None => Some(
@@ -214,8 +296,8 @@ pub async fn prune(args: PruneArgs) -> Result<retention::Pruned, String> {
 }
 
 /// `--database-url`, unless blank: it must be a PostgreSQL URL.
-fn database_url(url: Option<&str>) -> Result<Option<&str>, String> {
-    match url.filter(|u| !u.trim().is_empty()) {
+fn database_url(url: Option<&DatabaseUrl>) -> Result<Option<&str>, String> {
+    match url.map(|u| u.0.as_str()).filter(|u| !u.trim().is_empty()) {
         Some(url) if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) => Err(
             "--database-url must be a postgres:// (or postgresql://) URL; unset it to use the embedded SQLite store"
                 .into(),
@@ -225,7 +307,7 @@ fn database_url(url: Option<&str>) -> Result<Option<&str>, String> {
 }
 
 /// PostgreSQL when a URL is given, else the data dir's SQLite file.
-async fn open_store(
+pub async fn open_store(
     data_dir: &std::path::Path,
     database_url: Option<&str>,
     durability: Durability,
@@ -335,4 +417,54 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
     }
     tracing::info!("shutting down: answering parked claims and finishing requests");
     shutdown.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::cli::{Cli, Command};
+
+    #[test]
+    fn the_serve_and_prune_arguments_debug_print_without_secrets() {
+        let url = "postgres://loopx:hunter2@db.internal/loopx?password=s3cret";
+        let serve = Cli::try_parse_from([
+            "loopx",
+            "serve",
+            "--database-url",
+            url,
+            "--lark-app-id",
+            "cli_1",
+            "--lark-app-secret",
+            "lark-secret-1",
+            "--lark-verification-token",
+            "lark-token-1",
+            "--lark-encrypt-key",
+            "lark-key-1",
+        ])
+        .unwrap();
+        let prune = Cli::try_parse_from([
+            "loopx",
+            "prune",
+            "--older-than-days",
+            "1",
+            "--database-url",
+            url,
+        ])
+        .unwrap();
+        for cli in [serve, prune] {
+            assert!(matches!(cli.command, Command::Serve(_) | Command::Prune(_)));
+            let shown = format!("{cli:?}");
+            assert!(shown.contains("db.internal"), "{shown}");
+            for secret in [
+                "hunter2",
+                "s3cret",
+                "lark-secret-1",
+                "lark-token-1",
+                "lark-key-1",
+            ] {
+                assert!(!shown.contains(secret), "{shown} shows {secret}");
+            }
+        }
+    }
 }

@@ -28,7 +28,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the broker (embedded SQLite in the data dir).
+    /// Run the broker: its store is the embedded SQLite file in the data dir,
+    /// or, with --database-url, a PostgreSQL database that replicas share.
     ///
     /// Example: loopx serve --listen 127.0.0.1:7317
     Serve(ServeArgs),

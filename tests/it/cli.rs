@@ -625,6 +625,23 @@ async fn every_command_has_help_with_an_example() {
 }
 
 #[tokio::test]
+async fn serve_help_names_both_stores() {
+    for args in [&["--help"][..], &["serve", "--help"]] {
+        let output = support::loopx().args(args).output().await.unwrap();
+        let help = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(output.status.code(), Some(0), "{args:?}");
+        let serve = help
+            .lines()
+            .skip_while(|line| !line.contains("Run the broker"))
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(serve.contains("SQLite"), "{args:?}: {help}");
+        assert!(serve.contains("--database-url"), "{args:?}: {help}");
+    }
+}
+
+#[tokio::test]
 async fn a_claim_wait_on_an_empty_queue_ends_claimed_false_with_exit_0() {
     let broker = TestBroker::start().await;
     let host = support::bound_host(&broker.client).await;

@@ -10,15 +10,13 @@ use std::time::Duration;
 
 use loopx::broker::Broker;
 use loopx::client::{Answer, Client, ClientError};
-use loopx::http::{self, AppState, OwnerToken};
 use loopx::lark::LarkConfig;
 use loopx::model::{
     BindRequest, ClaimAnswer, ClaimRequest, Claimed, CompleteRequest, EnqueueRequest, Enqueued,
     Origin, RegisterAgentThread, Session,
 };
-use loopx::store::Store;
-use loopx::store::postgres::PgStore;
-use loopx::store::sqlite::{Durability, SqliteStore};
+use loopx::serve;
+use loopx::store::sqlite::Durability;
 use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -29,6 +27,7 @@ pub const HOST_SURFACE: &str = "codex-cli";
 /// A broker served in this process on 127.0.0.1:0 over a temporary data dir:
 /// its SQLite store there, or, when `LOOPX_TEST_DATABASE_URL` names a
 /// PostgreSQL server, a PostgreSQL store on a fresh database of its own.
+/// `loopx serve`'s own wiring builds it ([`serve::App`]).
 pub struct TestBroker {
     pub url: String,
     pub client: Client,
@@ -128,35 +127,23 @@ impl TestBroker {
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let database = TestDatabase::create().await;
-        let store: Arc<dyn Store> = match &database {
-            Some(database) => Arc::new(PgStore::open(&database.url).await.unwrap()),
-            None => Arc::new(
-                SqliteStore::open(&dir.path().join("broker.db"), durability)
-                    .await
-                    .unwrap(),
-            ),
-        };
+        let database_url = database.as_ref().map(|database| database.url.as_str());
+        let store = serve::open_store(dir.path(), database_url, durability)
+            .await
+            .unwrap();
         let shutdown = CancellationToken::new();
-        let broker = Arc::new(Broker::new(store, shutdown.clone()));
-        if let Some(lark) = &lark {
-            broker.spawn_lark_dispatcher(lark.clone());
-        }
-        let state = AppState {
-            broker: broker.clone(),
-            owner_token: Arc::new(OwnerToken::new(TOKEN.into())),
-            keep_alive,
-            lark: lark.map(Arc::new),
-        };
+        let app = serve::App::new(
+            serve::AppConfig {
+                keep_alive,
+                lark,
+                ..serve::AppConfig::new(store, TOKEN.into())
+            },
+            shutdown.clone(),
+        );
+        let broker = app.broker().clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let connections = state.broker.metrics().connections.clone();
-        let server = tokio::spawn(http::serve(
-            listener,
-            http::router(state),
-            shutdown.clone(),
-            http::ConnectionLimits::default(),
-            connections,
-        ));
+        let server = tokio::spawn(app.serve(listener));
         TestBroker {
             client: Client::new(&url, Some(TOKEN.into())),
             url,
