@@ -180,9 +180,12 @@ impl Error {
         }
     }
 
-    /// A store failure: logged with its cause, answered as 503 without detail.
-    pub fn store(context: &'static str, cause: impl std::fmt::Display) -> Self {
-        tracing::error!(%cause, "store failure: {context}");
+    /// A store failure: logged with what was being done, where, and the
+    /// kind of its cause, answered as 503 without detail.
+    #[track_caller]
+    pub fn store(context: &'static str, cause: impl StoreCause) -> Self {
+        let at = std::panic::Location::caller();
+        tracing::error!(cause = %cause.describe(), %at, "store failure: {context}");
         Self::new(
             ErrorCode::StoreUnavailable,
             "The broker's store is unavailable; retry later.",
@@ -209,9 +212,111 @@ impl Error {
     }
 }
 
+// `?` passes its own location to a `#[track_caller]` `from`, so the log
+// names the statement that failed.
 impl From<sqlx::Error> for Error {
+    #[track_caller]
     fn from(e: sqlx::Error) -> Self {
         Self::store("query failed", e)
+    }
+}
+
+impl From<rusqlite::Error> for Error {
+    #[track_caller]
+    fn from(e: rusqlite::Error) -> Self {
+        Self::store("statement failed", e)
+    }
+}
+
+/// What a store failure's log may say of its cause: the kind of failure and
+/// its codes (SQLSTATE or SQLite's extended result code, the constraint's
+/// name, an I/O error's kind). Never a driver's message, which can quote a
+/// stored value.
+pub trait StoreCause {
+    fn describe(&self) -> String;
+}
+
+impl<T: StoreCause + ?Sized> StoreCause for &T {
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+}
+
+/// The broker's own sentences (an invariant that did not hold).
+impl StoreCause for str {
+    fn describe(&self) -> String {
+        self.to_owned()
+    }
+}
+
+impl StoreCause for std::io::Error {
+    fn describe(&self) -> String {
+        match self.raw_os_error() {
+            Some(errno) => format!("I/O error: {} (os error {errno})", self.kind()),
+            None => format!("I/O error: {}", self.kind()),
+        }
+    }
+}
+
+impl StoreCause for sqlx::Error {
+    fn describe(&self) -> String {
+        use sqlx::Error::*;
+        match self {
+            Database(e) => {
+                let kind = match e.kind() {
+                    sqlx::error::ErrorKind::UniqueViolation => "unique violation",
+                    sqlx::error::ErrorKind::ForeignKeyViolation => "foreign key violation",
+                    sqlx::error::ErrorKind::NotNullViolation => "not-null violation",
+                    sqlx::error::ErrorKind::CheckViolation => "check violation",
+                    _ => "database error",
+                };
+                let code = e.code().unwrap_or_default();
+                match e.constraint() {
+                    Some(constraint) => format!("{kind} {code} on {constraint}"),
+                    None => format!("{kind} {code}"),
+                }
+            }
+            Io(e) => e.describe(),
+            PoolTimedOut => "timed out waiting for a pooled connection".into(),
+            PoolClosed => "the connection pool is closed".into(),
+            WorkerCrashed => "the connection's worker crashed".into(),
+            // The URL's own parse errors: no part of the URL in them.
+            Configuration(e) => format!("configuration: {e}"),
+            Tls(_) => "TLS error".into(),
+            Protocol(_) => "protocol error".into(),
+            RowNotFound => "no row where one was expected".into(),
+            ColumnDecode { index, .. } => format!("cannot decode column {index}"),
+            Migrate(e) => e.describe(),
+            _ => "driver error".into(),
+        }
+    }
+}
+
+impl StoreCause for sqlx::migrate::MigrateError {
+    fn describe(&self) -> String {
+        use sqlx::migrate::MigrateError::*;
+        match self {
+            Execute(e) => format!("migrating: {}", e.describe()),
+            ExecuteMigration(e, version) => format!("migration {version}: {}", e.describe()),
+            Source(_) => "reading the migrations".into(),
+            // The rest name migration versions only.
+            other => other.to_string(),
+        }
+    }
+}
+
+impl StoreCause for rusqlite::Error {
+    fn describe(&self) -> String {
+        use rusqlite::Error::*;
+        match self {
+            SqliteFailure(e, _) => format!("sqlite error {} ({:?})", e.extended_code, e.code),
+            QueryReturnedNoRows => "no row where one was expected".into(),
+            FromSqlConversionFailure(column, from, _) => {
+                format!("cannot convert column {column} from {from}")
+            }
+            InvalidColumnType(column, _, from) => format!("column {column} holds a {from}"),
+            _ => "statement error".into(),
+        }
     }
 }
 
@@ -244,5 +349,67 @@ impl IntoResponse for Error {
             .retry_after_seconds
             .map(|seconds| [(axum::http::header::RETRY_AFTER, seconds.to_string())]);
         (self.status(), retry_after, axum::Json(self.body())).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use sqlx::Connection;
+
+    /// What `f` logs, as text.
+    async fn logs_of<F: Future>(f: F) -> String {
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        f.await;
+        String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_store_failure_logs_its_kind_and_place_but_never_the_drivers_message() {
+        let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let setup = "create table t (x text unique); insert into t values ('hunter2')";
+        sqlx::raw_sql(setup).execute(&mut conn).await.unwrap();
+        let logs = logs_of(async {
+            let duplicate = async {
+                sqlx::query("insert into t values ('hunter2')")
+                    .execute(&mut conn)
+                    .await?;
+                Ok::<_, super::Error>(())
+            };
+            let error = duplicate.await.unwrap_err();
+            assert_eq!(error.code, super::ErrorCode::StoreUnavailable);
+            let rusqlite = || -> super::Result<()> {
+                let conn = rusqlite::Connection::open_in_memory()?;
+                conn.execute("select * from \"hunter2-table\"", [])?;
+                Ok(())
+            };
+            rusqlite().unwrap_err();
+        })
+        .await;
+        assert!(logs.contains("unique violation 2067"), "{logs}");
+        assert!(logs.contains("sqlite error 1 (Unknown)"), "{logs}");
+        assert_eq!(logs.matches("src/error.rs:").count(), 2, "{logs}");
+        assert!(!logs.contains("hunter2"), "{logs}");
+        assert!(!logs.contains("UNIQUE constraint failed"), "{logs}");
     }
 }

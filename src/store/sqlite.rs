@@ -242,7 +242,8 @@ struct Checkpointer {
 
 impl Checkpointer {
     fn start(path: &Path) -> Result<Self> {
-        let failed = |e: &dyn std::fmt::Display| Error::store("starting the checkpointer", e);
+        let failed =
+            |e: &dyn crate::error::StoreCause| Error::store("starting the checkpointer", e);
         let conn = Connection::open(path).map_err(|e| failed(&e))?;
         conn.busy_timeout(Duration::from_secs(5))
             .map_err(|e| failed(&e))?;

@@ -11,18 +11,12 @@ use rusqlite::types::{FromSql, Value};
 use rusqlite::{Connection, OptionalExtension, Row, params_from_iter};
 
 use crate::decide::{ClaimRow, ClaimState};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::{
     AnsweredVia, CancelReason, Origin, PermissionState, ReplyState, SessionState, TurnState,
 };
 use crate::permission::PermissionRow;
 use crate::store::{SessionRow, TurnRow};
-
-impl From<rusqlite::Error> for Error {
-    fn from(e: rusqlite::Error) -> Self {
-        Error::store("statement failed", e)
-    }
-}
 
 /// A value a statement can bind.
 pub trait Bind {
