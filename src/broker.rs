@@ -127,11 +127,6 @@ impl Broker {
         Ok(self.metrics.render())
     }
 
-    /// How many sessions have a parked claim now.
-    pub fn parked_sessions(&self) -> usize {
-        self.claimable.sessions_waited_on()
-    }
-
     pub async fn register(&self, thread: RegisterAgentThread) -> Result<Answer<Registered>> {
         check("goal_id", &thread.goal_id)?;
         check("agent_id", &thread.agent_id)?;
