@@ -45,9 +45,11 @@ impl Reply {
     }
 }
 
-/// A typed 2xx answer, with the raw reply it came from.
+/// A 2xx [`Reply`] decoded into `T`, with the raw reply kept (status, the
+/// replay header, the text as sent). Not [`crate::broker::Answer`]: that is
+/// the core's answer, before there is any HTTP.
 #[derive(Debug, Clone)]
-pub struct Answer<T> {
+pub struct TypedReply<T> {
     pub body: T,
     pub reply: Reply,
 }
@@ -69,10 +71,7 @@ pub enum ClientError {
 impl crate::error::ErrorDetail {
     /// The snake_case code, as on the wire.
     pub fn code_str(&self) -> String {
-        serde_json::to_value(self.code)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default()
+        crate::model::wire(&self.code)
     }
 }
 
@@ -144,7 +143,7 @@ impl Client {
         path: &str,
         body: Option<&(impl Serialize + ?Sized)>,
         timeout: Option<Duration>,
-    ) -> Result<Answer<T>, ClientError> {
+    ) -> Result<TypedReply<T>, ClientError> {
         let reply = self.send(method, path, body, timeout).await?;
         if !reply.status.is_success() {
             return Err(match serde_json::from_str::<ErrorBody>(&reply.text) {
@@ -156,7 +155,7 @@ impl Client {
             });
         }
         match serde_json::from_str(&reply.text) {
-            Ok(body) => Ok(Answer { body, reply }),
+            Ok(body) => Ok(TypedReply { body, reply }),
             Err(e) => Err(ClientError::Unexpected {
                 reason: e.to_string(),
                 reply,
@@ -164,19 +163,19 @@ impl Client {
         }
     }
 
-    pub async fn healthz(&self) -> Result<Answer<serde_json::Value>, ClientError> {
+    pub async fn healthz(&self) -> Result<TypedReply<serde_json::Value>, ClientError> {
         self.call(Method::GET, "/healthz", NO_BODY, None).await
     }
 
     pub async fn register(
         &self,
         thread: &RegisterAgentThread,
-    ) -> Result<Answer<Registered>, ClientError> {
+    ) -> Result<TypedReply<Registered>, ClientError> {
         self.call(Method::POST, "/v1/agent-threads", Some(thread), None)
             .await
     }
 
-    pub async fn bind(&self, bind: &BindRequest) -> Result<Answer<Session>, ClientError> {
+    pub async fn bind(&self, bind: &BindRequest) -> Result<TypedReply<Session>, ClientError> {
         self.call(Method::POST, "/v1/sessions", Some(bind), None)
             .await
     }
@@ -185,7 +184,7 @@ impl Client {
     pub async fn preview_bind(
         &self,
         bind: &BindRequest,
-    ) -> Result<Answer<BindPreview>, ClientError> {
+    ) -> Result<TypedReply<BindPreview>, ClientError> {
         let bind = BindRequest {
             dry_run: true,
             ..bind.clone()
@@ -197,13 +196,13 @@ impl Client {
     pub async fn sessions(
         &self,
         filter: &ListSessions,
-    ) -> Result<Answer<SessionList>, ClientError> {
+    ) -> Result<TypedReply<SessionList>, ClientError> {
         let query = serde_urlencoded(filter);
         self.call(Method::GET, &format!("/v1/sessions{query}"), NO_BODY, None)
             .await
     }
 
-    pub async fn session(&self, session_id: &str) -> Result<Answer<Session>, ClientError> {
+    pub async fn session(&self, session_id: &str) -> Result<TypedReply<Session>, ClientError> {
         self.call(Method::GET, &session_path(session_id, ""), NO_BODY, None)
             .await
     }
@@ -212,7 +211,7 @@ impl Client {
         &self,
         session_id: &str,
         message: &EnqueueRequest,
-    ) -> Result<Answer<Enqueued>, ClientError> {
+    ) -> Result<TypedReply<Enqueued>, ClientError> {
         self.call(
             Method::POST,
             &session_path(session_id, "/messages"),
@@ -227,7 +226,7 @@ impl Client {
         &self,
         session_id: &str,
         claim: &ClaimRequest,
-    ) -> Result<Answer<ClaimAnswer>, ClientError> {
+    ) -> Result<TypedReply<ClaimAnswer>, ClientError> {
         let timeout = Duration::from_secs(claim.wait_seconds.min(1800) + 30);
         self.call(
             Method::POST,
@@ -243,7 +242,7 @@ impl Client {
         session_id: &str,
         turn_id: &str,
         completion: &CompleteRequest,
-    ) -> Result<Answer<Receipt>, ClientError> {
+    ) -> Result<TypedReply<Receipt>, ClientError> {
         let path = session_path(session_id, &format!("/turns/{}/complete", segment(turn_id)));
         self.call(Method::POST, &path, Some(completion), None).await
     }
@@ -253,7 +252,7 @@ impl Client {
         session_id: &str,
         claim_id: &str,
         host: &ReleaseRequest,
-    ) -> Result<Answer<Released>, ClientError> {
+    ) -> Result<TypedReply<Released>, ClientError> {
         let path = session_path(
             session_id,
             &format!("/claims/{}/release", segment(claim_id)),
@@ -261,7 +260,7 @@ impl Client {
         self.call(Method::POST, &path, Some(host), None).await
     }
 
-    pub async fn close(&self, session_id: &str) -> Result<Answer<Session>, ClientError> {
+    pub async fn close(&self, session_id: &str) -> Result<TypedReply<Session>, ClientError> {
         self.call(
             Method::POST,
             &session_path(session_id, "/close"),
@@ -271,7 +270,11 @@ impl Client {
         .await
     }
 
-    pub async fn turn(&self, session_id: &str, turn_id: &str) -> Result<Answer<Turn>, ClientError> {
+    pub async fn turn(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+    ) -> Result<TypedReply<Turn>, ClientError> {
         let path = session_path(session_id, &format!("/turns/{}", segment(turn_id)));
         self.call(Method::GET, &path, NO_BODY, None).await
     }
@@ -280,7 +283,7 @@ impl Client {
         &self,
         session_id: &str,
         chat_id: &str,
-    ) -> Result<Answer<LarkLink>, ClientError> {
+    ) -> Result<TypedReply<LarkLink>, ClientError> {
         let body = LarkLinkRequest {
             chat_id: chat_id.to_owned(),
         };
@@ -293,7 +296,7 @@ impl Client {
         .await
     }
 
-    pub async fn lark_unlink(&self, session_id: &str) -> Result<Answer<LarkLink>, ClientError> {
+    pub async fn lark_unlink(&self, session_id: &str) -> Result<TypedReply<LarkLink>, ClientError> {
         self.call(
             Method::DELETE,
             &session_path(session_id, "/lark-link"),
@@ -306,7 +309,7 @@ impl Client {
     pub async fn lark_link_status(
         &self,
         session_id: &str,
-    ) -> Result<Answer<LarkLink>, ClientError> {
+    ) -> Result<TypedReply<LarkLink>, ClientError> {
         self.call(
             Method::GET,
             &session_path(session_id, "/lark-link"),
@@ -320,7 +323,7 @@ impl Client {
         &self,
         session_id: &str,
         page: &ListTurns,
-    ) -> Result<Answer<TurnList>, ClientError> {
+    ) -> Result<TypedReply<TurnList>, ClientError> {
         let path = session_path(session_id, &format!("/turns{}", serde_urlencoded(page)));
         self.call(Method::GET, &path, NO_BODY, None).await
     }
@@ -329,7 +332,7 @@ impl Client {
         &self,
         session_id: &str,
         request: &CreatePermissionRequest,
-    ) -> Result<Answer<PermissionRequest>, ClientError> {
+    ) -> Result<TypedReply<PermissionRequest>, ClientError> {
         let path = session_path(session_id, "/permission-requests");
         self.call(Method::POST, &path, Some(request), None).await
     }
@@ -338,7 +341,7 @@ impl Client {
         &self,
         session_id: &str,
         filter: &ListPermissions,
-    ) -> Result<Answer<PermissionList>, ClientError> {
+    ) -> Result<TypedReply<PermissionList>, ClientError> {
         let query = serde_urlencoded(filter);
         let path = session_path(session_id, &format!("/permission-requests{query}"));
         self.call(Method::GET, &path, NO_BODY, None).await
@@ -348,7 +351,7 @@ impl Client {
         &self,
         session_id: &str,
         request_id: &str,
-    ) -> Result<Answer<PermissionRequest>, ClientError> {
+    ) -> Result<TypedReply<PermissionRequest>, ClientError> {
         self.call(
             Method::GET,
             &permission_path(session_id, request_id, ""),
@@ -364,7 +367,7 @@ impl Client {
         session_id: &str,
         request_id: &str,
         behavior: Behavior,
-    ) -> Result<Answer<PermissionRequest>, ClientError> {
+    ) -> Result<TypedReply<PermissionRequest>, ClientError> {
         let path = permission_path(session_id, request_id, "/answer");
         let body = AnswerPermission { behavior };
         self.call(Method::POST, &path, Some(&body), None).await
@@ -376,7 +379,7 @@ impl Client {
         session_id: &str,
         request_id: &str,
         wait: &WaitPermission,
-    ) -> Result<Answer<PermissionRequest>, ClientError> {
+    ) -> Result<TypedReply<PermissionRequest>, ClientError> {
         let timeout = Duration::from_secs(wait.wait_seconds.min(1800) + 30);
         let path = permission_path(session_id, request_id, "/wait");
         self.call(Method::POST, &path, Some(wait), Some(timeout))

@@ -613,7 +613,8 @@ pub enum PermissionState {
 }
 
 impl PermissionState {
-    /// The wire name, as the event log stores it.
+    /// The wire name, as the event log stores it (what [`wire`] gives, as a
+    /// `&'static str` for the stores' binds).
     pub fn as_str(self) -> &'static str {
         match self {
             PermissionState::Pending => "pending",
@@ -744,4 +745,67 @@ pub struct WaitPermission {
     #[serde(default)]
     #[schema(minimum = 0)]
     pub wait_seconds: u64,
+}
+
+/// A value's wire name: the text serde gives a unit enumeration variant
+/// (`web`, `claimed`, `queue_full`). The one helper for the contract's
+/// enumerations as text, in columns, metric labels and command output.
+pub fn wire(value: &impl Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(name)) => name,
+        // Not an enumeration: its JSON text, so nothing is silently dropped.
+        Ok(other) => other.to_string(),
+        Err(_) => String::new(),
+    }
+}
+
+/// The host's writeback authority: the exact host identity of a binding. The
+/// store keeps it with the session, every host call presents it, and the
+/// client commands take it as two flags. `Debug` never shows the host
+/// session id (it stays in the local store, out of logs).
+#[derive(Clone, PartialEq, Eq, clap::Args)]
+pub struct HostIdentity {
+    /// Which kind of host runs the agent session (e.g. codex-cli, claude-code, vscode).
+    #[arg(long)]
+    pub host_surface: String,
+    /// The running host session's opaque id (stays in the local store).
+    #[arg(long)]
+    pub host_session_id: String,
+}
+
+impl std::fmt::Debug for HostIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostIdentity")
+            .field("host_surface", &self.host_surface)
+            .field("host_session_id", &format_args!("<redacted>"))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_names_are_the_serde_names_and_debug_hides_the_host_session_id() {
+        assert_eq!(wire(&TurnState::Claimed), "claimed");
+        assert_eq!(wire(&crate::error::ErrorCode::QueueFull), "queue_full");
+        for state in [
+            PermissionState::Pending,
+            PermissionState::Allowed,
+            PermissionState::Denied,
+            PermissionState::Expired,
+        ] {
+            assert_eq!(wire(&state), state.as_str());
+        }
+        let host = HostIdentity {
+            host_surface: "codex-cli".into(),
+            host_session_id: "host-secret-1".into(),
+        };
+        let shown = format!("{host:?}");
+        assert!(
+            shown.contains("codex-cli") && !shown.contains("host-secret-1"),
+            "{shown}"
+        );
+    }
 }

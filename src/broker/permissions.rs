@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::ids::check;
 use crate::model::{
     AnsweredVia, Behavior, CreatePermissionRequest, ListPermissions, PermissionList,
-    PermissionRequest, WaitPermission,
+    PermissionRequest, WaitPermission, wire,
 };
 use crate::permission::{self, Decision};
 use crate::store::HostIdentity;
@@ -61,8 +61,8 @@ impl Broker {
             .store
             .answer_permission(session_id.to_owned(), request_id.to_owned(), behavior, via)
             .await?;
-        let outcome = permission::answered_state(behavior).as_str();
-        Ok(self.decided(session_id, decision, outcome))
+        let outcome = wire(&permission::answered_state(behavior));
+        Ok(self.decided(session_id, decision, &outcome))
     }
 
     /// Counts and announces a written decision; a replay changes nothing.

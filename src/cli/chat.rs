@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::Value;
 
-use super::common::{ClientOptions, Ctx, wire, with_client};
+use super::common::{ClientOptions, Ctx, with_client};
 use crate::client::ClientError;
+use crate::model::wire;
 use crate::model::{EnqueueRequest, Origin, Turn, TurnState};
 
 /// The people side: queue a message for a session and read a turn back.

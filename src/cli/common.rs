@@ -14,8 +14,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
-use serde::Serialize;
-use serde_json::Value;
 
 use crate::client::{Client, ClientError, DEFAULT_BROKER_URL, Reply};
 use crate::config::{self, TokenSource};
@@ -90,17 +88,6 @@ pub fn parse_broker_url(value: &str) -> Result<String, String> {
         "http" | "https" => Err("the URL has no host".into()),
         other => Err(format!("the scheme must be http or https, not {other}")),
     }
-}
-
-/// The exact host identity of a binding: the host's writeback authority.
-#[derive(Debug, Clone, Args)]
-pub struct HostIdentity {
-    /// Which kind of host runs the agent session (e.g. codex-cli, claude-code, vscode).
-    #[arg(long)]
-    pub host_surface: String,
-    /// The running host session's opaque id (stays in the local store).
-    #[arg(long)]
-    pub host_session_id: String,
 }
 
 // ---------------------------------------------------------------------------
@@ -193,16 +180,6 @@ pub fn client_error(error: ClientError, format: Format, source: Option<&TokenSou
 pub fn local_error(message: &str) -> ExitCode {
     eprintln!("loopx: {message}");
     ExitCode::from(EXIT_LOCAL)
-}
-
-/// The response file of a completion: an object with a non-empty string
-/// A value's wire spelling (`web`, `claimed`, …).
-pub fn wire(value: &impl Serialize) -> String {
-    match serde_json::to_value(value) {
-        Ok(Value::String(s)) => s,
-        Ok(other) => other.to_string(),
-        Err(_) => String::new(),
-    }
 }
 
 /// One line on stdout; a closed pipe (`| head`) is not worth a panic.

@@ -9,12 +9,13 @@ use clap::{Args, Subcommand, ValueEnum};
 use reqwest::StatusCode;
 use serde_json::{Map, Value};
 
-use super::common::{ClientOptions, Ctx, Format, HostIdentity, local_error, wire, with_client};
+use super::common::{ClientOptions, Ctx, Format, local_error, with_client};
 use crate::client::ClientError;
 use crate::model::{
     BindRequest, ClaimAnswer, ClaimRequest, CompleteRequest, ListSessions, RegisterAgentThread,
     ReleaseRequest, Session, SessionState,
 };
+use crate::model::{HostIdentity, wire};
 
 /// The host side: register and bind a running host session, then claim,
 /// complete and release its turns.

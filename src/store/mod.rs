@@ -27,12 +27,7 @@ use crate::model::{
 pub use crate::permission::{Decision, PermissionRow};
 use crate::time::rfc3339;
 
-/// The host's writeback authority: the exact host identity of a binding.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostIdentity {
-    pub host_surface: String,
-    pub host_session_id: String,
-}
+pub use crate::model::HostIdentity;
 
 /// A stored session, host session id included: never answered as is.
 #[derive(Debug, Clone, sqlx::FromRow)]

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use loopx::client::{Answer, Client, ClientError, NO_BODY};
+use loopx::client::{Client, ClientError, NO_BODY, TypedReply};
 use loopx::model::ClaimAnswer;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -61,7 +61,7 @@ fn park(
     host: &Host,
     claim_id: &str,
     wait_seconds: u64,
-) -> tokio::task::JoinHandle<Result<Answer<ClaimAnswer>, ClientError>> {
+) -> tokio::task::JoinHandle<Result<TypedReply<ClaimAnswer>, ClientError>> {
     let (client, host) = (broker.client.clone(), host.clone());
     let request = host.claim_request(claim_id, wait_seconds);
     tokio::spawn(async move { client.claim(host.session_id(), &request).await })

@@ -35,7 +35,7 @@ fn wait(host: &Host, seconds: u64) -> WaitPermission {
 
 /// The `state` detail of a `permission_already_answered` refusal.
 fn refused_state<T: std::fmt::Debug>(
-    result: Result<loopx::client::Answer<T>, loopx::client::ClientError>,
+    result: Result<loopx::client::TypedReply<T>, loopx::client::ClientError>,
 ) -> (u16, String, serde_json::Value) {
     match result {
         Err(loopx::client::ClientError::Refused { reply, error }) => (

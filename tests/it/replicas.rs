@@ -116,7 +116,7 @@ fn park(
     claim_id: &str,
     wait: u64,
 ) -> tokio::task::JoinHandle<(
-    Result<loopx::client::Answer<ClaimAnswer>, ClientError>,
+    Result<loopx::client::TypedReply<ClaimAnswer>, ClientError>,
     Instant,
 )> {
     let (client, host, claim_id) = (client.clone(), host.clone(), claim_id.to_owned());

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loopx::broker::Broker;
-use loopx::client::{Answer, Client, ClientError};
+use loopx::client::{Client, ClientError, TypedReply};
 use loopx::lark::LarkConfig;
 use loopx::model::{
     BindRequest, ClaimAnswer, ClaimRequest, Claimed, CompleteRequest, EnqueueRequest, Enqueued,
@@ -290,7 +290,7 @@ pub async fn claim(client: &Client, host: &Host, claim_id: &str, wait: u64) -> C
 }
 
 /// The error code of a refused call.
-pub fn code<T: std::fmt::Debug>(result: Result<Answer<T>, ClientError>) -> (u16, String) {
+pub fn code<T: std::fmt::Debug>(result: Result<TypedReply<T>, ClientError>) -> (u16, String) {
     match result {
         Err(ClientError::Refused { reply, error }) => {
             (reply.status.as_u16(), error.error.code_str())

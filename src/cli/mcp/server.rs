@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use super::host::{Held, Host, Problem};
 use super::permissions::{self, PermissionRequestParams, Relay};
-use crate::cli::common::wire;
+use crate::model::wire;
 
 /// Claude Code registers channels only on these (MCP.md): a newer version
 /// would quietly turn the channel off.
