@@ -503,17 +503,25 @@ impl Broker {
     /// linked session, in one transaction.
     pub async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest> {
         let ingest = self.store.lark_event(event).await?;
-        if let LarkIngest::Enqueued { session_id, .. } = &ingest {
-            self.metrics.turn("enqueued", 1);
-            self.changed(session_id);
+        match &ingest {
+            LarkIngest::Enqueued { session_id, .. } => {
+                self.metrics.turn("enqueued", 1);
+                self.changed(session_id);
+            }
+            LarkIngest::Answered {
+                session_id,
+                decision,
+            } => self.announce(session_id, decision, decision.row().state.as_str()),
+            _ => {}
         }
         Ok(ingest)
     }
 
     pub async fn lark_link(&self, session_id: &str, link: LarkLinkRequest) -> Result<LarkLink> {
         check("chat_id", &link.chat_id)?;
+        let approvers = crate::permission::approvers(link.approvers)?;
         self.store
-            .lark_link(session_id.to_owned(), link.chat_id)
+            .lark_link(session_id.to_owned(), link.chat_id, approvers)
             .await
     }
 

@@ -279,13 +279,26 @@ impl Client {
         self.call(Method::GET, &path, NO_BODY, None).await
     }
 
+    /// Links a chat without approvers (nobody on it can answer permission requests).
     pub async fn lark_link(
         &self,
         session_id: &str,
         chat_id: &str,
     ) -> Result<TypedReply<LarkLink>, ClientError> {
+        self.lark_link_approved(session_id, chat_id, &[]).await
+    }
+
+    /// Links a chat whose `approvers` (Lark open ids) may answer permission
+    /// requests; replaces the link and its list.
+    pub async fn lark_link_approved(
+        &self,
+        session_id: &str,
+        chat_id: &str,
+        approvers: &[String],
+    ) -> Result<TypedReply<LarkLink>, ClientError> {
         let body = LarkLinkRequest {
             chat_id: chat_id.to_owned(),
+            approvers: approvers.to_vec(),
         };
         self.call(
             Method::PUT,

@@ -99,7 +99,10 @@ impl Default for Metrics {
         )
         .expect("valid metric");
         let lark_replies = IntCounterVec::new(
-            Opts::new("lark_replies_total", "Lark replies by outcome."),
+            Opts::new(
+                "lark_replies_total",
+                "Lark replies and permission-request messages by outcome.",
+            ),
             &["outcome"],
         )
         .expect("valid metric");

@@ -558,7 +558,7 @@ pub struct Health {
 /// `PUT /v1/sessions/{session_id}/lark-link`.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"chat_id": "oc_5ce6d572455d361153b7xx51da133945"}))]
+#[schema(example = json!({"chat_id": "oc_5ce6d572455d361153b7xx51da133945", "approvers": ["ou_84aad35d084aa403a838cf73ee18467"]}))]
 pub struct LarkLinkRequest {
     #[schema(
         min_length = 1,
@@ -566,16 +566,51 @@ pub struct LarkLinkRequest {
         pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
     )]
     pub chat_id: String,
+    /// The Lark open ids (`ou_…`) of the chat members who may answer the
+    /// session's permission requests from the chat; absent or empty, nobody
+    /// on Lark can (the Web page and the API still can). Each link replaces
+    /// the list: send the whole list every time. A repeated id counts once.
+    #[serde(default)]
+    #[schema(value_type = Vec<crate::openapi::LarkOpenId>, max_items = 50)]
+    pub approvers: Vec<String>,
 }
 
-/// Which Lark chat feeds a session (`chat_id` null when none).
+/// Which Lark chat feeds a session (`chat_id` null when none), and who on it
+/// may answer permission requests.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
-#[schema(example = json!({"session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "chat_id": "oc_5ce6d572455d361153b7xx51da133945"}))]
+#[schema(example = json!({"session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "chat_id": "oc_5ce6d572455d361153b7xx51da133945", "approvers": ["ou_84aad35d084aa403a838cf73ee18467"]}))]
 pub struct LarkLink {
     pub session_id: String,
     /// Null when no chat is linked.
     #[schema(required = true)]
     pub chat_id: Option<String>,
+    /// The open ids that may answer permission requests from the chat, in
+    /// the order given; empty when none (or no chat is linked).
+    #[schema(value_type = Vec<crate::openapi::LarkOpenId>, max_items = 50)]
+    pub approvers: Vec<String>,
+}
+
+impl LarkLink {
+    /// No chat linked.
+    pub fn none(session_id: String) -> Self {
+        Self {
+            session_id,
+            chat_id: None,
+            approvers: Vec::new(),
+        }
+    }
+
+    /// The link as stored: its chat and its approvers' stored form.
+    pub fn stored(session_id: &str, link: Option<(String, String)>) -> Self {
+        match link {
+            Some((chat_id, approvers)) => Self {
+                session_id: session_id.to_owned(),
+                chat_id: Some(chat_id),
+                approvers: crate::permission::approvers_from_stored(&approvers),
+            },
+            None => Self::none(session_id.to_owned()),
+        }
+    }
 }
 
 /// A reply's delivery state.

@@ -296,6 +296,26 @@ impl PartialSchema for TurnResponse {
 
 impl ToSchema for TurnResponse {}
 
+/// A Lark open id, as a chat link's approver (checked by
+/// [`crate::permission::approvers`]).
+pub struct LarkOpenId;
+
+impl PartialSchema for LarkOpenId {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(4))
+            .max_length(Some(crate::permission::MAX_OPEN_ID_BYTES))
+            .pattern(Some(r"^ou_[0-9A-Za-z_-]+$"))
+            .description(Some(
+                "A Lark user's open id (`ou_…`), as in an event's `sender.sender_id.open_id`.",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for LarkOpenId {}
+
 /// One Server-Sent Event of a stream, as the document describes it: its
 /// `event:` name (a constant), its `id:` when it has one, and its `data:`
 /// line, JSON of the named schema (`contentMediaType` + `contentSchema`).

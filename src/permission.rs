@@ -156,9 +156,59 @@ pub fn is_settled(row: &PermissionRow) -> bool {
     row.state != PermissionState::Pending
 }
 
-/// A Lark message of the form `yes <id>` or `no <id>` (any case, surrounding
-/// blanks ignored): the answer and the request id it names.
-pub fn lark_answer(text: &str) -> Option<(Behavior, &str)> {
+// ---------------------------------------------------------------------------
+// Lark: who may answer from a linked chat, and how.
+
+/// The most approvers one chat link holds.
+pub const MAX_APPROVERS: usize = 50;
+/// The longest Lark open id accepted as an approver.
+pub const MAX_OPEN_ID_BYTES: usize = 64;
+
+/// A chat link's approver list, checked: at most [`MAX_APPROVERS`] Lark open
+/// ids (`ou_` and ASCII letters, digits, `_` or `-`, at most
+/// [`MAX_OPEN_ID_BYTES`] bytes); a repeated id is kept once, in first order.
+pub fn approvers(list: Vec<String>) -> Result<Vec<String>> {
+    if list.len() > MAX_APPROVERS {
+        return Err(Error::invalid(format!(
+            "`approvers` holds at most {MAX_APPROVERS} open ids."
+        )));
+    }
+    let mut kept: Vec<String> = Vec::with_capacity(list.len());
+    for id in list {
+        if !is_open_id(&id) {
+            return Err(Error::invalid(format!(
+                "Each of `approvers` must be a Lark open id: `ou_` and then letters, digits,                  `_` or `-`, at most {MAX_OPEN_ID_BYTES} bytes."
+            )));
+        }
+        if !kept.contains(&id) {
+            kept.push(id);
+        }
+    }
+    Ok(kept)
+}
+
+fn is_open_id(id: &str) -> bool {
+    id.len() <= MAX_OPEN_ID_BYTES
+        && id.strip_prefix("ou_").is_some_and(|rest| {
+            !rest.is_empty()
+                && rest
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        })
+}
+
+/// A Lark text of the form `yes <id>` or `no <id>`, as parsed from the chat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LarkCommand {
+    pub behavior: Behavior,
+    pub request_id: String,
+}
+
+/// Parses `yes <id>` / `no <id>`: the verb in any case, the id exactly as the
+/// request message showed it, blanks (any Unicode white space) around and
+/// between them ignored. The webhook removes @mentions first. Anything else,
+/// one more word included, is not a command.
+pub fn lark_command(text: &str) -> Option<LarkCommand> {
     let mut words = text.split_whitespace();
     let (verb, id) = (words.next()?, words.next()?);
     if words.next().is_some() {
@@ -169,11 +219,101 @@ pub fn lark_answer(text: &str) -> Option<(Behavior, &str)> {
         "no" => Behavior::Deny,
         _ => return None,
     };
-    Some((behavior, id))
+    Some(LarkCommand {
+        behavior,
+        request_id: id.to_owned(),
+    })
+}
+
+/// Claude Code's request id form: five lowercase letters, never `l`.
+fn looks_like_request_id(id: &str) -> bool {
+    id.len() == 5 && id.bytes().all(|b| b.is_ascii_lowercase() && b != b'l')
+}
+
+/// What a text message in a linked chat is, permission-wise.
+#[derive(Debug)]
+pub enum LarkVerdict {
+    /// An ordinary message: enqueue it as a turn.
+    Turn,
+    /// An answer from an approver: write (or replay) this decision; no turn.
+    Answer(Decision),
+    /// An answer nobody may give here (the sender is no approver of the
+    /// link), or one that changes nothing (an unknown id of the request form,
+    /// another answer to an answered or expired request): acknowledged,
+    /// nothing written, no turn, nothing said in the chat.
+    Ignore,
+}
+
+/// The one decision on a linked chat's text: is it an answer, by whom, with
+/// which outcome. `existing` is the session's request the command names (if
+/// any); `approvers` the link's list; `sender` the sender's open id.
+///
+/// A command-shaped text that names no request of the session and does not
+/// look like a request id (`yes please`) is an ordinary message. Every other
+/// command-shaped text never becomes a turn, whoever sent it: a stranger's
+/// `yes abcde` must not reach the agent as if it were a chat message asking
+/// for something.
+pub fn lark_verdict(
+    command: Option<&LarkCommand>,
+    existing: Option<PermissionRow>,
+    sender: Option<&str>,
+    approvers: &[String],
+    now_ms: i64,
+) -> LarkVerdict {
+    let Some(command) = command else {
+        return LarkVerdict::Turn;
+    };
+    if existing.is_none() && !looks_like_request_id(&command.request_id) {
+        return LarkVerdict::Turn;
+    }
+    let approved = sender.is_some_and(|s| approvers.iter().any(|a| a == s));
+    if !approved {
+        return LarkVerdict::Ignore;
+    }
+    match answer(existing, command.behavior, AnsweredVia::Lark, now_ms) {
+        Ok(decision) => LarkVerdict::Answer(decision),
+        Err(_) => LarkVerdict::Ignore,
+    }
+}
+
+/// The stored form of a link's approver list (a JSON array of open ids).
+pub fn approvers_to_stored(approvers: &[String]) -> String {
+    serde_json::to_string(approvers).unwrap_or_else(|_| "[]".into())
+}
+
+/// The approver list as stored; anything unreadable is nobody.
+pub fn approvers_from_stored(stored: &str) -> Vec<String> {
+    serde_json::from_str(stored).unwrap_or_default()
+}
+
+/// How much of the description and of the preview a chat message shows.
+const MESSAGE_DESCRIPTION_CHARS: usize = 500;
+const MESSAGE_PREVIEW_CHARS: usize = 1500;
+
+/// The message a linked chat receives for a new request: what is asked and
+/// how to answer. Long descriptions and previews are cut (the Web page shows
+/// them whole).
+pub fn lark_message(row: &PermissionRow) -> String {
+    let id = &row.request_id;
+    format!(
+        "The agent asks to use {tool}: {description}\n\n{preview}\n\n\
+         Reply \"yes {id}\" to allow or \"no {id}\" to deny (approvers of this chat only).",
+        tool = row.tool_name,
+        description = cut(&row.description, MESSAGE_DESCRIPTION_CHARS),
+        preview = cut(&row.input_preview, MESSAGE_PREVIEW_CHARS),
+    )
+}
+
+fn cut(text: &str, chars: usize) -> String {
+    match text.char_indices().nth(chars) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::LarkVerdict::*;
     use super::*;
 
     fn session(state: SessionState) -> SessionRow {
@@ -275,15 +415,179 @@ mod tests {
         assert_eq!(code(late), ErrorCode::PermissionAlreadyAnswered);
     }
 
+    fn command(behavior: Behavior, id: &str) -> LarkCommand {
+        LarkCommand {
+            behavior,
+            request_id: id.into(),
+        }
+    }
+
     #[test]
-    fn lark_answers_are_a_verb_and_an_id() {
-        assert_eq!(lark_answer("yes abcde"), Some((Behavior::Allow, "abcde")));
+    fn lark_commands_are_a_verb_and_an_id() {
         assert_eq!(
-            lark_answer("  No   abcde \n"),
-            Some((Behavior::Deny, "abcde"))
+            lark_command("yes abcde"),
+            Some(command(Behavior::Allow, "abcde"))
         );
-        assert_eq!(lark_answer("yes"), None);
-        assert_eq!(lark_answer("yes abcde please"), None);
-        assert_eq!(lark_answer("maybe abcde"), None);
+        assert_eq!(
+            lark_command("  No \u{3000} abcde \n"),
+            Some(command(Behavior::Deny, "abcde"))
+        );
+        assert_eq!(
+            lark_command("YES AbCde"),
+            Some(command(Behavior::Allow, "AbCde"))
+        );
+        assert_eq!(lark_command("yes"), None);
+        assert_eq!(lark_command("yes abcde please"), None);
+        assert_eq!(lark_command("maybe abcde"), None);
+        assert_eq!(lark_command("yes, abcde"), None);
+    }
+
+    #[test]
+    fn approver_lists_are_checked_and_deduplicated() {
+        let ok = approvers(vec!["ou_a1".into(), "ou_b-2_c".into(), "ou_a1".into()]).unwrap();
+        assert_eq!(ok, vec!["ou_a1".to_owned(), "ou_b-2_c".to_owned()]);
+        assert_eq!(approvers(vec![]).unwrap(), Vec::<String>::new());
+        for bad in ["", "ou_", "on_abc", "ou_a b", "ou_é", "OU_abc"] {
+            let refused = approvers(vec![bad.into()]).expect_err(bad);
+            assert_eq!(refused.code, ErrorCode::InvalidRequest);
+        }
+        let longest = format!("ou_{}", "a".repeat(MAX_OPEN_ID_BYTES - 3));
+        assert!(approvers(vec![longest.clone()]).is_ok());
+        assert!(approvers(vec![format!("{longest}a")]).is_err());
+        let most: Vec<String> = (0..MAX_APPROVERS).map(|i| format!("ou_{i}")).collect();
+        assert!(approvers(most.clone()).is_ok());
+        let too_many = [most, vec!["ou_x".into()]].concat();
+        assert!(approvers(too_many).is_err());
+        assert_eq!(
+            approvers_from_stored(&approvers_to_stored(&ok)),
+            ok,
+            "stored and read back"
+        );
+        assert!(approvers_from_stored("not json").is_empty());
+    }
+
+    fn verdict(
+        text: &str,
+        existing: Option<PermissionRow>,
+        sender: &str,
+        approvers: &[&str],
+    ) -> LarkVerdict {
+        let approvers: Vec<String> = approvers.iter().map(|a| a.to_string()).collect();
+        lark_verdict(
+            lark_command(text).as_ref(),
+            existing,
+            Some(sender),
+            &approvers,
+            9,
+        )
+    }
+
+    #[test]
+    fn an_approvers_answer_is_written_and_its_replay_replayed() {
+        let Answer(Decision::Write(row)) = verdict("yes abcde", Some(created()), "ou_a", &["ou_a"])
+        else {
+            panic!("an approver's first answer writes")
+        };
+        assert_eq!(row.state, PermissionState::Allowed);
+        assert_eq!(row.answered_via, Some(AnsweredVia::Lark));
+        let again = verdict("YES abcde", Some(row.clone()), "ou_a", &["ou_a"]);
+        assert!(matches!(again, Answer(Decision::Replayed(_))));
+        // Another answer to an answered request changes nothing.
+        assert!(matches!(
+            verdict("no abcde", Some(row), "ou_a", &["ou_a"]),
+            Ignore
+        ));
+        let Answer(Decision::Write(denied)) =
+            verdict("no abcde", Some(created()), "ou_b", &["ou_a", "ou_b"])
+        else {
+            panic!("a deny writes")
+        };
+        assert_eq!(denied.state, PermissionState::Denied);
+    }
+
+    #[test]
+    fn strangers_and_linkless_answers_are_ignored_never_turns() {
+        assert!(matches!(
+            verdict("yes abcde", Some(created()), "ou_x", &["ou_a"]),
+            Ignore
+        ));
+        // Without approvers nobody on Lark can answer.
+        assert!(matches!(
+            verdict("yes abcde", Some(created()), "ou_a", &[]),
+            Ignore
+        ));
+        let no_sender = lark_verdict(
+            lark_command("yes abcde").as_ref(),
+            Some(created()),
+            None,
+            &["ou_a".into()],
+            9,
+        );
+        assert!(matches!(no_sender, Ignore));
+        // An unknown id of the request form: ignored, from anyone.
+        assert!(matches!(
+            verdict("yes qwert", None, "ou_a", &["ou_a"]),
+            Ignore
+        ));
+        assert!(matches!(
+            verdict("yes qwert", None, "ou_x", &["ou_a"]),
+            Ignore
+        ));
+        // An expired request.
+        let expired = PermissionRow {
+            state: EXPIRED_ON_CLOSE,
+            ..created()
+        };
+        assert!(matches!(
+            verdict("yes abcde", Some(expired), "ou_a", &["ou_a"]),
+            Ignore
+        ));
+    }
+
+    #[test]
+    fn ordinary_messages_stay_turns() {
+        for text in [
+            "hello there",
+            "yes please",
+            "no thanks",
+            "yes ok",
+            "yes hello",
+        ] {
+            assert!(
+                matches!(verdict(text, None, "ou_a", &["ou_a"]), Turn),
+                "{text}"
+            );
+        }
+        // A request of another form is still answered by its exact id.
+        let long = PermissionRow {
+            request_id: "req-42".into(),
+            ..created()
+        };
+        assert!(matches!(
+            verdict("yes req-42", Some(long), "ou_a", &["ou_a"]),
+            Answer(Decision::Write(_))
+        ));
+    }
+
+    #[test]
+    fn the_chat_message_says_what_is_asked_and_how_to_answer() {
+        let row = PermissionRow {
+            description: "Delete the build dir".into(),
+            input_preview: "rm -rf build".into(),
+            ..created()
+        };
+        let text = lark_message(&row);
+        assert!(text.contains("Bash"), "{text}");
+        assert!(text.contains("Delete the build dir"), "{text}");
+        assert!(text.contains("rm -rf build"), "{text}");
+        assert!(text.contains("\"yes abcde\""), "{text}");
+        assert!(text.contains("\"no abcde\""), "{text}");
+        let long = PermissionRow {
+            input_preview: "é".repeat(5000),
+            ..created()
+        };
+        let text = lark_message(&long);
+        assert!(text.contains(&format!("{}…", "é".repeat(MESSAGE_PREVIEW_CHARS))));
+        assert!(!text.contains(&"é".repeat(MESSAGE_PREVIEW_CHARS + 1)));
     }
 }

@@ -45,6 +45,10 @@ impl Broker {
             .store
             .create_permission(session_id.to_owned(), host, request)
             .await?;
+        if matches!(decision, Decision::Write(_)) {
+            // The request may have queued a message to a linked Lark chat.
+            self.outbox.notify_one();
+        }
         Ok(self.decided(session_id, decision, "created"))
     }
 
@@ -72,14 +76,20 @@ impl Broker {
         decision: Decision,
         outcome: &str,
     ) -> Answer<PermissionRequest> {
+        self.announce(session_id, &decision, outcome);
         let replayed = matches!(decision, Decision::Replayed(_));
-        if !replayed {
-            self.metrics.permission(outcome, 1);
-            self.changes.wake(session_id);
-        }
         Answer {
             body: decision.into_row().readback(),
             replayed,
+        }
+    }
+
+    /// Counts and announces a decision once it is written (a create, an
+    /// answer from the API or from Lark); a replay changes nothing.
+    pub(super) fn announce(&self, session_id: &str, decision: &Decision, outcome: &str) {
+        if let Decision::Write(_) = decision {
+            self.metrics.permission(outcome, 1);
+            self.changes.wake(session_id);
         }
     }
 

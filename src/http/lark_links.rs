@@ -21,6 +21,13 @@ pub fn router() -> axum::Router<AppState> {
 /// session per chat: a chat linked to another open session is 409
 /// `chat_linked` (unlink it there first); a session has at most one chat, so
 /// linking another chat replaces its link. Closing the session removes the link.
+///
+/// `approvers` lists the Lark open ids (`ou_…`, at most 50, each at most 64
+/// bytes) who may answer the session's permission requests from the chat with
+/// `yes <id>` / `no <id>`. Every link replaces the list, also when it links the
+/// same chat again (send the whole list each time; absent means empty); without
+/// approvers nobody on Lark can answer, the Web page and the API still can. A
+/// bad open id, or more than 50, is 400 `invalid_request` and changes nothing.
 #[utoipa::path(put, path = "/v1/sessions/{session_id}/lark-link", operation_id = "linkLarkChat", tag = "lark",
     params(("session_id" = String, Path, description = "The session id.")),
     request_body = LarkLinkRequest,
@@ -43,7 +50,7 @@ pub async fn link(
 
 /// Read a session's Lark link.
 ///
-/// The linked chat, or `chat_id: null`.
+/// The linked chat and its approvers, or `chat_id: null` and no approvers.
 #[utoipa::path(get, path = "/v1/sessions/{session_id}/lark-link", operation_id = "getLarkLink", tag = "lark",
     params(("session_id" = String, Path, description = "The session id.")),
     responses(

@@ -1,9 +1,13 @@
-//! The reply dispatcher: one per broker, it sends the outbox's pending replies
-//! with Lark's reply API. Woken by a completion (never polling fast), it
-//! honours Lark's rate limits, retries network errors and 5xx with jittered
-//! exponential backoff, refreshes the tenant token ahead of expiry and once on
-//! a token error, and records final errors instead of retrying forever. The
-//! Lark `uuid` comes from the turn, so a retried send never doubles a reply.
+//! The reply dispatcher: one per broker, it sends the outbox's pending
+//! messages: replies with Lark's reply API, permission-request messages with
+//! its send-message API (`POST /open-apis/im/v1/messages?receive_id_type=chat_id`:
+//! they answer no message; same envelope and codes). Woken by a completion or
+//! a request (never polling fast), it honours Lark's rate limits, retries
+//! network errors and 5xx with jittered exponential backoff, refreshes the
+//! tenant token ahead of expiry and once on a token error, and records final
+//! errors instead of retrying forever. The Lark `uuid` comes from the turn or
+//! the request, so a retried send never doubles a message. It never logs a
+//! message's text.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -12,13 +16,14 @@ use std::time::{Duration, Instant};
 use backon::BackoffBuilder;
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::LarkConfig;
 use crate::metrics::Metrics;
 use crate::model::ReplyState;
-use crate::store::{ReplyJob, ReplyUpdate, Store};
+use crate::store::{Outbound, ReplyJob, ReplyUpdate, Store};
 use crate::time::now_ms;
 
 /// Lark's limit on a reply's request body (150 KB), less room for the rest of
@@ -173,7 +178,7 @@ impl Dispatcher {
     }
 
     async fn record(&self, job: &ReplyJob, update: ReplyUpdate) {
-        if let Err(e) = self.store.record_reply(job.turn_id.clone(), update).await {
+        if let Err(e) = self.store.record_reply(job.outbound.clone(), update).await {
             // The reply stays due; it is sent again with the same uuid.
             tracing::error!(error = %e.message, "could not record a lark reply's progress");
         }
@@ -185,17 +190,7 @@ impl Dispatcher {
         let mut refreshed = false;
         loop {
             let token = self.token().await?;
-            let url = format!(
-                "{}/open-apis/im/v1/messages/{}/reply",
-                self.config.base_url, job.message_id
-            );
-            let body = json!({
-                "content": json!({ "text": text }).to_string(),
-                "msg_type": "text",
-                "reply_in_thread": false,
-                // Deterministic: the same turn and part always send the same uuid.
-                "uuid": format!("lx-{}-{index}", job.turn_id),
-            });
+            let (url, body) = request(&self.config.base_url, job, index, text);
             let response = self
                 .http
                 .post(&url)
@@ -300,6 +295,50 @@ impl Dispatcher {
     }
 }
 
+/// The URL and body that send part `index` of a job: a reply to the turn's
+/// Lark message, or a new message in the chat for a permission request.
+fn request(base_url: &str, job: &ReplyJob, index: usize, text: &str) -> (String, Value) {
+    let content = json!({ "text": text }).to_string();
+    match &job.outbound {
+        Outbound::Reply {
+            turn_id,
+            message_id,
+        } => (
+            format!("{base_url}/open-apis/im/v1/messages/{message_id}/reply"),
+            json!({
+                "content": content,
+                "msg_type": "text",
+                "reply_in_thread": false,
+                // Deterministic: the same turn and part always send the same uuid.
+                "uuid": format!("lx-{turn_id}-{index}"),
+            }),
+        ),
+        Outbound::Permission {
+            session_id,
+            request_id,
+        } => (
+            format!("{base_url}/open-apis/im/v1/messages?receive_id_type=chat_id"),
+            json!({
+                "receive_id": job.chat_id,
+                "content": content,
+                "msg_type": "text",
+                "uuid": permission_uuid(session_id, request_id, index),
+            }),
+        ),
+    }
+}
+
+/// A permission request's Lark `uuid` (at most 50 characters): a digest of
+/// the session and request ids, which together may be far longer.
+fn permission_uuid(session_id: &str, request_id: &str, index: usize) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(session_id.as_bytes());
+    hasher.update([0]);
+    hasher.update(request_id.as_bytes());
+    let digest = hex::encode(hasher.finalize());
+    format!("lxp-{}-{index}", &digest[..32])
+}
+
 /// The bytes a char takes in the reply body, where the text is escaped twice
 /// (`content` is a JSON string holding JSON): `"` becomes four bytes, a
 /// newline three.
@@ -337,7 +376,25 @@ fn split(text: &str, limit: usize) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::split;
+    use super::{permission_uuid, split};
+
+    #[test]
+    fn permission_uuids_fit_larks_limit_and_differ_per_request_and_part() {
+        let long = "r".repeat(256);
+        let uuid = permission_uuid(&"s".repeat(256), &long, 12);
+        assert!(uuid.chars().count() <= 50, "{uuid}");
+        assert_eq!(uuid, permission_uuid(&"s".repeat(256), &long, 12));
+        assert_ne!(
+            permission_uuid("ses_1", "abcde", 0),
+            permission_uuid("ses_1", "abcdf", 0)
+        );
+        assert_ne!(
+            permission_uuid("ses_1", "abcde", 0),
+            permission_uuid("ses_1", "abcde", 1)
+        );
+        // The separator keeps ("ab", "c") and ("a", "bc") apart.
+        assert_ne!(permission_uuid("ab", "c", 0), permission_uuid("a", "bc", 0));
+    }
 
     #[test]
     fn long_answers_split_in_order_on_char_boundaries() {

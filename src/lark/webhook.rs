@@ -16,6 +16,7 @@ use super::crypto;
 use crate::broker::MAX_TEXT_BYTES;
 use crate::error::{Error, ErrorBody, ErrorCode, Result};
 use crate::http::{AppState, RawBody};
+use crate::permission::lark_command;
 use crate::store::{LarkEvent, LarkIngest};
 
 pub fn router() -> axum::Router<AppState> {
@@ -45,6 +46,19 @@ fn unauthorized(why: &'static str) -> Error {
 /// non-text messages are acknowledged and not enqueued. Anything unverified is
 /// 401 and stores nothing; with the connector not configured, 404. Texts over
 /// 64 KiB are truncated with a visible note.
+///
+/// Permission answers: a text that is `yes <id>` or `no <id>` once its
+/// @mentions are removed (the verb in any case, the id exactly as the request's
+/// message showed it, blanks around and between ignored; nothing else may
+/// follow) is an answer to the linked session's permission request `<id>`,
+/// never a turn. From a sender whose open id is on the link's `approvers` it
+/// answers the request (`answered_via: "lark"`); the same answer again changes
+/// nothing, and another answer to an answered or expired request is ignored.
+/// From anyone else, or naming an unknown request, it is acknowledged and
+/// ignored, and nothing about it is said in the chat. One exception keeps
+/// ordinary chat working: a `yes`/`no` followed by a word that names no request
+/// of the session and is not of Claude Code's request-id form (five lowercase
+/// letters, no `l`), such as `yes please`, is an ordinary message.
 #[utoipa::path(post, path = "/v1/connectors/lark/events", operation_id = "larkEvents", tag = "lark",
     security(()),
     request_body(content = Object, description = "Lark's event body, as Lark sends it (plain or `{\"encrypt\"}`).", content_type = "application/json"),
@@ -95,6 +109,8 @@ pub async fn events(
         LarkIngest::Duplicate => tracing::debug!("lark redelivery acknowledged, not enqueued"),
         LarkIngest::Unlinked => tracing::info!("lark message from an unlinked chat, not enqueued"),
         LarkIngest::Unsupported => tracing::debug!("lark event not enqueued: not a text message"),
+        LarkIngest::Answered { .. } => tracing::debug!("lark permission answer taken"),
+        LarkIngest::Ignored => tracing::debug!("lark permission answer ignored"),
     }
     Ok(Json(json!({})).into_response())
 }
@@ -201,6 +217,8 @@ fn to_event(config: &LarkConfig, envelope: Envelope) -> LarkEvent {
         message_id: None,
         chat_id: None,
         text: None,
+        sender: None,
+        command: None,
     };
     if envelope.header.event_type != "im.message.receive_v1" {
         return event;
@@ -210,23 +228,42 @@ fn to_event(config: &LarkConfig, envelope: Envelope) -> LarkEvent {
     };
     event.message_id = Some(message.message_id);
     event.chat_id = Some(message.chat_id);
+    // Only people answer: an app's messages carry no approver's open id.
+    let sender = &envelope.event["sender"];
+    if sender["sender_type"].as_str() == Some("user") {
+        event.sender = sender["sender_id"]["open_id"].as_str().map(str::to_owned);
+    }
     if message.message_type == "text" {
+        event.command = raw_text(&message.content).and_then(|raw| {
+            lark_command(&with_mentions(&raw, &message.mentions, |_| String::new()))
+        });
         event.text = text_of(&message.content, &message.mentions);
     }
     event
 }
 
+/// A `text` message's text as Lark sent it (`@_user_N` placeholders in).
+fn raw_text(content: &str) -> Option<String> {
+    let content: Value = serde_json::from_str(content).ok()?;
+    Some(content.get("text")?.as_str()?.to_owned())
+}
+
+/// The text with each mention's placeholder replaced by `with(name)`, longest
+/// keys first, so `@_user_1` never eats into `@_user_10`.
+fn with_mentions(text: &str, mentions: &[Mention], with: impl Fn(&str) -> String) -> String {
+    let mut mentions: Vec<&Mention> = mentions.iter().collect();
+    mentions.sort_by_key(|m| std::cmp::Reverse(m.key.len()));
+    let mut text = text.to_owned();
+    for mention in mentions {
+        text = text.replace(&mention.key, &with(&mention.name));
+    }
+    text
+}
+
 /// The text of a `text` message, `@_user_N` placeholders resolved to `@name`,
 /// truncated to the broker's limit with a visible note.
 fn text_of(content: &str, mentions: &[Mention]) -> Option<String> {
-    let content: Value = serde_json::from_str(content).ok()?;
-    let mut text = content.get("text")?.as_str()?.to_owned();
-    // Longest keys first, so `@_user_1` never eats into `@_user_10`.
-    let mut mentions: Vec<&Mention> = mentions.iter().collect();
-    mentions.sort_by_key(|m| std::cmp::Reverse(m.key.len()));
-    for mention in mentions {
-        text = text.replace(&mention.key, &format!("@{}", mention.name));
-    }
+    let text = with_mentions(&raw_text(content)?, mentions, |name| format!("@{name}"));
     let text = text.trim().to_owned();
     if text.is_empty() {
         return None;
@@ -266,6 +303,22 @@ mod tests {
         assert_eq!(text, "@Tom hi @Ann");
         assert_eq!(text_of(r#"{"text":"  "}"#, &[]), None);
         assert_eq!(text_of("not json", &[]), None);
+    }
+
+    #[test]
+    fn a_command_is_read_with_its_mentions_removed() {
+        let mentions = [Mention {
+            key: "@_user_1".into(),
+            name: "LoopX Bot".into(),
+        }];
+        let raw = raw_text(r#"{"text":"@_user_1  Yes abcde "}"#).unwrap();
+        let command = lark_command(&with_mentions(&raw, &mentions, |_| String::new())).unwrap();
+        assert_eq!(command.request_id, "abcde");
+        // Resolved to `@LoopX Bot`, the same text would not parse.
+        assert_eq!(
+            text_of(r#"{"text":"@_user_1  Yes abcde "}"#, &mentions).unwrap(),
+            "@LoopX Bot  Yes abcde"
+        );
     }
 
     #[test]

@@ -217,6 +217,34 @@ pub struct LarkEvent {
     pub chat_id: Option<String>,
     /// The message text, when it is a text message.
     pub text: Option<String>,
+    /// The sender's Lark open id, when Lark gave one.
+    pub sender: Option<String>,
+    /// `yes <id>` / `no <id>`, when the text (its @mentions removed) is one.
+    pub command: Option<crate::permission::LarkCommand>,
+}
+
+impl LarkEvent {
+    /// The request its `yes <id>` / `no <id>` names, for the store to load
+    /// (from the linked session) before [`LarkEvent::verdict`].
+    pub fn named_request(&self) -> Option<&str> {
+        self.command.as_ref().map(|c| c.request_id.as_str())
+    }
+
+    /// [`crate::permission::lark_verdict`] on this event, given the named
+    /// request and the link's approvers as stored.
+    pub fn verdict(
+        &self,
+        existing: Option<PermissionRow>,
+        stored_approvers: &str,
+    ) -> crate::permission::LarkVerdict {
+        crate::permission::lark_verdict(
+            self.command.as_ref(),
+            existing,
+            self.sender.as_deref(),
+            &crate::permission::approvers_from_stored(stored_approvers),
+            crate::time::now_ms(),
+        )
+    }
 }
 
 /// What became of a Lark event.
@@ -233,19 +261,112 @@ pub enum LarkIngest {
     Unlinked,
     /// Not a text message: acknowledged, not enqueued.
     Unsupported,
+    /// `yes <id>` / `no <id>` from an approver of the link: the request's
+    /// answer (written, or a replay); not enqueued.
+    Answered {
+        session_id: String,
+        decision: Decision,
+    },
+    /// An answer that nobody may give there or that changes nothing
+    /// ([`crate::permission::LarkVerdict::Ignore`]): acknowledged, not enqueued.
+    Ignored,
 }
 
-/// A reply due for sending.
-#[derive(Debug, Clone, sqlx::FromRow)]
+/// What an outbox message is, and so how Lark gets it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outbound {
+    /// A Lark turn's answer, a reply to the message that asked (`lark_replies`).
+    Reply { turn_id: String, message_id: String },
+    /// A permission request, a new message in the linked chat
+    /// (`lark_permission_messages`).
+    Permission {
+        session_id: String,
+        request_id: String,
+    },
+}
+
+/// A reply (or permission-request message) due for sending.
+#[derive(Debug, Clone)]
 pub struct ReplyJob {
-    pub turn_id: String,
+    pub outbound: Outbound,
     pub chat_id: String,
-    pub message_id: String,
     pub text: String,
     pub parts_sent: i64,
     pub attempts: i64,
     /// Failed attempts, not counting rate-limit waits.
     pub failures: i64,
+}
+
+/// The outbox row both tables read as: `kind` is `reply` (`key` the turn id,
+/// `target` the message id) or `permission` (`key` the session id, `target`
+/// the request id).
+pub const DUE_OUTBOX: &str = "select 'reply' as kind, turn_id as key, message_id as target, \
+         chat_id, text, parts_sent, attempts, failures, next_attempt_at from lark_replies \
+         where state = 'pending' and next_attempt_at <= $1 \
+     union all \
+     select 'permission', session_id, request_id, chat_id, text, parts_sent, attempts, failures, \
+         next_attempt_at from lark_permission_messages \
+         where state = 'pending' and next_attempt_at <= $1 \
+     order by next_attempt_at limit $2";
+
+/// When the next pending outbox message of either table falls due.
+pub const NEXT_OUTBOX_DUE: &str = "select min(at) from ( \
+     select min(next_attempt_at) as at from lark_replies where state = 'pending' \
+     union all \
+     select min(next_attempt_at) from lark_permission_messages where state = 'pending') as due";
+
+/// The statement recording a send attempt on `outbound`'s outbox row
+/// (`$1`..`$7`: parts sent, state, attempts, failures, error, next attempt,
+/// now), and the row's key, bound after them.
+pub fn record_outbox(outbound: Outbound) -> (&'static str, Vec<String>) {
+    match outbound {
+        Outbound::Reply { turn_id, .. } => (
+            "update lark_replies set parts_sent = $1, state = $2, attempts = $3, failures = $4, \
+             error = $5, next_attempt_at = $6, updated_at = $7 where turn_id = $8",
+            vec![turn_id],
+        ),
+        Outbound::Permission {
+            session_id,
+            request_id,
+        } => (
+            "update lark_permission_messages set parts_sent = $1, state = $2, attempts = $3, \
+             failures = $4, error = $5, next_attempt_at = $6, updated_at = $7 \
+             where session_id = $8 and request_id = $9",
+            vec![session_id, request_id],
+        ),
+    }
+}
+
+impl ReplyJob {
+    /// A job from the columns of [`DUE_OUTBOX`].
+    pub fn from_outbox(
+        kind: &str,
+        key: String,
+        target: String,
+        chat_id: String,
+        text: String,
+        counts: (i64, i64, i64),
+    ) -> Self {
+        let outbound = match kind {
+            "permission" => Outbound::Permission {
+                session_id: key,
+                request_id: target,
+            },
+            _ => Outbound::Reply {
+                turn_id: key,
+                message_id: target,
+            },
+        };
+        let (parts_sent, attempts, failures) = counts;
+        Self {
+            outbound,
+            chat_id,
+            text,
+            parts_sent,
+            attempts,
+            failures,
+        }
+    }
 }
 
 /// What a send attempt did to a reply.
@@ -389,18 +510,25 @@ pub trait Store: Send + Sync + 'static {
         session_id: &str,
         state: Option<PermissionState>,
     ) -> Result<Vec<PermissionRow>>;
-    /// Links a Lark chat to an open session (replacing the session's link).
-    async fn lark_link(&self, session_id: String, chat_id: String) -> Result<LarkLink>;
+    /// Links a Lark chat to an open session (replacing the session's link
+    /// and its approvers, already checked by [`crate::permission::approvers`]).
+    async fn lark_link(
+        &self,
+        session_id: String,
+        chat_id: String,
+        approvers: Vec<String>,
+    ) -> Result<LarkLink>;
     async fn lark_unlink(&self, session_id: String) -> Result<LarkLink>;
     async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink>;
     /// Records a Lark event once and enqueues its text into the linked session,
     /// in one transaction.
     async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest>;
-    /// Pending replies due at `now_ms`, oldest first.
+    /// Pending replies and permission-request messages due at `now_ms`,
+    /// oldest first.
     async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>>;
-    /// When the next pending reply falls due.
+    /// When the next pending reply or permission-request message falls due.
     async fn next_reply_due(&self) -> Result<Option<i64>>;
-    async fn record_reply(&self, turn_id: String, update: ReplyUpdate) -> Result<()>;
+    async fn record_reply(&self, outbound: Outbound, update: ReplyUpdate) -> Result<()>;
     /// Queued turns over all sessions, and when the oldest was enqueued.
     async fn queue_stats(&self) -> Result<(i64, Option<i64>)>;
     /// One small step of retention (see [`retention`]): part of the oldest

@@ -81,7 +81,8 @@ use tokio_util::sync::CancellationToken;
 use super::retention::{self, PruneStep};
 use super::{
     Bound, ChangeHook, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent,
-    LarkIngest, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, Subject, TurnRow,
+    LarkIngest, Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, Subject,
+    TurnRow,
 };
 use crate::decide::session::{BindRows, Close, CloseRows, Closing};
 use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows};
@@ -93,7 +94,7 @@ use crate::model::{
     BindRequest, CompleteRequest, EnqueueRequest, Ingress, LarkLink, LarkRef, ListSessions,
     ListTurns, Origin, Receipt, RegisterAgentThread, Released, SessionState,
 };
-use crate::permission;
+use crate::permission::{self, LarkVerdict};
 use crate::time::now_ms;
 
 /// The channel every change is announced on; the payload is the session id.
@@ -106,6 +107,28 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 const RECHECK: Duration = Duration::from_secs(5);
 /// How long a dispatcher holds the replies it took before another may.
 const REPLY_LEASE_MS: i64 = 30_000;
+/// Takes and leases a batch of due replies (`$1` now, `$2` limit, `$3` lease).
+const LEASE_REPLIES: &str = "with due as (
+         select turn_id, next_attempt_at from lark_replies
+         where state = 'pending' and next_attempt_at <= $1
+         order by next_attempt_at limit $2
+         for update skip locked
+     )
+     update lark_replies r set next_attempt_at = $1 + $3
+     from due where r.turn_id = due.turn_id
+     returning r.turn_id as key, r.message_id as target, r.chat_id, r.text, r.parts_sent,
+               r.attempts, r.failures, due.next_attempt_at as due_at";
+/// The same for permission-request messages.
+const LEASE_PERMISSION_MESSAGES: &str = "with due as (
+         select session_id, request_id, next_attempt_at from lark_permission_messages
+         where state = 'pending' and next_attempt_at <= $1
+         order by next_attempt_at limit $2
+         for update skip locked
+     )
+     update lark_permission_messages m set next_attempt_at = $1 + $3
+     from due where m.session_id = due.session_id and m.request_id = due.request_id
+     returning m.session_id as key, m.request_id as target, m.chat_id, m.text, m.parts_sent,
+               m.attempts, m.failures, due.next_attempt_at as due_at";
 /// How often the listening connection is proven alive.
 const LISTENER_PING: Duration = Duration::from_secs(30);
 /// How many times one store call takes its decision again after a conflict
@@ -1065,8 +1088,27 @@ async fn create_permission(
         .execute(&mut *conn)
         .await?;
         append_permission_event(conn, row).await?;
+        queue_lark_message(conn, row).await?;
     }
     Ok(decision)
+}
+
+/// A new request in a session linked to a Lark chat: its message to the chat,
+/// into the outbox, in the request's transaction. Unlinked: nothing.
+async fn queue_lark_message(conn: &mut PgConnection, row: &PermissionRow) -> Step<()> {
+    sqlx::query(
+        "insert into lark_permission_messages (session_id, request_id, chat_id, text, state,
+             next_attempt_at, created_at, updated_at)
+         select session_id, $2, chat_id, $3, 'pending', $4, $4, $4 from lark_links
+         where session_id = $1",
+    )
+    .bind(&row.session_id)
+    .bind(&row.request_id)
+    .bind(permission::lark_message(row).as_bytes())
+    .bind(now_ms())
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 async fn answer_permission(
@@ -1078,7 +1120,14 @@ async fn answer_permission(
     locked_session(conn, session_id).await?;
     let existing = load_permission(&mut *conn, session_id, request_id).await?;
     let decision = permission::answer(existing, behavior, via, now_ms())?;
-    if let Decision::Write(row) = &decision {
+    write_answer(conn, &decision).await?;
+    Ok(decision)
+}
+
+/// Writes an answer the rules decided (a replay writes nothing), under the
+/// session's row lock.
+async fn write_answer(conn: &mut PgConnection, decision: &Decision) -> Step<()> {
+    if let Decision::Write(row) = decision {
         sqlx::query(
             "update permission_requests set state = $1, answered_at = $2, answered_via = $3
              where session_id = $4 and request_id = $5",
@@ -1092,7 +1141,7 @@ async fn answer_permission(
         .await?;
         append_permission_event(conn, row).await?;
     }
-    Ok(decision)
+    Ok(())
 }
 
 async fn append_permission_event(conn: &mut PgConnection, row: &PermissionRow) -> Step<()> {
@@ -1105,7 +1154,12 @@ async fn append_permission_event(conn: &mut PgConnection, row: &PermissionRow) -
     .await
 }
 
-async fn lark_link(conn: &mut PgConnection, session_id: &str, chat_id: &str) -> Step<LarkLink> {
+async fn lark_link(
+    conn: &mut PgConnection,
+    session_id: &str,
+    chat_id: &str,
+    approvers: &[String],
+) -> Step<LarkLink> {
     let session = locked_session(conn, session_id).await?;
     if session.state == SessionState::Closed {
         return Err(Error::new(ErrorCode::SessionClosed, "The session is closed.").into());
@@ -1129,15 +1183,19 @@ async fn lark_link(conn: &mut PgConnection, session_id: &str, chat_id: &str) -> 
     // The same chat linked to another session at this very moment: this insert
     // waits for that transaction, fails if it committed, and the decision
     // taken again answers chat_linked.
-    sqlx::query("insert into lark_links (chat_id, session_id, linked_at) values ($1, $2, $3)")
-        .bind(chat_id)
-        .bind(session_id)
-        .bind(now_ms())
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query(
+        "insert into lark_links (chat_id, session_id, linked_at, approvers) values ($1, $2, $3, $4)",
+    )
+    .bind(chat_id)
+    .bind(session_id)
+    .bind(now_ms())
+    .bind(permission::approvers_to_stored(approvers))
+    .execute(&mut *conn)
+    .await?;
     Ok(LarkLink {
         session_id: session_id.to_owned(),
         chat_id: Some(chat_id.to_owned()),
+        approvers: approvers.to_vec(),
     })
 }
 
@@ -1147,10 +1205,7 @@ async fn lark_unlink(conn: &mut PgConnection, session_id: &str) -> Step<LarkLink
         .bind(session_id)
         .execute(conn)
         .await?;
-    Ok(LarkLink {
-        session_id: session_id.to_owned(),
-        chat_id: None,
-    })
+    Ok(LarkLink::none(session_id.to_owned()))
 }
 
 async fn lark_event(
@@ -1181,26 +1236,43 @@ async fn lark_event(
     else {
         return Ok(LarkIngest::Unsupported);
     };
-    // The chat's session, read again once its row is locked: a close or an
-    // unlink committed in between (on any replica) is then seen.
-    let link = "select session_id from lark_links where chat_id = $1";
-    let mut linked: Option<String> = sqlx::query_scalar(link)
+    // The chat's session, read again once its row is locked: a close, an
+    // unlink or a relink committed in between (on any replica) is then seen.
+    let link = "select session_id, approvers from lark_links where chat_id = $1";
+    let mut linked: Option<(String, String)> = sqlx::query_as(link)
         .bind(chat_id)
         .fetch_optional(&mut *conn)
         .await?;
-    let session_id = loop {
-        let Some(candidate) = linked else {
+    let (session_id, approvers) = loop {
+        let Some((candidate, _)) = linked else {
             return Ok(LarkIngest::Unlinked);
         };
         locked_session(conn, &candidate).await?;
-        linked = sqlx::query_scalar(link)
+        linked = sqlx::query_as(link)
             .bind(chat_id)
             .fetch_optional(&mut *conn)
             .await?;
-        if linked.as_deref() == Some(candidate.as_str()) {
-            break candidate;
+        if let Some((session_id, approvers)) = &linked
+            && *session_id == candidate
+        {
+            break (candidate, approvers.clone());
         }
     };
+    let existing = match event.named_request() {
+        Some(request_id) => load_permission(&mut *conn, &session_id, request_id).await?,
+        None => None,
+    };
+    match event.verdict(existing, &approvers) {
+        LarkVerdict::Turn => {}
+        LarkVerdict::Ignore => return Ok(LarkIngest::Ignored),
+        LarkVerdict::Answer(decision) => {
+            write_answer(conn, &decision).await?;
+            return Ok(LarkIngest::Answered {
+                session_id,
+                decision,
+            });
+        }
+    }
     let message = EnqueueRequest {
         origin: Origin::Lark,
         text: text.clone(),
@@ -1536,11 +1608,17 @@ impl Store for PgStore {
             .collect::<sqlx::Result<_>>()?)
     }
 
-    async fn lark_link(&self, session_id: String, chat_id: String) -> Result<LarkLink> {
+    async fn lark_link(
+        &self,
+        session_id: String,
+        chat_id: String,
+        approvers: Vec<String>,
+    ) -> Result<LarkLink> {
         transaction!(self, "linking a Lark chat", |conn| lark_link(
             conn,
             &session_id,
-            &chat_id
+            &chat_id,
+            &approvers
         ))
     }
 
@@ -1555,14 +1633,12 @@ impl Store for PgStore {
         if load_session(&self.pool, session_id).await?.is_none() {
             return Err(Error::not_found("session"));
         }
-        let chat_id = sqlx::query_scalar("select chat_id from lark_links where session_id = $1")
-            .bind(session_id)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(LarkLink {
-            session_id: session_id.to_owned(),
-            chat_id,
-        })
+        let link: Option<(String, String)> =
+            sqlx::query_as("select chat_id, approvers from lark_links where session_id = $1")
+                .bind(session_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(LarkLink::stored(session_id, link))
     }
 
     async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest> {
@@ -1571,78 +1647,78 @@ impl Store for PgStore {
             &event,
             &self.minter
         ))?;
-        if let LarkIngest::Enqueued { session_id, .. } = &ingest {
-            self.announcer.changed(session_id);
+        match &ingest {
+            LarkIngest::Enqueued { session_id, .. }
+            | LarkIngest::Answered {
+                session_id,
+                decision: Decision::Write(_),
+            } => self.announcer.changed(session_id),
+            _ => {}
         }
         Ok(ingest)
     }
 
     async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {
-        // Taken and leased in one statement: rows another dispatcher holds are
-        // skipped, and the lease keeps them from the next batch of anyone.
-        let rows = sqlx::query(
-            "with due as (
-                 select turn_id, next_attempt_at from lark_replies
-                 where state = 'pending' and next_attempt_at <= $1
-                 order by next_attempt_at limit $2
-                 for update skip locked
-             )
-             update lark_replies r set next_attempt_at = $1 + $3
-             from due where r.turn_id = due.turn_id
-             returning r.turn_id, r.chat_id, r.message_id, r.text, r.parts_sent, r.attempts, r.failures,
-                       due.next_attempt_at as due_at",
-        )
-        .bind(now_ms)
-        .bind(i64::from(limit))
-        .bind(REPLY_LEASE_MS)
-        .fetch_all(&self.pool)
-        .await?;
-        let mut jobs = rows
-            .into_iter()
-            .map(|row| {
-                Ok((
+        // Each table's due rows are taken and leased in one statement: rows
+        // another dispatcher holds are skipped, and the lease keeps them from
+        // the next batch of anyone.
+        let mut jobs = Vec::new();
+        for (statement, kind) in [
+            (LEASE_REPLIES, "reply"),
+            (LEASE_PERMISSION_MESSAGES, "permission"),
+        ] {
+            let rows = sqlx::query(statement)
+                .bind(now_ms)
+                .bind(i64::from(limit))
+                .bind(REPLY_LEASE_MS)
+                .fetch_all(&self.pool)
+                .await?;
+            for row in rows {
+                jobs.push((
                     row.try_get::<i64, _>("due_at")?,
-                    ReplyJob {
-                        turn_id: row.try_get("turn_id")?,
-                        chat_id: row.try_get("chat_id")?,
-                        message_id: row.try_get("message_id")?,
-                        text: utf8(&row, "text")?,
-                        parts_sent: row.try_get("parts_sent")?,
-                        attempts: row.try_get("attempts")?,
-                        failures: row.try_get("failures")?,
-                    },
-                ))
-            })
-            .collect::<sqlx::Result<Vec<_>>>()?;
+                    ReplyJob::from_outbox(
+                        kind,
+                        row.try_get("key")?,
+                        row.try_get("target")?,
+                        row.try_get("chat_id")?,
+                        utf8(&row, "text")?,
+                        (
+                            row.try_get("parts_sent")?,
+                            row.try_get("attempts")?,
+                            row.try_get("failures")?,
+                        ),
+                    ),
+                ));
+            }
+        }
+        // Oldest first over both; the rest of a batch over `limit` stays
+        // leased and is sent after the lease, as after a dispatcher's death.
         jobs.sort_by_key(|(due_at, _)| *due_at);
         Ok(jobs.into_iter().map(|(_, job)| job).collect())
     }
 
     async fn next_reply_due(&self) -> Result<Option<i64>> {
-        Ok(sqlx::query_scalar(
-            "select min(next_attempt_at) from lark_replies where state = 'pending'",
-        )
-        .fetch_one(&self.pool)
-        .await?)
+        Ok(sqlx::query_scalar(super::NEXT_OUTBOX_DUE)
+            .fetch_one(&self.pool)
+            .await?)
     }
 
-    async fn record_reply(&self, turn_id: String, update: ReplyUpdate) -> Result<()> {
+    async fn record_reply(&self, outbound: Outbound, update: ReplyUpdate) -> Result<()> {
         // A diagnostic from afar: never let a stray U+0000 make it unstorable.
         let error = update.error.map(|e| e.replace('\0', "\u{fffd}"));
-        sqlx::query(
-            "update lark_replies set parts_sent = $1, state = $2, attempts = $3, error = $4,
-                 next_attempt_at = $5, updated_at = $6, failures = $8 where turn_id = $7",
-        )
-        .bind(update.parts_sent)
-        .bind(text(&update.state))
-        .bind(update.attempts)
-        .bind(error)
-        .bind(update.next_attempt_at)
-        .bind(now_ms())
-        .bind(&turn_id)
-        .bind(update.failures)
-        .execute(&self.pool)
-        .await?;
+        let (statement, keys) = super::record_outbox(outbound);
+        let mut query = sqlx::query(statement)
+            .bind(update.parts_sent)
+            .bind(text(&update.state))
+            .bind(update.attempts)
+            .bind(update.failures)
+            .bind(error)
+            .bind(update.next_attempt_at)
+            .bind(now_ms());
+        for key in keys {
+            query = query.bind(key);
+        }
+        query.execute(&self.pool).await?;
         Ok(())
     }
 

@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     Bound, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent, LarkIngest,
-    PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, Subject, TurnRow,
+    Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, Subject, TurnRow,
 };
 use crate::decide::session::{BindRows, Close, CloseRows, Closing};
 use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows};
@@ -32,8 +32,34 @@ use crate::model::{
     BindRequest, CompleteRequest, EnqueueRequest, Ingress, LarkLink, LarkRef, ListSessions,
     ListTurns, Receipt, RegisterAgentThread, Released, SessionState,
 };
-use crate::permission;
+use crate::permission::{self, LarkVerdict};
 use crate::time::now_ms;
+
+/// A row of [`super::DUE_OUTBOX`].
+#[derive(sqlx::FromRow)]
+struct OutboxRow {
+    kind: String,
+    key: String,
+    target: String,
+    chat_id: String,
+    text: String,
+    parts_sent: i64,
+    attempts: i64,
+    failures: i64,
+}
+
+impl OutboxRow {
+    fn job(self) -> ReplyJob {
+        ReplyJob::from_outbox(
+            &self.kind,
+            self.key,
+            self.target,
+            self.chat_id,
+            self.text,
+            (self.parts_sent, self.attempts, self.failures),
+        )
+    }
+}
 
 /// How much a power loss may take: `Full` nothing acknowledged (every commit
 /// is synced to disk before it is answered), `Relaxed` the last commits
@@ -925,8 +951,29 @@ fn create_permission(
         .bind(row.answered_via)
         .execute(conn)?;
         append_permission_event(conn, row)?;
+        queue_lark_message(conn, row)?;
     }
     Ok(decision)
+}
+
+/// A new request in a session linked to a Lark chat: its message to the chat,
+/// into the outbox, in the request's transaction. Unlinked: nothing.
+fn queue_lark_message(conn: &Connection, row: &PermissionRow) -> Result<()> {
+    let now = now_ms();
+    sql::query(
+        "insert into lark_permission_messages (session_id, request_id, chat_id, text, state,
+             next_attempt_at, created_at, updated_at)
+         select session_id, ?, chat_id, ?, 'pending', ?, ?, ? from lark_links
+         where session_id = ?",
+    )
+    .bind(&row.request_id)
+    .bind(permission::lark_message(row))
+    .bind(now)
+    .bind(now)
+    .bind(now)
+    .bind(&row.session_id)
+    .execute(conn)?;
+    Ok(())
 }
 
 fn answer_permission(
@@ -938,7 +985,13 @@ fn answer_permission(
     existing_session(conn, &session_id)?;
     let existing = load_permission(conn, &session_id, &request_id)?;
     let decision = permission::answer(existing, behavior, via, now_ms())?;
-    if let Decision::Write(row) = &decision {
+    write_answer(conn, &decision)?;
+    Ok(decision)
+}
+
+/// Writes an answer the rules decided (a replay writes nothing).
+fn write_answer(conn: &Connection, decision: &Decision) -> Result<()> {
+    if let Decision::Write(row) = decision {
         sql::query(
             "update permission_requests set state = ?, answered_at = ?, answered_via = ?
              where session_id = ? and request_id = ?",
@@ -951,7 +1004,7 @@ fn answer_permission(
         .execute(conn)?;
         append_permission_event(conn, row)?;
     }
-    Ok(decision)
+    Ok(())
 }
 
 fn append_permission_event(conn: &Connection, row: &PermissionRow) -> Result<()> {
@@ -963,7 +1016,12 @@ fn append_permission_event(conn: &Connection, row: &PermissionRow) -> Result<()>
     )
 }
 
-fn lark_link(conn: &Connection, session_id: String, chat_id: String) -> Result<LarkLink> {
+fn lark_link(
+    conn: &Connection,
+    session_id: String,
+    chat_id: String,
+    approvers: Vec<String>,
+) -> Result<LarkLink> {
     let session = existing_session(conn, &session_id)?;
     if session.state == SessionState::Closed {
         return Err(Error::new(
@@ -984,14 +1042,18 @@ fn lark_link(conn: &Connection, session_id: String, chat_id: String) -> Result<L
     sql::query("delete from lark_links where session_id = ?")
         .bind(&session_id)
         .execute(conn)?;
-    sql::query("insert into lark_links (chat_id, session_id, linked_at) values (?, ?, ?)")
-        .bind(&chat_id)
-        .bind(&session_id)
-        .bind(now_ms())
-        .execute(conn)?;
+    sql::query(
+        "insert into lark_links (chat_id, session_id, linked_at, approvers) values (?, ?, ?, ?)",
+    )
+    .bind(&chat_id)
+    .bind(&session_id)
+    .bind(now_ms())
+    .bind(permission::approvers_to_stored(&approvers))
+    .execute(conn)?;
     Ok(LarkLink {
         session_id,
         chat_id: Some(chat_id),
+        approvers,
     })
 }
 
@@ -1014,18 +1076,35 @@ fn lark_event(conn: &Connection, event: LarkEvent, minter: &Minter) -> Result<La
     .bind(&event.message_id)
     .bind(now_ms())
     .execute(conn)?;
-    let (Some(text), Some(chat_id), Some(message_id)) =
-        (event.text, event.chat_id, event.message_id)
-    else {
+    let (Some(text), Some(chat_id), Some(message_id)) = (
+        event.text.clone(),
+        event.chat_id.clone(),
+        event.message_id.clone(),
+    ) else {
         return Ok(LarkIngest::Unsupported);
     };
-    let linked: Option<String> =
-        sql::query_scalar("select session_id from lark_links where chat_id = ?")
+    let linked: Option<(String, String)> =
+        sql::query_as("select session_id, approvers from lark_links where chat_id = ?")
             .bind(&chat_id)
             .fetch_optional(conn)?;
-    let Some(session_id) = linked else {
+    let Some((session_id, approvers)) = linked else {
         return Ok(LarkIngest::Unlinked);
     };
+    let existing = match event.named_request() {
+        Some(request_id) => load_permission(conn, &session_id, request_id)?,
+        None => None,
+    };
+    match event.verdict(existing, &approvers) {
+        LarkVerdict::Turn => {}
+        LarkVerdict::Ignore => return Ok(LarkIngest::Ignored),
+        LarkVerdict::Answer(decision) => {
+            write_answer(conn, &decision)?;
+            return Ok(LarkIngest::Answered {
+                session_id,
+                decision,
+            });
+        }
+    }
     let message = EnqueueRequest {
         origin: crate::model::Origin::Lark,
         text,
@@ -1215,8 +1294,13 @@ impl Store for SqliteStore {
         .await?)
     }
 
-    async fn lark_link(&self, session_id: String, chat_id: String) -> Result<LarkLink> {
-        self.write(move |conn| lark_link(conn, session_id, chat_id))
+    async fn lark_link(
+        &self,
+        session_id: String,
+        chat_id: String,
+        approvers: Vec<String>,
+    ) -> Result<LarkLink> {
+        self.write(move |conn| lark_link(conn, session_id, chat_id, approvers))
             .await
     }
 
@@ -1226,10 +1310,7 @@ impl Store for SqliteStore {
             sql::query("delete from lark_links where session_id = ?")
                 .bind(&session_id)
                 .execute(conn)?;
-            Ok(LarkLink {
-                session_id,
-                chat_id: None,
-            })
+            Ok(LarkLink::none(session_id))
         })
         .await
     }
@@ -1238,14 +1319,12 @@ impl Store for SqliteStore {
         if read_session(&self.reads, session_id).await?.is_none() {
             return Err(Error::not_found("session"));
         }
-        let chat_id = sqlx::query_scalar("select chat_id from lark_links where session_id = ?")
-            .bind(session_id)
-            .fetch_optional(&self.reads)
-            .await?;
-        Ok(LarkLink {
-            session_id: session_id.to_owned(),
-            chat_id,
-        })
+        let link: Option<(String, String)> =
+            sqlx::query_as("select chat_id, approvers from lark_links where session_id = ?")
+                .bind(session_id)
+                .fetch_optional(&self.reads)
+                .await?;
+        Ok(LarkLink::stored(session_id, link))
     }
 
     async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest> {
@@ -1255,40 +1334,35 @@ impl Store for SqliteStore {
     }
 
     async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {
-        Ok(sqlx::query_as(
-            "select turn_id, chat_id, message_id, text, parts_sent, attempts, failures
-             from lark_replies
-             where state = 'pending' and next_attempt_at <= ? order by next_attempt_at limit ?",
-        )
-        .bind(now_ms)
-        .bind(limit)
-        .fetch_all(&self.reads)
-        .await?)
+        let rows: Vec<OutboxRow> = sqlx::query_as(super::DUE_OUTBOX)
+            .bind(now_ms)
+            .bind(limit)
+            .fetch_all(&self.reads)
+            .await?;
+        Ok(rows.into_iter().map(OutboxRow::job).collect())
     }
 
     async fn next_reply_due(&self) -> Result<Option<i64>> {
-        Ok(sqlx::query_scalar(
-            "select min(next_attempt_at) from lark_replies where state = 'pending'",
-        )
-        .fetch_one(&self.reads)
-        .await?)
+        Ok(sqlx::query_scalar(super::NEXT_OUTBOX_DUE)
+            .fetch_one(&self.reads)
+            .await?)
     }
 
-    async fn record_reply(&self, turn_id: String, update: ReplyUpdate) -> Result<()> {
+    async fn record_reply(&self, outbound: Outbound, update: ReplyUpdate) -> Result<()> {
         self.write(move |conn| {
-            sql::query(
-                "update lark_replies set parts_sent = ?, state = ?, attempts = ?, failures = ?,
-                         error = ?, next_attempt_at = ?, updated_at = ? where turn_id = ?",
-            )
-            .bind(update.parts_sent)
-            .bind(update.state)
-            .bind(update.attempts)
-            .bind(update.failures)
-            .bind(update.error)
-            .bind(update.next_attempt_at)
-            .bind(now_ms())
-            .bind(&turn_id)
-            .execute(conn)?;
+            let (statement, keys) = super::record_outbox(outbound);
+            let mut query = sql::query(statement)
+                .bind(update.parts_sent)
+                .bind(update.state)
+                .bind(update.attempts)
+                .bind(update.failures)
+                .bind(update.error)
+                .bind(update.next_attempt_at)
+                .bind(now_ms());
+            for key in keys {
+                query = query.bind(key);
+            }
+            query.execute(conn)?;
             Ok(())
         })
         .await

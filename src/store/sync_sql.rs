@@ -197,6 +197,13 @@ impl FromRow for ClaimRow {
     }
 }
 
+/// Two columns, in order.
+impl<A: FromSql, B: FromSql> FromRow for (A, B) {
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok((r.get(0)?, r.get(1)?))
+    }
+}
+
 /// What an executed statement changed.
 pub struct Done(usize);
 

@@ -875,6 +875,7 @@ async fn lark_link_status_and_unlink_through_the_cli() {
     .await;
     linked.ok();
     assert!(linked.stdout.contains("oc_team"), "{linked:?}");
+    assert!(linked.stdout.contains("nobody"), "{linked:?}");
     let status = loopx(
         &broker,
         &["lark", "status", "--session-id", sid, "--format", "json"],
@@ -882,8 +883,54 @@ async fn lark_link_status_and_unlink_through_the_cli() {
     .await;
     assert_eq!(
         status.ok().json(),
-        serde_json::json!({"session_id": sid, "chat_id": "oc_team"})
+        serde_json::json!({"session_id": sid, "chat_id": "oc_team", "approvers": []})
     );
+    // The README's form: approvers repeat; linking again replaces them.
+    let approved = loopx(
+        &broker,
+        &[
+            "lark",
+            "link",
+            "--session-id",
+            sid,
+            "--chat-id",
+            "oc_team",
+            "--approver",
+            "ou_ann",
+            "--approver",
+            "ou_bob",
+        ],
+    )
+    .await;
+    assert!(
+        approved.ok().stdout.contains("ou_ann, ou_bob"),
+        "{approved:?}"
+    );
+    let status = loopx(
+        &broker,
+        &["lark", "status", "--session-id", sid, "--format", "json"],
+    )
+    .await;
+    assert_eq!(
+        status.ok().json()["approvers"],
+        serde_json::json!(["ou_ann", "ou_bob"])
+    );
+    let bad = loopx(
+        &broker,
+        &[
+            "lark",
+            "link",
+            "--session-id",
+            sid,
+            "--chat-id",
+            "oc_team",
+            "--approver",
+            "ann",
+        ],
+    )
+    .await;
+    assert_eq!(bad.code, 1, "{bad:?}");
+    assert!(bad.stderr.contains("invalid_request"), "{bad:?}");
     let other = support::bound_host(&broker.client).await;
     let taken = loopx(
         &broker,

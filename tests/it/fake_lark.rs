@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use aes::cipher::{BlockDecryptMut, BlockEncryptMut, KeyIvInit, block_padding::Pkcs7};
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -54,11 +54,15 @@ pub enum Failure {
     BotNotInChat,
 }
 
-/// One reply request as the fake received it.
+/// One reply (or send-message) request as the fake received it.
 #[derive(Debug, Clone)]
 pub struct ReplyRequest {
-    /// The `{message_id}` path parameter: the Lark message answered.
+    /// The `{message_id}` path parameter: the Lark message answered (empty
+    /// for a new message).
     pub message_id: String,
+    /// A new message's `receive_id` (with `receive_id_type=chat_id`); `None`
+    /// for a reply.
+    pub chat_id: Option<String>,
     /// `content` decoded again: its `text`.
     pub text: String,
     pub uuid: String,
@@ -113,6 +117,7 @@ impl FakeLark {
                 post(tenant_token),
             )
             .route("/open-apis/im/v1/messages/{message_id}/reply", post(reply))
+            .route("/open-apis/im/v1/messages", post(send_message))
             .with_state(inner.clone());
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
@@ -194,6 +199,36 @@ impl FakeLark {
             .into_iter()
             .filter(|r| r.message_id == message_id)
             .collect()
+    }
+
+    /// The visible new messages the bot posted in one chat (not replies).
+    pub fn messages_in(&self, chat_id: &str) -> Vec<ReplyRequest> {
+        self.replies()
+            .into_iter()
+            .filter(|r| r.chat_id.as_deref() == Some(chat_id))
+            .collect()
+    }
+
+    /// Waits until `count` new messages are visible in the chat (panics after `within`).
+    pub async fn wait_for_messages_in(
+        &self,
+        chat_id: &str,
+        count: usize,
+        within: Duration,
+    ) -> Vec<ReplyRequest> {
+        let deadline = Instant::now() + within;
+        loop {
+            let messages = self.messages_in(chat_id);
+            if messages.len() >= count {
+                return messages;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {count} messages reached {chat_id} within {within:?}",
+                messages.len()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Waits until `count` reply requests have arrived (panics after `within`).
@@ -302,12 +337,36 @@ async fn reply(
         tokio::time::sleep(Duration::from_secs(120)).await;
         return (StatusCode::GATEWAY_TIMEOUT, "upstream request timeout").into_response();
     }
-    answer_reply(&inner, message_id, &headers, &body)
+    answer_reply(&inner, message_id, None, &headers, &body)
+}
+
+/// `POST /open-apis/im/v1/messages?receive_id_type=chat_id`: a new message in
+/// a chat (Lark's send-message API), answered like a reply: the same token
+/// check, failures on demand, `uuid` de-duplication and codes.
+async fn send_message(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let receive_id = parsed["receive_id"].as_str().unwrap_or_default().to_owned();
+    if query.get("receive_id_type").map(String::as_str) != Some("chat_id") || receive_id.is_empty()
+    {
+        return lark_json(
+            StatusCode::BAD_REQUEST,
+            230001,
+            "invalid request parameter",
+            None,
+        );
+    }
+    answer_reply(&inner, String::new(), Some(receive_id), &headers, &body)
 }
 
 fn answer_reply(
     inner: &Mutex<Inner>,
     message_id: String,
+    chat_id: Option<String>,
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Response {
@@ -326,6 +385,7 @@ fn answer_reply(
         .to_owned();
     let mut request = ReplyRequest {
         message_id: message_id.clone(),
+        chat_id,
         text: text.clone().unwrap_or_default(),
         uuid: parsed["uuid"].as_str().unwrap_or_default().to_owned(),
         msg_type: parsed["msg_type"].as_str().unwrap_or_default().to_owned(),

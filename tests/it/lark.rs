@@ -650,25 +650,25 @@ async fn link_put_get_delete() {
     assert_eq!(none.body.chat_id, None);
     assert_eq!(
         none.reply.json(),
-        json!({"session_id": sid, "chat_id": null})
+        json!({"session_id": sid, "chat_id": null, "approvers": []})
     );
 
     let put = c.lark_link(sid, "oc_a").await.unwrap();
     assert_eq!(put.reply.status, 200);
     assert_eq!(
         put.reply.json(),
-        json!({"session_id": sid, "chat_id": "oc_a"})
+        json!({"session_id": sid, "chat_id": "oc_a", "approvers": []})
     );
     // Idempotent.
     let again = c.lark_link(sid, "oc_a").await.unwrap();
     assert_eq!(
         again.reply.json(),
-        json!({"session_id": sid, "chat_id": "oc_a"})
+        json!({"session_id": sid, "chat_id": "oc_a", "approvers": []})
     );
     let got = c.lark_link_status(sid).await.unwrap();
     assert_eq!(
         got.reply.json(),
-        json!({"session_id": sid, "chat_id": "oc_a"})
+        json!({"session_id": sid, "chat_id": "oc_a", "approvers": []})
     );
 
     // Linking another chat replaces the session's link and frees the first chat.
@@ -697,7 +697,7 @@ async fn link_put_get_delete() {
     assert_eq!(deleted.reply.status, 200);
     assert_eq!(
         deleted.reply.json(),
-        json!({"session_id": sid, "chat_id": null})
+        json!({"session_id": sid, "chat_id": null, "approvers": []})
     );
     assert_eq!(c.lark_link_status(sid).await.unwrap().body.chat_id, None);
     // Unlinking an unlinked session is fine too.
@@ -793,6 +793,137 @@ async fn link_conflicts_and_errors() {
             .as_deref(),
         Some("oc_taken")
     );
+}
+
+const ANN: &str = "ou_84aad35d084aa403a838cf73ee18467";
+const BOB: &str = "ou_7d8a6e6df7621556ce0d21922b676706";
+
+fn ids(list: &[&str]) -> Vec<String> {
+    list.iter().map(|id| id.to_string()).collect()
+}
+
+#[tokio::test]
+async fn link_approvers_round_trip_and_relinking_replaces_them() {
+    let (_fake, broker, _events) = lark(None).await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let sid = host.session_id();
+
+    let put = c
+        .lark_link_approved(sid, "oc_a", &ids(&[ANN, BOB, ANN]))
+        .await
+        .unwrap();
+    assert_eq!(put.reply.status, 200);
+    let expected = json!({"session_id": sid, "chat_id": "oc_a", "approvers": [ANN, BOB]});
+    assert_eq!(put.reply.json(), expected, "a repeated id counts once");
+    assert_eq!(
+        c.lark_link_status(sid).await.unwrap().reply.json(),
+        expected
+    );
+
+    // Linking the same chat again replaces the list, to empty as well.
+    c.lark_link_approved(sid, "oc_a", &ids(&[BOB]))
+        .await
+        .unwrap();
+    assert_eq!(
+        c.lark_link_status(sid).await.unwrap().body.approvers,
+        ids(&[BOB])
+    );
+    c.lark_link(sid, "oc_a").await.unwrap();
+    assert!(
+        c.lark_link_status(sid)
+            .await
+            .unwrap()
+            .body
+            .approvers
+            .is_empty()
+    );
+
+    // Unlinking drops them; a closed session's link is gone with them.
+    c.lark_link_approved(sid, "oc_a", &ids(&[ANN]))
+        .await
+        .unwrap();
+    assert_eq!(
+        c.lark_unlink(sid).await.unwrap().reply.json(),
+        json!({"session_id": sid, "chat_id": null, "approvers": []})
+    );
+    c.lark_link_approved(sid, "oc_a", &ids(&[ANN]))
+        .await
+        .unwrap();
+    c.close(sid).await.unwrap();
+    assert_eq!(
+        c.lark_link_status(sid).await.unwrap().reply.json(),
+        json!({"session_id": sid, "chat_id": null, "approvers": []})
+    );
+}
+
+#[tokio::test]
+async fn link_approvers_have_limits_and_bad_ones_change_nothing() {
+    let (_fake, broker, _events) = lark(None).await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let sid = host.session_id();
+    c.lark_link_approved(sid, "oc_a", &ids(&[ANN]))
+        .await
+        .unwrap();
+
+    let longest = format!("ou_{}", "f".repeat(61));
+    let fifty: Vec<String> = (0..50).map(|i| format!("ou_{i:032x}")).collect();
+    let linked = c.lark_link_approved(sid, "oc_a", &fifty).await.unwrap();
+    assert_eq!(linked.body.approvers, fifty, "50 is the most, in order");
+    let linked = c
+        .lark_link_approved(sid, "oc_a", std::slice::from_ref(&longest))
+        .await
+        .unwrap();
+    assert_eq!(linked.body.approvers, vec![longest.clone()], "64 bytes fit");
+
+    let too_many = [fifty, ids(&[ANN])].concat();
+    let too_long = format!("{longest}f");
+    for bad in [
+        too_many,
+        vec![too_long],
+        ids(&[""]),
+        ids(&["ou_"]),
+        ids(&["on_8ed6aa67826108097d9ee143816345"]),
+        ids(&[ANN, "ou_has space"]),
+        ids(&["ou_\u{7}"]),
+        ids(&["ou_ünïcode"]),
+    ] {
+        let refused = c.lark_link_approved(sid, "oc_b", &bad).await;
+        let Err(loopx::client::ClientError::Refused { reply, .. }) = refused else {
+            panic!("refused: {refused:?}")
+        };
+        let body = reply.json();
+        assert_eq!(reply.status, 400, "{bad:?}");
+        assert_eq!(body["error"]["code"], "invalid_request", "{bad:?}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("approvers"), "{message}");
+    }
+    assert_eq!(
+        c.lark_link_status(sid).await.unwrap().reply.json(),
+        json!({"session_id": sid, "chat_id": "oc_a", "approvers": [longest]}),
+        "a refused link changes nothing"
+    );
+
+    // Mistyped approvers are strict JSON errors too.
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/sessions/{sid}/lark-link", broker.url);
+    for body in [
+        json!({"chat_id": "oc_a", "approvers": "ou_abc"}),
+        json!({"chat_id": "oc_a", "approvers": [1]}),
+        json!({"chat_id": "oc_a", "approvers": null}),
+    ] {
+        let response = http
+            .put(&url)
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 400, "{body}");
+        let value: Value = response.json().await.unwrap();
+        assert_eq!(value["error"]["code"], "invalid_request", "{body}");
+    }
 }
 
 #[tokio::test]

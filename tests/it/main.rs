@@ -13,6 +13,7 @@ mod durability;
 mod events;
 mod fake_lark;
 mod lark;
+mod lark_permissions;
 mod metrics;
 mod openapi_drift;
 mod permissions;

@@ -14,7 +14,7 @@ use serde_json::json;
 use crate::events::{states, subscribe, take};
 use crate::support::*;
 
-fn request(host: &Host, request_id: &str, preview: &str) -> CreatePermissionRequest {
+pub fn request(host: &Host, request_id: &str, preview: &str) -> CreatePermissionRequest {
     CreatePermissionRequest {
         host_surface: HOST_SURFACE.into(),
         host_session_id: host.host_session_id.clone(),
@@ -47,7 +47,7 @@ fn refused_state<T: std::fmt::Debug>(
     }
 }
 
-async fn created(c: &Client, host: &Host, request_id: &str) {
+pub async fn created(c: &Client, host: &Host, request_id: &str) {
     let made = c
         .create_permission(
             host.session_id(),

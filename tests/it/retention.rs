@@ -12,13 +12,14 @@ use crate::support::*;
 const DAY_MS: i64 = 86_400_000;
 
 /// The tables that hold a session's rows.
-const OWNED: [&str; 6] = [
+const OWNED: [&str; 7] = [
     "turns",
     "claims",
     "session_events",
     "lark_replies",
     "lark_links",
     "permission_requests",
+    "lark_permission_messages",
 ];
 
 /// A direct connection to the broker's database, for what the API cannot do
@@ -85,10 +86,14 @@ impl Db {
 }
 
 /// A session with a completed turn (a claim, events), a queued one (cancelled
-/// at close), a permission request (expired at close) and a Lark link, closed
-/// unless `open`.
+/// at close), a Lark link, a permission request (expired at close) and its
+/// message to the chat, closed unless `open`.
 async fn history(client: &loopx::client::Client, open: bool) -> Host {
     let host = bound_host(client).await;
+    client
+        .lark_link(host.session_id(), &unique("oc"))
+        .await
+        .unwrap();
     let turn = enqueue(client, &host, "answered").await;
     let claim_id = unique("claim");
     claim(client, &host, &claim_id, 0).await;
@@ -111,10 +116,6 @@ async fn history(client: &loopx::client::Client, open: bool) -> Host {
     };
     client
         .create_permission(host.session_id(), &permission)
-        .await
-        .unwrap();
-    client
-        .lark_link(host.session_id(), &unique("oc"))
         .await
         .unwrap();
     if !open {

@@ -142,10 +142,15 @@ def broker(tmp_path):
 class FakeLark:
     url: str = ""
     replies: list = field(default_factory=list)
+    # New messages the bot posted (send-message API): {"chat_id", "uuid", "text"}.
+    messages: list = field(default_factory=list)
     server: ThreadingHTTPServer | None = None
 
     def replies_to(self, message_id: str) -> list:
         return [r for r in self.replies if r["message_id"] == message_id]
+
+    def messages_in(self, chat_id: str) -> list:
+        return [m for m in self.messages if m["chat_id"] == chat_id]
 
 
 @pytest.fixture
@@ -169,6 +174,10 @@ def fake_lark():
             if self.path == "/open-apis/auth/v3/tenant_access_token/internal":
                 return self.answer({"code": 0, "msg": "ok", "tenant_access_token": "t-fake", "expire": 7200})
             parts = self.path.split("/")
+            if self.path == "/open-apis/im/v1/messages?receive_id_type=chat_id":
+                fake.messages.append({"chat_id": body["receive_id"], "uuid": body.get("uuid"),
+                                      "text": json.loads(body["content"])["text"]})
+                return self.answer({"code": 0, "msg": "success", "data": {"message_id": unique("om_sent")}})
             if self.path.startswith("/open-apis/im/v1/messages/") and parts[-1] == "reply":
                 fake.replies.append({"message_id": parts[-2], "uuid": body.get("uuid"),
                                      "text": json.loads(body["content"])["text"]})
@@ -183,15 +192,16 @@ def fake_lark():
     fake.server.shutdown()
 
 
-def lark_event(broker: Broker, chat_id: str, message_id: str, text: str) -> None:
-    """Delivers a signed `im.message.receive_v1` text event to the broker's webhook, as Lark does."""
+def lark_event(broker: Broker, chat_id: str, message_id: str, text: str, sender: str = "ou_mcp_test") -> None:
+    """Delivers a signed `im.message.receive_v1` text event from `sender` (an
+    open id) to the broker's webhook, as Lark does."""
     now = str(int(time.time()))
     event = {
         "schema": "2.0",
         "header": {"event_id": unique("ev"), "event_type": "im.message.receive_v1", "create_time": now + "000",
                    "token": LARK_VERIFICATION_TOKEN, "app_id": LARK_APP_ID, "tenant_key": "tenant"},
         "event": {
-            "sender": {"sender_id": {"open_id": "ou_mcp_test"}, "sender_type": "user", "tenant_key": "tenant"},
+            "sender": {"sender_id": {"open_id": sender}, "sender_type": "user", "tenant_key": "tenant"},
             "message": {"message_id": message_id, "create_time": now + "000", "chat_id": chat_id,
                         "chat_type": "group", "message_type": "text", "content": json.dumps({"text": text})},
         },

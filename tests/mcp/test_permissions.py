@@ -1,8 +1,8 @@
 """The permission relay of `loopx mcp` (MCP.md "Permission relay"): the
 official MCP Python SDK sends `notifications/claude/channel/permission_request`
 as Claude Code does; the request is answered through the broker's API (as the
-Web page does) and reaches the client as exactly one
-`notifications/claude/channel/permission`."""
+Web page does) or from a linked Lark chat, and reaches the client as exactly
+one `notifications/claude/channel/permission`."""
 
 import threading
 import time
@@ -10,7 +10,10 @@ import time
 import anyio
 import pytest
 
-from conftest import HOST_SURFACE, Broker, loopx_mcp, unique
+from conftest import HOST_SURFACE, Broker, lark_event, loopx_mcp, unique
+
+APPROVER = "ou_mcp_approver"
+STRANGER = "ou_mcp_stranger"
 
 pytestmark = pytest.mark.anyio
 
@@ -157,3 +160,84 @@ async def test_the_readme_commands_list_and_answer_a_request(broker, tmp_path):
         assert '"request_id":"abcde"' in out.stdout and '"state":"allowed"' in out.stdout, out.stdout
         got = await m.next_permission()
         assert (got.request_id, got.behavior) == ("abcde", "allow")
+
+
+@pytest.fixture
+def lark_broker(tmp_path, fake_lark):
+    b = Broker(tmp_path, lark_url=fake_lark.url).start()
+    yield b
+    b.stop()
+
+
+def linked_chat(broker: Broker, session_id: str) -> str:
+    chat_id = unique("oc")
+    broker.ok("PUT", f"/v1/sessions/{session_id}/lark-link", {"chat_id": chat_id, "approvers": [APPROVER]})
+    return chat_id
+
+
+async def wait_message(fake_lark, chat_id: str, request_id: str, within: float = 10) -> dict:
+    deadline = time.monotonic() + within
+    while True:
+        for message in fake_lark.messages_in(chat_id):
+            if f'"yes {request_id}"' in message["text"]:
+                return message
+        assert time.monotonic() < deadline, f"no message about {request_id}: {fake_lark.messages}"
+        await anyio.sleep(0.05)
+
+
+async def test_a_lark_answer_from_an_approver_is_relayed_and_a_strangers_is_not(lark_broker, fake_lark, tmp_path):
+    broker = lark_broker
+    host = unique("host")
+    session_id = broker.bind(host)
+    chat_id = linked_chat(broker, session_id)
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *channel_args(session_id), host_session_id=host) as m:
+        await m.request_permission("abcde", "Bash", "Remove the build directory", "rm -rf build")
+        message = await wait_message(fake_lark, chat_id, "abcde")
+        assert "rm -rf build" in message["text"] and '"no abcde"' in message["text"]
+
+        lark_event(broker, chat_id, unique("om"), "yes abcde", sender=STRANGER)
+        await m.no_permission(1.5)
+        assert broker.ok("GET", requests_path(session_id, "abcde"))["state"] == "pending"
+
+        lark_event(broker, chat_id, unique("om"), "Yes abcde", sender=APPROVER)
+        got = await m.next_permission()
+        assert (got.request_id, got.behavior) == ("abcde", "allow")
+        read = broker.ok("GET", requests_path(session_id, "abcde"))
+        assert (read["state"], read["answered_via"]) == ("allowed", "lark")
+        await m.no_permission(1.5)
+    # Neither answer became a turn; the bot said nothing about them.
+    turns = broker.ok("GET", f"/v1/sessions/{session_id}/turns")["turns"]
+    assert turns == [], turns
+    assert len(fake_lark.messages_in(chat_id)) == 1 and fake_lark.replies == []
+
+
+async def test_web_and_lark_answers_racing_give_one_notification(lark_broker, fake_lark, tmp_path):
+    broker = lark_broker
+    host = unique("host")
+    session_id = broker.bind(host)
+    chat_id = linked_chat(broker, session_id)
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *channel_args(session_id), host_session_id=host) as m:
+        await m.request_permission("racer")
+        await wait_recorded(broker, session_id, "racer")
+        results: dict[str, tuple[int, dict]] = {}
+        start = threading.Barrier(2)
+
+        def web() -> None:
+            start.wait()
+            results["web"] = answer(broker, session_id, "racer", "deny")
+
+        def lark() -> None:
+            start.wait()
+            lark_event(broker, chat_id, unique("om"), "yes racer", sender=APPROVER)
+
+        threads = [threading.Thread(target=web), threading.Thread(target=lark)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        read = broker.ok("GET", requests_path(session_id, "racer"))
+        expected = {"denied": (200, "owner"), "allowed": (409, "lark")}[read["state"]]
+        assert (results["web"][0], read["answered_via"]) == expected, (results, read)
+        got = await m.next_permission()
+        assert got.behavior == {"allowed": "allow", "denied": "deny"}[read["state"]]
+        await m.no_permission(1.5)
