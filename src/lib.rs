@@ -34,7 +34,8 @@ pub mod metrics;
 pub mod model;
 /// The generated OpenAPI document.
 pub mod openapi;
-/// The permission-request rules (create, answer, expire), once for both stores.
+/// The permission-request rules (create, answer, expire, answers from Lark),
+/// once for both stores.
 pub mod permission;
 /// `loopx serve`.
 pub mod serve;

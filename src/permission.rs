@@ -2,7 +2,10 @@
 //! loaded rows (or none) and the incoming create or answer, what happens:
 //! a new row to write, a replay, or the contract's refusal. It knows no SQL,
 //! no HTTP and no waiting: the stores load the rows and apply the outcome
-//! inside their own transaction, the broker parks the waits.
+//! inside their own transaction, the broker parks the waits. It also owns
+//! who may answer from a linked Lark chat (the link's approvers), what a chat
+//! text means (`yes <id>` / `no <id>`: an answer, ignored, or an ordinary
+//! turn) and the message a linked chat receives for a new request.
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::{
