@@ -37,7 +37,8 @@ pub mod openapi;
 /// The permission-request rules (create, answer, expire, answers from Lark),
 /// once for both stores.
 pub mod permission;
-/// `loopx serve`.
+/// `loopx serve` and `loopx prune`; [`serve::App`] is the one wiring of a
+/// broker, which the integration tests run too.
 pub mod serve;
 /// Durable state behind a trait: SQLite (embedded) or PostgreSQL (replicas).
 pub mod store;

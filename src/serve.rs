@@ -1,5 +1,8 @@
 //! `loopx serve`: open the store, take the data dir's lock, serve until
-//! SIGINT/SIGTERM, then answer parked claims and exit cleanly.
+//! SIGINT/SIGTERM, then answer parked claims and exit cleanly. [`App`] wires a
+//! broker (core, HTTP state, background loops) from an [`AppConfig`]; the
+//! integration tests build theirs with it, so they run what users run. Only
+//! process concerns (flags, lock, signals, file limit) stay in [`run`].
 
 use std::fs::File;
 use std::net::SocketAddr;
