@@ -26,7 +26,8 @@ pub mod handoff;
 pub mod http;
 /// Client-chosen identifier rules and minted ids.
 pub mod ids;
-/// The Lark connector: verified webhook and durable reply path.
+/// The Lark connector: webhook verification and event reading (its route is
+/// in `http`), and the durable reply path.
 pub mod lark;
 /// Prometheus metrics, content-free.
 pub mod metrics;

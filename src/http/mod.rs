@@ -7,6 +7,7 @@
 pub(crate) mod agent_threads;
 pub(crate) mod claims;
 pub(crate) mod events;
+pub(crate) mod lark_events;
 pub(crate) mod lark_links;
 pub(crate) mod permissions;
 pub mod server;
@@ -76,7 +77,7 @@ pub fn router(state: AppState) -> Router {
         .merge(events::router())
         .merge(lark_links::router())
         .merge(permissions::router())
-        .merge(crate::lark::webhook::router())
+        .merge(lark_events::router())
         .merge(turns::router());
     Router::new()
         .merge(v1)

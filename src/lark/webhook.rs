@@ -1,86 +1,32 @@
-//! `POST /v1/connectors/lark/events`: Lark's event subscription webhook.
-//! Authenticated by Lark's signature and verification token (never the owner
-//! token); answers 200 only after the message is committed, and 401 for
-//! anything it cannot verify, storing nothing.
+//! Lark's event subscription webhook, less its route (`http::lark_events`):
+//! verifies a request (decryption, `X-Lark-Signature` and its freshness, the
+//! verification token, the app id) and reads an event into a [`LarkEvent`].
+//! It knows nothing of the HTTP state or the broker; every failure is the
+//! same 401, and only a log line says why.
 
-use axum::Json;
-use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::LarkConfig;
 use super::crypto;
 use crate::broker::MAX_TEXT_BYTES;
-use crate::error::{Error, ErrorBody, ErrorCode, Result};
-use crate::http::{AppState, RawBody};
+use crate::error::{Error, ErrorCode, Result};
 use crate::permission::lark_command;
-use crate::store::{LarkEvent, LarkIngest};
+use crate::store::LarkEvent;
 
-pub fn router() -> axum::Router<AppState> {
-    axum::Router::new().route("/v1/connectors/lark/events", post(events))
+/// A verified webhook request.
+pub enum Inbound {
+    /// The `url_verification` challenge, to echo back.
+    Challenge(Value),
+    /// An event, read (it may hold nothing to enqueue).
+    Event(LarkEvent),
 }
 
-fn unauthorized(why: &'static str) -> Error {
-    tracing::warn!("lark webhook refused: {why}");
-    Error::new(
-        ErrorCode::Unauthorized,
-        "The Lark event could not be verified.",
-    )
-}
-
-/// Receive a Lark event.
-///
-/// Lark's event subscription webhook (schema 2.0). Answers the
-/// `url_verification` challenge; decrypts `{"encrypt": …}` bodies (AES-256-CBC);
-/// verifies `X-Lark-Signature` over the raw bytes (required when an encrypt key
-/// is configured, except on the challenge, which Lark's SDKs verify by
-/// decryption and token alone) and refuses timestamps more than 5 minutes from now; checks
-/// the verification token in constant time. `im.message.receive_v1` text
-/// messages (mentions resolved to `@name`) from a linked chat are enqueued with
-/// `origin: "lark"` and `client_message_id` = the event id, and the 200 comes
-/// only after the commit. Redeliveries are deduplicated durably by
-/// `(app_id, event_id)`, with `message_id` as a second guard. Unlinked chats and
-/// non-text messages are acknowledged and not enqueued. Anything unverified is
-/// 401 and stores nothing; with the connector not configured, 404. Texts over
-/// 64 KiB are truncated with a visible note.
-///
-/// Permission answers: a text that is `yes <id>` or `no <id>` once its
-/// @mentions are removed (the verb in any case, the id exactly as the request's
-/// message showed it, blanks around and between ignored; nothing else may
-/// follow) is an answer to the linked session's permission request `<id>`,
-/// never a turn. From a sender whose open id is on the link's `approvers` it
-/// answers the request (`answered_via: "lark"`); the same answer again changes
-/// nothing, and another answer to an answered or expired request is ignored.
-/// From anyone else, or naming an unknown request, it is acknowledged and
-/// ignored, and nothing about it is said in the chat. One exception keeps
-/// ordinary chat working: a `yes`/`no` followed by a word that names no request
-/// of the session and is not of Claude Code's request-id form (five lowercase
-/// letters, no `l`), such as `yes please`, is an ordinary message.
-#[utoipa::path(post, path = "/v1/connectors/lark/events", operation_id = "larkEvents", tag = "lark",
-    security(()),
-    request_body(content = Object, description = "Lark's event body, as Lark sends it (plain or `{\"encrypt\"}`).", content_type = "application/json"),
-    responses(
-        (status = 200, description = "Acknowledged (committed); or the challenge answer `{\"challenge\"}`.", body = Object),
-        (status = 401, description = "`unauthorized`: the event failed verification.", body = ErrorBody),
-        (status = 404, description = "`not_found`: the connector is not configured.", body = ErrorBody),
-        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
-        (status = 429, description = "`queue_full`: Lark will redeliver.", body = ErrorBody),
-    ))]
-pub async fn events(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    RawBody(body): RawBody,
-) -> Result<Response> {
-    let Some(config) = state.lark.clone() else {
-        return Err(Error::new(
-            ErrorCode::NotFound,
-            "The Lark connector is not configured.",
-        ));
-    };
-    let payload = verified_payload(&config, &headers, &body)?;
+/// Verifies one webhook request's raw body and headers and reads it; `Err`
+/// is the 401 to answer.
+pub fn verify(config: &LarkConfig, headers: &HeaderMap, body: &[u8]) -> Result<Inbound> {
+    let payload = verified_payload(config, headers, body)?;
     // The challenge's token is checked here, signed or not.
     if payload.get("type").and_then(Value::as_str) == Some("url_verification") {
         let token = payload
@@ -91,7 +37,7 @@ pub async fn events(
             return Err(unauthorized("wrong verification token on the challenge"));
         }
         let challenge = payload.get("challenge").cloned().unwrap_or(Value::Null);
-        return Ok(Json(json!({ "challenge": challenge })).into_response());
+        return Ok(Inbound::Challenge(challenge));
     }
     let envelope: Envelope =
         serde_json::from_value(payload).map_err(|_| unauthorized("not a schema 2.0 event"))?;
@@ -101,23 +47,20 @@ pub async fn events(
     if envelope.header.app_id != config.app_id {
         return Err(unauthorized("an event for another app"));
     }
-    let event = to_event(&config, envelope);
-    match state.broker.lark_event(event).await? {
-        // Per-message lines are for debugging; an unlinked chat is what an
-        // operator looks for when linking one.
-        LarkIngest::Enqueued { .. } => tracing::debug!("lark message enqueued"),
-        LarkIngest::Duplicate => tracing::debug!("lark redelivery acknowledged, not enqueued"),
-        LarkIngest::Unlinked => tracing::info!("lark message from an unlinked chat, not enqueued"),
-        LarkIngest::Unsupported => tracing::debug!("lark event not enqueued: not a text message"),
-        LarkIngest::Answered { .. } => tracing::debug!("lark permission answer taken"),
-        LarkIngest::Ignored => tracing::debug!("lark permission answer ignored"),
-    }
-    Ok(Json(json!({})).into_response())
+    Ok(Inbound::Event(to_event(config, envelope)))
+}
+
+fn unauthorized(why: &'static str) -> Error {
+    tracing::warn!("lark webhook refused: {why}");
+    Error::new(
+        ErrorCode::Unauthorized,
+        "The Lark event could not be verified.",
+    )
 }
 
 /// The event's JSON, after the decryption, signature and freshness checks.
 /// The `url_verification` challenge is the one request checked by decryption
-/// (and, in `events`, its token) alone: Lark's official SDKs skip its
+/// (and, in [`verify`], its token) alone: Lark's official SDKs skip its
 /// signature, so the console's URL check may send it unsigned.
 fn verified_payload(config: &LarkConfig, headers: &HeaderMap, body: &[u8]) -> Result<Value> {
     let payload = decrypted_payload(config, body)?;
