@@ -2,11 +2,11 @@
 //! tuple, same executor answered again) and close (refused while a claim is
 //! active; what it cancels and expires).
 
-use super::{ClaimRow, existing, no_active_claim};
+use super::{ClaimRow, NewEvent, existing, log, no_active_claim};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
-use crate::model::{BindRequest, CancelReason, PermissionState, SessionState};
-use crate::store::{Bound, Closed, SessionRow};
+use crate::model::{BindRequest, CancelReason, PermissionState, SessionState, TurnState};
+use crate::store::{Bound, Closed, SessionRow, Subject};
 
 /// What a bind decision reads.
 #[derive(Debug, Default)]
@@ -65,6 +65,10 @@ pub struct CloseRows {
     pub session: Option<SessionRow>,
     /// The session's active claim, if it has one.
     pub active: Option<ClaimRow>,
+    /// How many of its turns are queued.
+    pub queued: i64,
+    /// How many of its permission requests are pending.
+    pub pending: i64,
 }
 
 /// What a close does.
@@ -75,22 +79,28 @@ pub enum Close {
     Close(Closing),
 }
 
-/// Close the session at `at`: every queued turn is cancelled with
-/// `cancel_reason` (one `cancelled` event each, in seq order), every pending
-/// permission request becomes `expired` (one `permission` event each, in
-/// creation order), then the session's `closed` event; its Lark link goes.
-#[derive(Debug, PartialEq, Eq)]
+/// The writes of a close: every queued turn becomes `cancelled` with
+/// `cancel_reason`, one event each, numbered from
+/// `cancelled_from` in seq order; every pending permission request becomes
+/// `expired`, one `permission` event each, numbered from `expired_from` in
+/// creation order; then the session's own `closed` event. Its Lark link goes.
+#[derive(Debug)]
 pub struct Closing {
-    pub session_id: String,
-    pub at: i64,
+    /// The session after the close (closed, nothing queued, its event
+    /// counter past the close's events).
+    pub session: SessionRow,
+    pub cancelled: TurnState,
     pub cancel_reason: CancelReason,
     pub expired: PermissionState,
+    pub cancelled_from: i64,
+    pub expired_from: i64,
+    pub event: NewEvent,
 }
 
 /// A close, in this order: unknown session 404; closed already answers
 /// again; an active claim 409 `claim_active`.
 pub fn close(rows: CloseRows, now: i64) -> Result<Close> {
-    let session = existing(rows.session)?;
+    let mut session = existing(rows.session)?;
     if session.state == SessionState::Closed {
         return Ok(Close::Replayed(Closed {
             session,
@@ -99,11 +109,21 @@ pub fn close(rows: CloseRows, now: i64) -> Result<Close> {
         }));
     }
     no_active_claim(&session, rows.active.as_ref())?;
+    let cancelled_from = session.next_event_no;
+    let expired_from = cancelled_from + rows.queued;
+    session.next_event_no = expired_from + rows.pending;
+    session.state = SessionState::Closed;
+    session.closed_at = Some(now);
+    session.queued_count = 0;
+    let event = log(&mut session, Subject::Session, "closed", now);
     Ok(Close::Close(Closing {
-        session_id: session.session_id,
-        at: now,
+        session,
+        cancelled: TurnState::Cancelled,
         cancel_reason: CancelReason::SessionClosed,
         expired: crate::permission::EXPIRED_ON_CLOSE,
+        cancelled_from,
+        expired_from,
+        event,
     }))
 }
 
@@ -157,7 +177,7 @@ mod tests {
     fn a_close_waits_for_the_active_claim_and_a_second_close_replays() {
         let closed = CloseRows {
             session: Some(session(SessionState::Closed)),
-            active: None,
+            ..CloseRows::default()
         };
         assert!(matches!(close(closed, 5), Ok(Close::Replayed(_))));
         let held = ClaimRow {
@@ -175,6 +195,7 @@ mod tests {
                 ..session(SessionState::Open)
             }),
             active: Some(held),
+            ..CloseRows::default()
         };
         assert_eq!(
             close(busy, 5).expect_err("a refusal").code,
@@ -182,18 +203,27 @@ mod tests {
         );
         let open = CloseRows {
             session: Some(session(SessionState::Open)),
-            active: None,
+            queued: 3,
+            pending: 2,
+            ..CloseRows::default()
         };
         let Ok(Close::Close(closing)) = close(open, 5) else {
             panic!("an open session without a claim closes")
         };
-        let expected = Closing {
-            session_id: "ses_1".into(),
-            at: 5,
-            cancel_reason: CancelReason::SessionClosed,
-            expired: PermissionState::Expired,
-        };
-        assert_eq!(closing, expected);
+        let before = session(SessionState::Open);
+        assert_eq!(closing.cancel_reason, CancelReason::SessionClosed);
+        assert_eq!(closing.expired, PermissionState::Expired);
+        // Cancelled turns, then expired requests, then the close itself.
+        assert_eq!(closing.cancelled_from, before.next_event_no);
+        assert_eq!(closing.expired_from, before.next_event_no + 3);
+        assert_eq!(closing.event.event_no, before.next_event_no + 5);
+        assert_eq!(closing.event.state, "closed");
+        let after = &closing.session;
+        assert_eq!(after.next_event_no, before.next_event_no + 6);
+        assert_eq!(
+            (after.state, after.closed_at, after.queued_count),
+            (SessionState::Closed, Some(5), 0)
+        );
         let unknown = close(CloseRows::default(), 5).expect_err("a refusal");
         assert_eq!(unknown.code, ErrorCode::NotFound);
     }

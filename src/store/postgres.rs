@@ -84,9 +84,9 @@ use super::{
     LarkIngest, Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, Subject,
     TurnRow,
 };
-use crate::decide::session::{BindRows, Close, CloseRows, Closing};
+use crate::decide::session::{BindRows, Close, CloseRows};
 use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows};
-use crate::decide::{self, Change, ClaimRow, Decided, Writes};
+use crate::decide::{self, Change, ClaimRow, Decided, NewEvent, Writes};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
@@ -718,35 +718,10 @@ async fn apply(conn: &mut PgConnection, writes: Writes) -> Step<()> {
         None => {}
     }
     if let Some(s) = writes.session {
-        sqlx::query(
-            "update sessions set next_seq = $1, next_event_no = $2, queued_count = $3,
-                 active_claim_id = $4
-             where session_id = $5",
-        )
-        .bind(s.next_seq)
-        .bind(s.next_event_no)
-        .bind(s.queued_count)
-        .bind(&s.active_claim_id)
-        .bind(&s.session_id)
-        .execute(&mut *conn)
-        .await?;
+        write_session(conn, &s).await?;
     }
     if let Some(e) = writes.event {
-        sqlx::query(
-            "insert into session_events
-                 (session_id, event_no, kind, turn_id, seq, request_id, state, at)
-             values ($1, $2, $3, $4, $5, $6, $7, $8)",
-        )
-        .bind(&e.session_id)
-        .bind(e.event_no)
-        .bind(e.kind)
-        .bind(&e.turn_id)
-        .bind(e.seq)
-        .bind(&e.request_id)
-        .bind(e.state)
-        .bind(e.at)
-        .execute(&mut *conn)
-        .await?;
+        insert_event(conn, &e).await?;
     }
     if let Some(r) = writes.reply {
         sqlx::query(
@@ -763,6 +738,44 @@ async fn apply(conn: &mut PgConnection, writes: Writes) -> Step<()> {
         .execute(&mut *conn)
         .await?;
     }
+    Ok(())
+}
+
+/// Writes back what a decision changes in a (locked) session row.
+async fn write_session(conn: &mut PgConnection, s: &SessionRow) -> sqlx::Result<()> {
+    sqlx::query(
+        "update sessions set state = $1, closed_at = $2, next_seq = $3, next_event_no = $4,
+             queued_count = $5, active_claim_id = $6
+         where session_id = $7",
+    )
+    .bind(text(&s.state))
+    .bind(s.closed_at)
+    .bind(s.next_seq)
+    .bind(s.next_event_no)
+    .bind(s.queued_count)
+    .bind(&s.active_claim_id)
+    .bind(&s.session_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn insert_event(conn: &mut PgConnection, e: &NewEvent) -> sqlx::Result<()> {
+    sqlx::query(
+        "insert into session_events
+             (session_id, event_no, kind, turn_id, seq, request_id, state, at)
+         values ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(&e.session_id)
+    .bind(e.event_no)
+    .bind(e.kind)
+    .bind(&e.turn_id)
+    .bind(e.seq)
+    .bind(&e.request_id)
+    .bind(e.state)
+    .bind(e.at)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -922,104 +935,88 @@ async fn prune_step(conn: &mut PgConnection, cutoff_ms: i64) -> Step<PruneStep> 
     Ok(PruneStep::Session)
 }
 
+async fn close_rows(conn: &mut PgConnection, session_id: &str) -> sqlx::Result<CloseRows> {
+    let Some(session) = lock_session(conn, session_id).await? else {
+        return Ok(CloseRows::default());
+    };
+    let (queued, pending): (i64, i64) = sqlx::query_as(
+        "select (select count(*) from turns where session_id = $1 and state = 'queued'),
+                (select count(*) from permission_requests
+                 where session_id = $1 and state = 'pending')",
+    )
+    .bind(session_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(CloseRows {
+        active: active_claim(conn, Some(&session)).await?,
+        session: Some(session),
+        queued,
+        pending,
+    })
+}
+
 async fn close(conn: &mut PgConnection, session_id: &str) -> Step<Closed> {
-    let session = lock_session(conn, session_id).await?;
-    let active = active_claim(conn, session.as_ref()).await?;
-    let Closing {
-        at,
-        cancel_reason,
-        expired: expired_state,
-        ..
-    } = match decide::session::close(CloseRows { session, active }, now_ms())? {
+    let rows = close_rows(conn, session_id).await?;
+    let closing = match decide::session::close(rows, now_ms())? {
         Close::Replayed(closed) => return Ok(closed),
         Close::Close(closing) => closing,
     };
-    // One `cancelled` event per queued turn, numbered in seq order.
+    let at = closing.event.at;
     let cancelled = sqlx::query(
         "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
-         select t.session_id, s.next_event_no - 1 + row_number() over (order by t.seq),
-                'turn', t.turn_id, t.seq, 'cancelled', $1
-         from turns t join sessions s on s.session_id = t.session_id
-         where t.session_id = $2 and t.state = 'queued'",
+         select session_id, $1 - 1 + row_number() over (order by seq), 'turn', turn_id, seq,
+                $2, $3
+         from turns where session_id = $4 and state = 'queued'",
     )
+    .bind(closing.cancelled_from)
+    .bind(text(&closing.cancelled))
     .bind(at)
     .bind(session_id)
     .execute(&mut *conn)
     .await?
     .rows_affected();
-    sqlx::query("update sessions set next_event_no = next_event_no + $1 where session_id = $2")
-        .bind(cancelled as i64)
-        .bind(session_id)
-        .execute(&mut *conn)
-        .await?;
     sqlx::query(
-        "update turns set state = 'cancelled', cancel_reason = $1
-         where session_id = $2 and state = 'queued'",
+        "update turns set state = $1, cancel_reason = $2
+         where session_id = $3 and state = 'queued'",
     )
-    .bind(text(&cancel_reason))
+    .bind(text(&closing.cancelled))
+    .bind(text(&closing.cancel_reason))
     .bind(session_id)
     .execute(&mut *conn)
     .await?;
-    let row = sqlx::query(&format!(
-        "update sessions set state = 'closed', closed_at = $1, queued_count = 0
-         where session_id = $2 returning {SESSION_COLUMNS}"
-    ))
+    let expired = sqlx::query(
+        "insert into session_events (session_id, event_no, kind, request_id, state, at)
+         select session_id, $1 - 1 + row_number() over (order by created_at, request_id),
+                'permission', request_id, $2, $3
+         from permission_requests where session_id = $4 and state = 'pending'",
+    )
+    .bind(closing.expired_from)
+    .bind(closing.expired.as_str())
     .bind(at)
     .bind(session_id)
-    .fetch_one(&mut *conn)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    sqlx::query(
+        "update permission_requests set state = $1, answered_at = $2
+         where session_id = $3 and state = 'pending'",
+    )
+    .bind(closing.expired.as_str())
+    .bind(at)
+    .bind(session_id)
+    .execute(&mut *conn)
     .await?;
-    let closed = session_row(row)?;
-    let expired = expire_permissions(conn, session_id, expired_state, at).await?;
-    append_event(conn, session_id, Subject::Session, "closed").await?;
+    write_session(conn, &closing.session).await?;
+    insert_event(conn, &closing.event).await?;
     sqlx::query("delete from lark_links where session_id = $1")
         .bind(session_id)
         .execute(&mut *conn)
         .await?;
     Ok(Closed {
-        session: closed,
+        session: closing.session,
         cancelled,
         expired,
     })
-}
-
-/// Expires the (locked) session's pending permission requests, one
-/// `permission` event each (numbered in creation order), in the close's
-/// transaction.
-async fn expire_permissions(
-    conn: &mut PgConnection,
-    session_id: &str,
-    expired: PermissionState,
-    now: i64,
-) -> Step<u64> {
-    let count = sqlx::query(
-        "insert into session_events (session_id, event_no, kind, request_id, state, at)
-         select p.session_id,
-                s.next_event_no - 1 + row_number() over (order by p.created_at, p.request_id),
-                'permission', p.request_id, $1, $2
-         from permission_requests p join sessions s on s.session_id = p.session_id
-         where p.session_id = $3 and p.state = 'pending'",
-    )
-    .bind(expired.as_str())
-    .bind(now)
-    .bind(session_id)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    sqlx::query("update sessions set next_event_no = next_event_no + $1 where session_id = $2")
-        .bind(count as i64)
-        .bind(session_id)
-        .execute(&mut *conn)
-        .await?;
-    sqlx::query(
-        "update permission_requests set state = $1, answered_at = $2
-         where session_id = $3 and state = 'pending'",
-    )
-    .bind(expired.as_str())
-    .bind(now)
-    .bind(session_id)
-    .execute(&mut *conn)
-    .await?;
-    Ok(count)
 }
 
 const PERMISSION_COLUMNS: &str = "session_id, request_id, tool_name, description, \

@@ -22,7 +22,7 @@ use super::{
     Bound, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent, LarkIngest,
     Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, Subject, TurnRow,
 };
-use crate::decide::session::{BindRows, Close, CloseRows, Closing};
+use crate::decide::session::{BindRows, Close, CloseRows};
 use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows};
 use crate::decide::{self, Change, ClaimRow, Decided, NewEvent, Writes};
 use crate::error::{Error, ErrorCode, Result};
@@ -523,7 +523,7 @@ fn load_session(db: &Connection, session_id: &str) -> Result<Option<SessionRow>>
 }
 
 fn existing_session(conn: &Connection, session_id: &str) -> Result<SessionRow> {
-    load_session(conn, session_id)?.ok_or_else(|| Error::not_found("session"))
+    decide::existing(load_session(conn, session_id)?)
 }
 
 fn load_turn(db: &Connection, session_id: &str, turn_id: &str) -> Result<Option<TurnRow>> {
@@ -660,17 +660,7 @@ fn apply(conn: &Connection, writes: Writes) -> Result<()> {
         None => {}
     }
     if let Some(s) = writes.session {
-        sql::query(
-            "update sessions set next_seq = ?, next_event_no = ?, queued_count = ?,
-                 active_claim_id = ?
-             where session_id = ?",
-        )
-        .bind(s.next_seq)
-        .bind(s.next_event_no)
-        .bind(s.queued_count)
-        .bind(&s.active_claim_id)
-        .bind(&s.session_id)
-        .execute(conn)?;
+        write_session(conn, &s)?;
     }
     if let Some(e) = writes.event {
         insert_event(conn, &e)?;
@@ -691,6 +681,24 @@ fn apply(conn: &Connection, writes: Writes) -> Result<()> {
         .bind(r.at)
         .execute(conn)?;
     }
+    Ok(())
+}
+
+/// Writes back what a decision changes in a (locked) session row.
+fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
+    sql::query(
+        "update sessions set state = ?, closed_at = ?, next_seq = ?, next_event_no = ?,
+             queued_count = ?, active_claim_id = ?
+         where session_id = ?",
+    )
+    .bind(s.state)
+    .bind(s.closed_at)
+    .bind(s.next_seq)
+    .bind(s.next_event_no)
+    .bind(s.queued_count)
+    .bind(&s.active_claim_id)
+    .bind(&s.session_id)
+    .execute(conn)?;
     Ok(())
 }
 
@@ -812,93 +820,84 @@ fn release(
     decided(conn, decide::turn::release(rows, &host, now_ms())?)
 }
 
-fn close(conn: &Connection, session_id: String) -> Result<Closed> {
-    let session = load_session(conn, &session_id)?;
-    let active = active_claim(conn, session.as_ref())?;
-    let Closing {
-        at,
-        cancel_reason,
-        expired: expired_state,
-        ..
-    } = match decide::session::close(CloseRows { session, active }, now_ms())? {
-        Close::Replayed(closed) => return Ok(closed),
-        Close::Close(closing) => closing,
+fn close_rows(conn: &Connection, session_id: &str) -> Result<CloseRows> {
+    let Some(session) = load_session(conn, session_id)? else {
+        return Ok(CloseRows::default());
     };
-    // One `cancelled` event per queued turn, numbered in seq order.
-    let cancelled = sql::query(
-        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
-         select t.session_id, s.next_event_no - 1 + row_number() over (order by t.seq),
-                'turn', t.turn_id, t.seq, 'cancelled', ?
-         from turns t join sessions s on s.session_id = t.session_id
-         where t.session_id = ? and t.state = 'queued'",
+    let queued = sql::query_scalar(
+        "select count(*) from turns where session_id = ? and state = 'queued'",
     )
-    .bind(at)
-    .bind(&session_id)
-    .execute(conn)?
-    .rows_affected();
-    sql::query("update sessions set next_event_no = next_event_no + ? where session_id = ?")
-        .bind(cancelled as i64)
-        .bind(&session_id)
-        .execute(conn)?;
-    sql::query(
-        "update turns set state = 'cancelled', cancel_reason = ?
-         where session_id = ? and state = 'queued'",
+    .bind(session_id)
+    .fetch_one(conn)?;
+    let pending = sql::query_scalar(
+        "select count(*) from permission_requests where session_id = ? and state = 'pending'",
     )
-    .bind(cancel_reason)
-    .bind(&session_id)
-    .execute(conn)?;
-    sql::query(
-        "update sessions set state = 'closed', closed_at = ?, queued_count = 0 where session_id = ?",
-    )
-    .bind(at)
-    .bind(&session_id)
-    .execute(conn)?;
-    let expired = expire_permissions(conn, &session_id, expired_state, at)?;
-    append_event(conn, &session_id, Subject::Session, "closed")?;
-    sql::query("delete from lark_links where session_id = ?")
-        .bind(&session_id)
-        .execute(conn)?;
-    Ok(Closed {
-        session: existing_session(conn, &session_id)?,
-        cancelled,
-        expired,
+    .bind(session_id)
+    .fetch_one(conn)?;
+    Ok(CloseRows {
+        active: active_claim(conn, Some(&session))?,
+        session: Some(session),
+        queued,
+        pending,
     })
 }
 
-/// Expires the session's pending permission requests, one `permission`
-/// event each (numbered in creation order), in the close's transaction.
-fn expire_permissions(
-    conn: &Connection,
-    session_id: &str,
-    expired: PermissionState,
-    now: i64,
-) -> Result<u64> {
-    let count = sql::query(
-        "insert into session_events (session_id, event_no, kind, request_id, state, at)
-         select p.session_id,
-                s.next_event_no - 1 + row_number() over (order by p.created_at, p.request_id),
-                'permission', p.request_id, ?, ?
-         from permission_requests p join sessions s on s.session_id = p.session_id
-         where p.session_id = ? and p.state = 'pending'",
+fn close(conn: &Connection, session_id: String) -> Result<Closed> {
+    let rows = close_rows(conn, &session_id)?;
+    let closing = match decide::session::close(rows, now_ms())? {
+        Close::Replayed(closed) => return Ok(closed),
+        Close::Close(closing) => closing,
+    };
+    let at = closing.event.at;
+    let cancelled = sql::query(
+        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
+         select session_id, ?1 - 1 + row_number() over (order by seq), 'turn', turn_id, seq,
+                ?2, ?3
+         from turns where session_id = ?4 and state = 'queued'",
     )
-    .bind(expired)
-    .bind(now)
-    .bind(session_id)
+    .bind(closing.cancelled_from)
+    .bind(closing.cancelled)
+    .bind(at)
+    .bind(&session_id)
     .execute(conn)?
     .rows_affected();
-    sql::query("update sessions set next_event_no = next_event_no + ? where session_id = ?")
-        .bind(count as i64)
-        .bind(session_id)
-        .execute(conn)?;
+    sql::query(
+        "update turns set state = ?, cancel_reason = ? where session_id = ? and state = 'queued'",
+    )
+    .bind(closing.cancelled)
+    .bind(closing.cancel_reason)
+    .bind(&session_id)
+    .execute(conn)?;
+    let expired = sql::query(
+        "insert into session_events (session_id, event_no, kind, request_id, state, at)
+         select session_id, ?1 - 1 + row_number() over (order by created_at, request_id),
+                'permission', request_id, ?2, ?3
+         from permission_requests where session_id = ?4 and state = 'pending'",
+    )
+    .bind(closing.expired_from)
+    .bind(closing.expired)
+    .bind(at)
+    .bind(&session_id)
+    .execute(conn)?
+    .rows_affected();
     sql::query(
         "update permission_requests set state = ?, answered_at = ?
          where session_id = ? and state = 'pending'",
     )
-    .bind(expired)
-    .bind(now)
-    .bind(session_id)
+    .bind(closing.expired)
+    .bind(at)
+    .bind(&session_id)
     .execute(conn)?;
-    Ok(count)
+    write_session(conn, &closing.session)?;
+    insert_event(conn, &closing.event)?;
+    sql::query("delete from lark_links where session_id = ?")
+        .bind(&session_id)
+        .execute(conn)?;
+    Ok(Closed {
+        session: closing.session,
+        cancelled,
+        expired,
+    })
 }
 
 /// A permission request's columns, in the order [`PermissionRow`] is read.

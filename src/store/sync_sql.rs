@@ -264,6 +264,11 @@ impl<T: FromRow> Query<'_, T> {
             .query_row(params_from_iter(self.params), T::from_row)
             .optional()?)
     }
+
+    pub fn fetch_one(self, conn: &Connection) -> Result<T> {
+        let mut statement = conn.prepare_cached(self.sql)?;
+        Ok(statement.query_row(params_from_iter(self.params), T::from_row)?)
+    }
 }
 
 /// A statement whose answer is its first column.
@@ -276,5 +281,9 @@ impl<T: FromSql> ScalarQuery<'_, T> {
 
     pub fn fetch_optional(self, conn: &Connection) -> Result<Option<T>> {
         Ok(self.0.fetch_optional(conn)?.map(|s| s.0))
+    }
+
+    pub fn fetch_one(self, conn: &Connection) -> Result<T> {
+        Ok(self.0.fetch_one(conn)?.0)
     }
 }
