@@ -38,6 +38,11 @@
 //!   the attempt replaces the lease. A dispatcher that dies mid-send leaves the
 //!   reply to be sent again after the lease, with the same Lark uuid.
 //!
+//! Inside: `decisions` (each decision's rows, loaded under the session's
+//! lock, and its writes), `notify` (announcing and listening across
+//! replicas), `rows` (decoding PostgreSQL rows); this file opens the pool,
+//! runs each call in its transaction and answers the [`Store`] calls.
+//!
 //! Migrations (`migrations/postgres`) run at start-up on a dedicated
 //! connection under sqlx's PostgreSQL advisory lock: sqlx 0.8's
 //! `Migrator::run` takes `pg_advisory_lock(<id of the database name>)` before
@@ -72,11 +77,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, Row};
 use tokio_util::sync::CancellationToken;
+
+mod decisions;
+mod notify;
+mod rows;
 
 use super::retention::{self, PruneStep};
 use super::{
@@ -84,9 +91,7 @@ use super::{
     LarkIngest, Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, Subject,
     TurnRow,
 };
-use crate::decide::session::{BindRows, Close, CloseRows};
-use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows};
-use crate::decide::{self, Change, ClaimRow, Decided, NewEvent, Writes};
+use crate::decide;
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
@@ -96,13 +101,19 @@ use crate::model::{
 };
 use crate::permission::{self, LarkVerdict};
 use crate::time::now_ms;
+use decisions::{bind, bind_rows, claim, close, complete, enqueue, release};
+use notify::{Announcer, listen, start_listening};
+use rows::{
+    SESSION_COLUMNS, TURN_READBACK, enumeration, optional_enumeration, session_row, text, turn_row,
+    unstorable, utf8,
+};
 
 /// The channel every change is announced on; the payload is the session id.
 pub const CHANNEL: &str = "loopx_changes";
 /// The most connections one replica opens (the listener's is extra).
 pub const MAX_CONNECTIONS: u32 = 16;
 /// How long a request waits for a connection before answering 503.
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often parked claims and event streams re-check the store regardless.
 const RECHECK: Duration = Duration::from_secs(5);
 /// How long a dispatcher holds the replies it took before another may.
@@ -146,50 +157,6 @@ pub struct PgStore {
     announcer: Announcer,
     /// Ends the listener and the announcer when the store goes.
     stop: CancellationToken,
-}
-
-/// Sends `pg_notify(CHANNEL, session_id)` for committed changes, outside
-/// their transactions, in batches: each batch is one statement in its own
-/// transaction, which writes nothing and so commits without a disk flush.
-struct Announcer {
-    sessions: tokio::sync::mpsc::UnboundedSender<String>,
-}
-
-impl Announcer {
-    fn start(pool: PgPool, stop: CancellationToken) -> Self {
-        let (sessions, mut queue) = tokio::sync::mpsc::unbounded_channel::<String>();
-        tokio::spawn(async move {
-            loop {
-                let first = tokio::select! {
-                    first = queue.recv() => first,
-                    _ = stop.cancelled() => None,
-                };
-                let Some(first) = first else { break };
-                let mut batch = vec![first];
-                while let Ok(more) = queue.try_recv() {
-                    batch.push(more);
-                }
-                batch.sort_unstable();
-                batch.dedup();
-                let sent = sqlx::query("select pg_notify($1, s) from unnest($2::text[]) as s")
-                    .bind(CHANNEL)
-                    .bind(&batch)
-                    .execute(&pool)
-                    .await;
-                if let Err(e) = sent {
-                    // Other replicas' waiters find the change at their next
-                    // safety re-check.
-                    tracing::warn!(error = %e, sessions = batch.len(), "announcing changes to other replicas failed");
-                }
-            }
-        });
-        Self { sessions }
-    }
-
-    /// Announces a committed change to the session.
-    fn changed(&self, session_id: &str) {
-        let _ = self.sessions.send(session_id.to_owned());
-    }
 }
 
 impl Drop for PgStore {
@@ -345,120 +312,6 @@ macro_rules! transaction {
     }};
 }
 
-/// An enumeration as the text the columns hold (its snake_case name).
-fn text<T: Serialize>(value: &T) -> String {
-    match serde_json::to_value(value) {
-        Ok(serde_json::Value::String(s)) => s,
-        _ => unreachable!("the model's enumerations serialize as strings"),
-    }
-}
-
-fn decode_error(column: &str, e: impl std::error::Error + Send + Sync + 'static) -> sqlx::Error {
-    sqlx::Error::ColumnDecode {
-        index: column.to_owned(),
-        source: Box::new(e),
-    }
-}
-
-/// An enumeration column.
-fn enumeration<T: DeserializeOwned>(row: &PgRow, column: &str) -> sqlx::Result<T> {
-    let value: String = row.try_get(column)?;
-    serde_json::from_value(serde_json::Value::String(value)).map_err(|e| decode_error(column, e))
-}
-
-/// A nullable enumeration column, or None when the row has no such column.
-fn optional_enumeration<T: DeserializeOwned>(row: &PgRow, column: &str) -> sqlx::Result<Option<T>> {
-    match row.try_get::<Option<String>, _>(column) {
-        Ok(Some(value)) => serde_json::from_value(serde_json::Value::String(value))
-            .map(Some)
-            .map_err(|e| decode_error(column, e)),
-        Ok(None) | Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// A `bytea` column that holds UTF-8 text.
-fn utf8(row: &PgRow, column: &str) -> sqlx::Result<String> {
-    let bytes: Vec<u8> = row.try_get(column)?;
-    String::from_utf8(bytes).map_err(|e| decode_error(column, e))
-}
-
-/// A column a joined readback has and a written row has not.
-fn joined<T>(row: &PgRow, column: &str) -> sqlx::Result<Option<T>>
-where
-    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
-{
-    match row.try_get::<Option<T>, _>(column) {
-        Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
-        other => other,
-    }
-}
-
-fn session_row(row: PgRow) -> sqlx::Result<SessionRow> {
-    Ok(SessionRow {
-        session_id: row.try_get("session_id")?,
-        goal_id: row.try_get("goal_id")?,
-        agent_id: row.try_get("agent_id")?,
-        host_surface: row.try_get("host_surface")?,
-        host_session_id: row.try_get("host_session_id")?,
-        executor_endpoint_id: row.try_get("executor_endpoint_id")?,
-        state: enumeration(&row, "state")?,
-        created_at: row.try_get("created_at")?,
-        closed_at: row.try_get("closed_at")?,
-        queued_count: row.try_get("queued_count")?,
-        active_claim_id: row.try_get("active_claim_id")?,
-        next_seq: row.try_get("next_seq")?,
-        next_event_no: row.try_get("next_event_no")?,
-    })
-}
-
-fn turn_row(row: PgRow) -> sqlx::Result<TurnRow> {
-    Ok(TurnRow {
-        turn_id: row.try_get("turn_id")?,
-        session_id: row.try_get("session_id")?,
-        seq: row.try_get("seq")?,
-        origin: enumeration(&row, "origin")?,
-        text: utf8(&row, "text")?,
-        client_message_id: row.try_get("client_message_id")?,
-        lark_chat_id: row.try_get("lark_chat_id")?,
-        lark_message_id: row.try_get("lark_message_id")?,
-        state: enumeration(&row, "state")?,
-        enqueued_at: row.try_get("enqueued_at")?,
-        claimed_at: row.try_get("claimed_at")?,
-        completed_at: row.try_get("completed_at")?,
-        claim_count: row.try_get("claim_count")?,
-        current_claim_id: row.try_get("current_claim_id")?,
-        completion_id: row.try_get("completion_id")?,
-        response: row.try_get("response")?,
-        cancel_reason: optional_enumeration(&row, "cancel_reason")?,
-        reply_state: optional_enumeration(&row, "reply_state")?,
-        reply_attempts: joined(&row, "reply_attempts")?,
-        reply_error: joined(&row, "reply_error")?,
-    })
-}
-
-/// An id that can name no stored row: every stored id is a minted one or a
-/// checked client id, neither of which holds U+0000 (which PostgreSQL text
-/// refuses outright, so asking would be a store error instead of a 404).
-fn unstorable(id: &str) -> bool {
-    id.contains('\0')
-}
-
-const SESSION_COLUMNS: &str = "session_id, goal_id, agent_id, host_surface, host_session_id, \
-     executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id, \
-     next_seq, next_event_no";
-
-const TURN_COLUMNS: &str = "turn_id, session_id, seq, origin, text, client_message_id, \
-     lark_chat_id, lark_message_id, state, enqueued_at, claimed_at, completed_at, claim_count, \
-     current_claim_id, completion_id, response, cancel_reason";
-
-/// A turn with its Lark reply's state, for readbacks.
-const TURN_READBACK: &str = "select t.turn_id, t.session_id, t.seq, t.origin, t.text, \
-     t.client_message_id, t.lark_chat_id, t.lark_message_id, t.state, t.enqueued_at, \
-     t.claimed_at, t.completed_at, t.claim_count, t.current_claim_id, t.completion_id, \
-     t.response, t.cancel_reason, r.state as reply_state, r.attempts as reply_attempts, \
-     r.error as reply_error from turns t left join lark_replies r on r.turn_id = t.turn_id";
-
 async fn load_session<'e, E>(db: E, session_id: &str) -> sqlx::Result<Option<SessionRow>>
 where
     E: sqlx::PgExecutor<'e>,
@@ -549,353 +402,6 @@ async fn append_event(
     Ok(())
 }
 
-fn claim_row(row: PgRow) -> sqlx::Result<ClaimRow> {
-    Ok(ClaimRow {
-        claim_id: row.try_get("claim_id")?,
-        session_id: row.try_get("session_id")?,
-        turn_id: row.try_get("turn_id")?,
-        attempt: row.try_get("attempt")?,
-        state: enumeration(&row, "state")?,
-        claimed_at: row.try_get("claimed_at")?,
-        released_at: row.try_get("released_at")?,
-    })
-}
-
-async fn load_claim(conn: &mut PgConnection, claim_id: &str) -> sqlx::Result<Option<ClaimRow>> {
-    if unstorable(claim_id) {
-        return Ok(None);
-    }
-    sqlx::query(
-        "select claim_id, session_id, turn_id, attempt, state, claimed_at, released_at
-         from claims where claim_id = $1",
-    )
-    .bind(claim_id)
-    .fetch_optional(conn)
-    .await?
-    .map(claim_row)
-    .transpose()
-}
-
-/// The (locked) session's active claim, if it has one.
-async fn active_claim(
-    conn: &mut PgConnection,
-    session: Option<&SessionRow>,
-) -> sqlx::Result<Option<ClaimRow>> {
-    match session.and_then(|s| s.active_claim_id.as_ref()) {
-        Some(claim_id) => load_claim(conn, claim_id).await,
-        None => Ok(None),
-    }
-}
-
-async fn bind_rows(conn: &mut PgConnection, bind: &BindRequest) -> sqlx::Result<BindRows> {
-    let registered: Option<i32> = sqlx::query_scalar(
-        "select 1 from agent_threads
-         where goal_id = $1 and agent_id = $2 and host_surface = $3 and host_session_id = $4",
-    )
-    .bind(&bind.goal_id)
-    .bind(&bind.agent_id)
-    .bind(&bind.host_surface)
-    .bind(&bind.host_session_id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let sql = format!(
-        "select {SESSION_COLUMNS} from sessions
-         where goal_id = $1 and agent_id = $2 and host_surface = $3 and host_session_id = $4
-           and state = 'open'"
-    );
-    let open = sqlx::query(&sql)
-        .bind(&bind.goal_id)
-        .bind(&bind.agent_id)
-        .bind(&bind.host_surface)
-        .bind(&bind.host_session_id)
-        .fetch_optional(&mut *conn)
-        .await?
-        .map(session_row)
-        .transpose()?;
-    Ok(BindRows {
-        registered: registered.is_some(),
-        open,
-    })
-}
-
-async fn bind(conn: &mut PgConnection, request: &BindRequest, minter: &Minter) -> Step<Bound> {
-    let rows = bind_rows(conn, request).await?;
-    let bound = decide::session::bind(rows, request.clone(), minter, now_ms())?;
-    if let Bound::Created(s) = &bound {
-        // Two replicas binding the same tuple at once: the second insert fails
-        // on sessions_open_tuple, and the decision taken again answers the
-        // first's session.
-        sqlx::query(
-            "insert into sessions (session_id, goal_id, agent_id, host_surface, host_session_id,
-                 executor_endpoint_id, state, created_at, next_seq, next_event_no)
-             values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-        )
-        .bind(&s.session_id)
-        .bind(&s.goal_id)
-        .bind(&s.agent_id)
-        .bind(&s.host_surface)
-        .bind(&s.host_session_id)
-        .bind(&s.executor_endpoint_id)
-        .bind(text(&s.state))
-        .bind(s.created_at)
-        .bind(s.next_seq)
-        .bind(s.next_event_no)
-        .execute(conn)
-        .await?;
-    }
-    Ok(bound)
-}
-
-/// Applies a decision's writes, in their order, in the caller's transaction.
-/// The caller announces the change once its transaction has committed
-/// ([`Announcer`]).
-async fn apply(conn: &mut PgConnection, writes: Writes) -> Step<()> {
-    match writes.turn {
-        Some(Change::Insert(t)) => {
-            sqlx::query(
-                "insert into turns (turn_id, session_id, seq, origin, text, client_message_id,
-                     lark_chat_id, lark_message_id, state, enqueued_at)
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-            )
-            .bind(&t.turn_id)
-            .bind(&t.session_id)
-            .bind(t.seq)
-            .bind(text(&t.origin))
-            .bind(t.text.as_bytes())
-            .bind(&t.client_message_id)
-            .bind(&t.lark_chat_id)
-            .bind(&t.lark_message_id)
-            .bind(text(&t.state))
-            .bind(t.enqueued_at)
-            .execute(&mut *conn)
-            .await?;
-        }
-        Some(Change::Update(t)) => {
-            sqlx::query(
-                "update turns set state = $1, claimed_at = $2, completed_at = $3,
-                     claim_count = $4, current_claim_id = $5, completion_id = $6, response = $7
-                 where turn_id = $8",
-            )
-            .bind(text(&t.state))
-            .bind(t.claimed_at)
-            .bind(t.completed_at)
-            .bind(t.claim_count)
-            .bind(&t.current_claim_id)
-            .bind(&t.completion_id)
-            .bind(&t.response)
-            .bind(&t.turn_id)
-            .execute(&mut *conn)
-            .await?;
-        }
-        None => {}
-    }
-    match writes.claim {
-        // The same claim id claimed on another session at this very moment:
-        // this insert waits for that transaction, fails if it committed, and
-        // the decision taken again answers claim_id_reused.
-        Some(Change::Insert(c)) => {
-            sqlx::query(
-                "insert into claims (claim_id, session_id, turn_id, attempt, state, claimed_at)
-                 values ($1, $2, $3, $4, $5, $6)",
-            )
-            .bind(&c.claim_id)
-            .bind(&c.session_id)
-            .bind(&c.turn_id)
-            .bind(c.attempt)
-            .bind(text(&c.state))
-            .bind(c.claimed_at)
-            .execute(&mut *conn)
-            .await?;
-        }
-        Some(Change::Update(c)) => {
-            sqlx::query("update claims set state = $1, released_at = $2 where claim_id = $3")
-                .bind(text(&c.state))
-                .bind(c.released_at)
-                .bind(&c.claim_id)
-                .execute(&mut *conn)
-                .await?;
-        }
-        None => {}
-    }
-    if let Some(s) = writes.session {
-        write_session(conn, &s).await?;
-    }
-    if let Some(e) = writes.event {
-        insert_event(conn, &e).await?;
-    }
-    if let Some(r) = writes.reply {
-        sqlx::query(
-            "insert into lark_replies (turn_id, session_id, chat_id, message_id, text, state,
-                 next_attempt_at, created_at, updated_at)
-             values ($1, $2, $3, $4, $5, 'pending', $6, $6, $6)",
-        )
-        .bind(&r.turn_id)
-        .bind(&r.session_id)
-        .bind(&r.chat_id)
-        .bind(&r.message_id)
-        .bind(r.text.as_bytes())
-        .bind(r.at)
-        .execute(&mut *conn)
-        .await?;
-    }
-    Ok(())
-}
-
-/// Writes back what a decision changes in a (locked) session row.
-async fn write_session(conn: &mut PgConnection, s: &SessionRow) -> sqlx::Result<()> {
-    sqlx::query(
-        "update sessions set state = $1, closed_at = $2, next_seq = $3, next_event_no = $4,
-             queued_count = $5, active_claim_id = $6
-         where session_id = $7",
-    )
-    .bind(text(&s.state))
-    .bind(s.closed_at)
-    .bind(s.next_seq)
-    .bind(s.next_event_no)
-    .bind(s.queued_count)
-    .bind(&s.active_claim_id)
-    .bind(&s.session_id)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-async fn insert_event(conn: &mut PgConnection, e: &NewEvent) -> sqlx::Result<()> {
-    sqlx::query(
-        "insert into session_events
-             (session_id, event_no, kind, turn_id, seq, request_id, state, at)
-         values ($1, $2, $3, $4, $5, $6, $7, $8)",
-    )
-    .bind(&e.session_id)
-    .bind(e.event_no)
-    .bind(e.kind)
-    .bind(&e.turn_id)
-    .bind(e.seq)
-    .bind(&e.request_id)
-    .bind(e.state)
-    .bind(e.at)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-/// Applies a decision's writes and answers its answer.
-async fn decided<T>(conn: &mut PgConnection, decided: Decided<T>) -> Step<T> {
-    apply(conn, decided.writes).await?;
-    Ok(decided.answer)
-}
-
-async fn enqueue(
-    conn: &mut PgConnection,
-    session_id: &str,
-    message: &EnqueueRequest,
-    minter: &Minter,
-) -> Step<Enqueue> {
-    let session = lock_session(conn, session_id).await?;
-    let earlier = match (&session, &message.client_message_id) {
-        (Some(_), Some(client_message_id)) => sqlx::query(&format!(
-            "select {TURN_COLUMNS} from turns where session_id = $1 and client_message_id = $2"
-        ))
-        .bind(session_id)
-        .bind(client_message_id)
-        .fetch_optional(&mut *conn)
-        .await?
-        .map(turn_row)
-        .transpose()?,
-        _ => None,
-    };
-    let decision = decide::turn::enqueue(session, earlier, message.clone(), minter, now_ms())?;
-    decided(conn, decision).await
-}
-
-async fn claim_rows(
-    conn: &mut PgConnection,
-    session_id: &str,
-    claim_id: &str,
-) -> sqlx::Result<ClaimRows> {
-    let Some(session) = lock_session(conn, session_id).await? else {
-        return Ok(ClaimRows::default());
-    };
-    let earlier = load_claim(conn, claim_id).await?;
-    let earlier_turn = match &earlier {
-        Some(claim) => load_turn(&mut *conn, session_id, &claim.turn_id).await?,
-        None => None,
-    };
-    let head = sqlx::query(&format!(
-        "select {TURN_COLUMNS} from turns where session_id = $1 and state = 'queued'
-         order by seq limit 1"
-    ))
-    .bind(session_id)
-    .fetch_optional(&mut *conn)
-    .await?
-    .map(turn_row)
-    .transpose()?;
-    Ok(ClaimRows {
-        active: active_claim(conn, Some(&session)).await?,
-        session: Some(session),
-        earlier,
-        earlier_turn,
-        head,
-    })
-}
-
-async fn claim(
-    conn: &mut PgConnection,
-    session_id: &str,
-    host: &HostIdentity,
-    claim_id: &str,
-) -> Step<ClaimOutcome> {
-    let rows = claim_rows(conn, session_id, claim_id).await?;
-    let decision = decide::turn::claim(rows, host, claim_id, now_ms())?;
-    decided(conn, decision).await
-}
-
-async fn complete(
-    conn: &mut PgConnection,
-    session_id: &str,
-    turn_id: &str,
-    completion: &CompleteRequest,
-) -> Step<Receipt> {
-    let session = lock_session(conn, session_id).await?;
-    let turn = load_turn(&mut *conn, session_id, turn_id).await?;
-    let used: Option<i32> =
-        sqlx::query_scalar("select 1 from turns where session_id = $1 and completion_id = $2")
-            .bind(session_id)
-            .bind(&completion.completion_id)
-            .fetch_optional(&mut *conn)
-            .await?;
-    let rows = CompleteRows {
-        session,
-        turn,
-        completion_id_used: used.is_some(),
-    };
-    let decision = decide::turn::complete(rows, completion.clone(), now_ms())?;
-    decided(conn, decision).await
-}
-
-async fn release(
-    conn: &mut PgConnection,
-    session_id: &str,
-    claim_id: &str,
-    host: &HostIdentity,
-) -> Step<Released> {
-    let session = lock_session(conn, session_id).await?;
-    let claim = load_claim(conn, claim_id)
-        .await?
-        .filter(|c| c.session_id == session_id);
-    let turn = match &claim {
-        Some(claim) => load_turn(&mut *conn, session_id, &claim.turn_id).await?,
-        None => None,
-    };
-    let rows = ReleaseRows {
-        session,
-        claim,
-        turn,
-    };
-    let decision = decide::turn::release(rows, host, now_ms())?;
-    decided(conn, decision).await
-}
-
 /// One transaction of retention: a chunk of the oldest prunable session's
 /// rows, or the session itself once they are gone, or old Lark guards. The
 /// session row is locked, skipping one another replica is pruning.
@@ -933,90 +439,6 @@ async fn prune_step(conn: &mut PgConnection, cutoff_ms: i64) -> Step<PruneStep> 
         .execute(&mut *conn)
         .await?;
     Ok(PruneStep::Session)
-}
-
-async fn close_rows(conn: &mut PgConnection, session_id: &str) -> sqlx::Result<CloseRows> {
-    let Some(session) = lock_session(conn, session_id).await? else {
-        return Ok(CloseRows::default());
-    };
-    let (queued, pending): (i64, i64) = sqlx::query_as(
-        "select (select count(*) from turns where session_id = $1 and state = 'queued'),
-                (select count(*) from permission_requests
-                 where session_id = $1 and state = 'pending')",
-    )
-    .bind(session_id)
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok(CloseRows {
-        active: active_claim(conn, Some(&session)).await?,
-        session: Some(session),
-        queued,
-        pending,
-    })
-}
-
-async fn close(conn: &mut PgConnection, session_id: &str) -> Step<Closed> {
-    let rows = close_rows(conn, session_id).await?;
-    let closing = match decide::session::close(rows, now_ms())? {
-        Close::Replayed(closed) => return Ok(closed),
-        Close::Close(closing) => closing,
-    };
-    let at = closing.event.at;
-    let cancelled = sqlx::query(
-        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
-         select session_id, $1 - 1 + row_number() over (order by seq), 'turn', turn_id, seq,
-                $2, $3
-         from turns where session_id = $4 and state = 'queued'",
-    )
-    .bind(closing.cancelled_from)
-    .bind(text(&closing.cancelled))
-    .bind(at)
-    .bind(session_id)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    sqlx::query(
-        "update turns set state = $1, cancel_reason = $2
-         where session_id = $3 and state = 'queued'",
-    )
-    .bind(text(&closing.cancelled))
-    .bind(text(&closing.cancel_reason))
-    .bind(session_id)
-    .execute(&mut *conn)
-    .await?;
-    let expired = sqlx::query(
-        "insert into session_events (session_id, event_no, kind, request_id, state, at)
-         select session_id, $1 - 1 + row_number() over (order by created_at, request_id),
-                'permission', request_id, $2, $3
-         from permission_requests where session_id = $4 and state = 'pending'",
-    )
-    .bind(closing.expired_from)
-    .bind(closing.expired.as_str())
-    .bind(at)
-    .bind(session_id)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    sqlx::query(
-        "update permission_requests set state = $1, answered_at = $2
-         where session_id = $3 and state = 'pending'",
-    )
-    .bind(closing.expired.as_str())
-    .bind(at)
-    .bind(session_id)
-    .execute(&mut *conn)
-    .await?;
-    write_session(conn, &closing.session).await?;
-    insert_event(conn, &closing.event).await?;
-    sqlx::query("delete from lark_links where session_id = $1")
-        .bind(session_id)
-        .execute(&mut *conn)
-        .await?;
-    Ok(Closed {
-        session: closing.session,
-        cancelled,
-        expired,
-    })
 }
 
 const PERMISSION_COLUMNS: &str = "session_id, request_id, tool_name, description, \
@@ -1285,106 +707,6 @@ async fn lark_event(
         session_id,
         turn: Box::new(done.turn),
     })
-}
-
-async fn start_listening(listen_pool: &PgPool) -> sqlx::Result<PgListener> {
-    let mut listener = PgListener::connect_with(listen_pool).await?;
-    listener.listen(CHANNEL).await?;
-    Ok(listener)
-}
-
-/// Listens on [`CHANNEL`] until `stop`, calling `hook` with each notified
-/// session id. A lost connection is re-established with backoff; since what
-/// was announced meanwhile is lost, every open or recently closed session is
-/// then woken once (the waiters re-check the store).
-async fn listen(
-    mut listener: Option<PgListener>,
-    listen_pool: PgPool,
-    pool: PgPool,
-    hook: ChangeHook,
-    stop: CancellationToken,
-) {
-    let mut backoff = Duration::from_millis(100);
-    // When notifications may have started to go missing.
-    let mut lost_since: Option<i64> = None;
-    loop {
-        let connected = match listener.take() {
-            Some(listener) => Ok(listener),
-            None => tokio::select! {
-                _ = stop.cancelled() => return,
-                connected = start_listening(&listen_pool) => connected,
-            },
-        };
-        match connected {
-            Ok(mut listener) => {
-                backoff = Duration::from_millis(100);
-                if let Some(since) = lost_since.take() {
-                    tracing::info!("listening for other replicas' changes again");
-                    wake_recent(&pool, &hook, since).await;
-                }
-                let error = tokio::select! {
-                    _ = stop.cancelled() => return,
-                    error = relay(&mut listener, &pool, &hook) => error,
-                };
-                tracing::warn!(%error, "lost the connection that listens for other replicas' changes; reconnecting");
-                lost_since = Some(now_ms());
-            }
-            Err(error) => {
-                tracing::warn!(%error, retry_in_ms = backoff.as_millis() as u64, "cannot listen for other replicas' changes");
-                lost_since.get_or_insert_with(now_ms);
-            }
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
-    }
-}
-
-/// Hands each notification to `hook` until the listening connection fails
-/// for good (a drop that `PgListener` re-established at once is handled here).
-async fn relay(listener: &mut PgListener, pool: &PgPool, hook: &ChangeHook) -> sqlx::Error {
-    loop {
-        tokio::select! {
-            received = listener.try_recv() => match received {
-                Ok(Some(notification)) => hook(notification.payload()),
-                Ok(None) => {
-                    // The connection dropped and PgListener listens again on a
-                    // new one; what was announced in between is lost.
-                    tracing::info!("the listening connection dropped and was re-established");
-                    wake_recent(pool, hook, now_ms()).await;
-                }
-                Err(error) => return error,
-            },
-            _ = tokio::time::sleep(LISTENER_PING) => {
-                // A silently dead connection (no reset ever arrives) would
-                // otherwise listen to nothing for hours.
-                let ping = sqlx::query("select 1").execute(&mut *listener);
-                match tokio::time::timeout(ACQUIRE_TIMEOUT, ping).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(error)) => return error,
-                    Err(_) => return sqlx::Error::PoolTimedOut,
-                }
-            }
-        }
-    }
-}
-
-/// Wakes every open session, and every session closed since shortly before
-/// `since`: their waiters re-check the store for what they may have missed.
-async fn wake_recent(pool: &PgPool, hook: &ChangeHook, since: i64) {
-    let sessions: sqlx::Result<Vec<String>> = sqlx::query_scalar(
-        "select session_id from sessions where state = 'open' or closed_at >= $1",
-    )
-    .bind(since - 60_000)
-    .fetch_all(pool)
-    .await;
-    match sessions {
-        Ok(sessions) => sessions.iter().for_each(|s| hook(s)),
-        // The periodic re-check still covers them.
-        Err(error) => tracing::warn!(%error, "cannot list the sessions to wake after a reconnect"),
-    }
 }
 
 #[async_trait]
