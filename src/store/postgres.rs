@@ -113,7 +113,7 @@ pub const CHANNEL: &str = "loopx_changes";
 /// The most connections one replica opens (the listener's is extra).
 pub const MAX_CONNECTIONS: u32 = 16;
 /// How long a request waits for a connection before answering 503.
-pub(crate) const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often parked claims and event streams re-check the store regardless.
 const RECHECK: Duration = Duration::from_secs(5);
 /// How long a dispatcher holds the replies it took before another may.

@@ -10,12 +10,10 @@ use std::time::Duration;
 use sqlx::postgres::{PgListener, PgPool};
 use tokio_util::sync::CancellationToken;
 
-use super::{ACQUIRE_TIMEOUT, CHANNEL};
+use super::{ACQUIRE_TIMEOUT, CHANNEL, LISTENER_PING};
 use crate::store::ChangeHook;
 use crate::time::now_ms;
 
-/// How often the listening connection is proven alive.
-const LISTENER_PING: Duration = Duration::from_secs(30);
 /// Sends `pg_notify(CHANNEL, session_id)` for committed changes, outside
 /// their transactions, in batches: each batch is one statement in its own
 /// transaction, which writes nothing and so commits without a disk flush.
