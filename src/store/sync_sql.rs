@@ -64,7 +64,7 @@ macro_rules! text_enum {
     ($($t:ty),*) => {$(
         impl Bind for $t {
             fn value(self) -> Value {
-                Value::Text(wire(&self))
+                Value::Text(crate::model::wire(&self))
             }
         }
         impl FromSql for $t {
@@ -86,13 +86,6 @@ text_enum!(
     AnsweredVia,
     ClaimState
 );
-
-fn wire<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_value(v)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
-}
 
 /// A row type the writer reads.
 pub trait FromRow: Sized {

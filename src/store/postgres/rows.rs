@@ -2,7 +2,6 @@
 //! snake_case text, messages as UTF-8 `bytea`, the column lists the
 //! statements select.
 
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -10,12 +9,7 @@ use sqlx::postgres::PgRow;
 use crate::store::{SessionRow, TurnRow};
 
 /// An enumeration as the text the columns hold (its snake_case name).
-pub(super) fn text<T: Serialize>(value: &T) -> String {
-    match serde_json::to_value(value) {
-        Ok(serde_json::Value::String(s)) => s,
-        _ => unreachable!("the model's enumerations serialize as strings"),
-    }
-}
+pub(super) use crate::model::wire as text;
 
 pub(super) fn decode_error(
     column: &str,
