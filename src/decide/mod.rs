@@ -9,6 +9,7 @@
 //! Every stateful refusal (`session_closed`, `claim_active`, `not_claimed`,
 //! `session_exists`, …) is constructed here and nowhere else.
 
+pub mod lark;
 pub mod session;
 pub mod turn;
 

@@ -92,12 +92,12 @@ use super::{
     TurnRow,
 };
 use crate::decide;
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, Result};
 use crate::ids::Minter;
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
 use crate::model::{
     BindRequest, CompleteRequest, EnqueueRequest, Ingress, LarkLink, LarkRef, ListSessions,
-    ListTurns, Origin, Receipt, RegisterAgentThread, Released, SessionState,
+    ListTurns, Origin, Receipt, RegisterAgentThread, Released,
 };
 use crate::permission::{self, LarkVerdict};
 use crate::time::now_ms;
@@ -579,22 +579,13 @@ async fn lark_link(
     chat_id: &str,
     approvers: &[String],
 ) -> Step<LarkLink> {
-    let session = locked_session(conn, session_id).await?;
-    if session.state == SessionState::Closed {
-        return Err(Error::new(ErrorCode::SessionClosed, "The session is closed.").into());
-    }
+    let session = lock_session(conn, session_id).await?;
     let holder: Option<String> =
         sqlx::query_scalar("select session_id from lark_links where chat_id = $1")
             .bind(chat_id)
             .fetch_optional(&mut *conn)
             .await?;
-    if holder.as_deref().is_some_and(|h| h != session_id) {
-        return Err(Error::new(
-            ErrorCode::ChatLinked,
-            "This Lark chat is linked to another open session; unlink it there first.",
-        )
-        .into());
-    }
+    decide::lark::link(session, holder.as_deref())?;
     sqlx::query("delete from lark_links where session_id = $1")
         .bind(session_id)
         .execute(&mut *conn)

@@ -28,12 +28,12 @@ use super::{
     Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, Subject, TurnRow,
 };
 use crate::decide;
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, Result};
 use crate::ids::Minter;
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
 use crate::model::{
     BindRequest, CompleteRequest, EnqueueRequest, Ingress, LarkLink, LarkRef, ListSessions,
-    ListTurns, Receipt, RegisterAgentThread, Released, SessionState,
+    ListTurns, Receipt, RegisterAgentThread, Released,
 };
 use crate::permission::{self, LarkVerdict};
 use crate::time::now_ms;
@@ -381,23 +381,12 @@ fn lark_link(
     chat_id: String,
     approvers: Vec<String>,
 ) -> Result<LarkLink> {
-    let session = existing_session(conn, &session_id)?;
-    if session.state == SessionState::Closed {
-        return Err(Error::new(
-            ErrorCode::SessionClosed,
-            "The session is closed.",
-        ));
-    }
+    let session = load_session(conn, &session_id)?;
     let holder: Option<String> =
         sql::query_scalar("select session_id from lark_links where chat_id = ?")
             .bind(&chat_id)
             .fetch_optional(conn)?;
-    if holder.as_ref().is_some_and(|h| *h != session_id) {
-        return Err(Error::new(
-            ErrorCode::ChatLinked,
-            "This Lark chat is linked to another open session; unlink it there first.",
-        ));
-    }
+    decide::lark::link(session, holder.as_deref())?;
     sql::query("delete from lark_links where session_id = ?")
         .bind(&session_id)
         .execute(conn)?;
