@@ -7,10 +7,10 @@
 //! text means (`yes <id>` / `no <id>`: an answer, ignored, or an ordinary
 //! turn) and the message a linked chat receives for a new request.
 
-use crate::error::{Error, ErrorCode, Result};
+use crate::decide;
+use crate::error::{Error, Result};
 use crate::model::{
     AnsweredVia, Behavior, CreatePermissionRequest, PermissionRequest, PermissionState,
-    SessionState,
 };
 use crate::store::{HostIdentity, SessionRow};
 use crate::time::rfc3339;
@@ -92,17 +92,12 @@ pub fn create(
         if row.same_request(&request) {
             return Ok(Decision::Replayed(row));
         }
-        return Err(Error::new(
-            ErrorCode::IdempotencyKeyReused,
-            "This request_id was used on this session with another request.",
+        return Err(decide::key_reused(
+            "request_id",
+            "another request on this session",
         ));
     }
-    if session.state == SessionState::Closed {
-        return Err(Error::new(
-            ErrorCode::SessionClosed,
-            "The session is closed.",
-        ));
-    }
+    decide::open(session)?;
     Ok(Decision::Write(PermissionRow {
         session_id: session.session_id.clone(),
         request_id: request.request_id,
@@ -318,6 +313,8 @@ fn cut(text: &str, chars: usize) -> String {
 mod tests {
     use super::LarkVerdict::*;
     use super::*;
+    use crate::error::ErrorCode;
+    use crate::model::SessionState;
 
     fn session(state: SessionState) -> SessionRow {
         SessionRow {

@@ -137,6 +137,16 @@ pub fn hosted(session: Option<SessionRow>, host: &HostIdentity) -> Result<Sessio
     Ok(session)
 }
 
+/// 422 `idempotency_key_reused`: `key` (a `client_message_id`, a
+/// `completion_id`, a permission `request_id`) was used before with a
+/// different request; `with` says with what.
+pub fn key_reused(key: &str, with: &str) -> Error {
+    Error::new(
+        ErrorCode::IdempotencyKeyReused,
+        format!("This {key} was used with {with}."),
+    )
+}
+
 /// 409 `session_closed` when the session is closed.
 pub fn open(session: &SessionRow) -> Result<()> {
     match session.state {

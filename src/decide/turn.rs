@@ -3,7 +3,7 @@
 //! reuse), complete (fencing by claim, completion replay) and release.
 
 use super::{
-    Change, ClaimRow, ClaimState, Decided, NewReply, Writes, existing, hosted, log,
+    Change, ClaimRow, ClaimState, Decided, NewReply, Writes, existing, hosted, key_reused, log,
     no_active_claim, open,
 };
 use crate::error::{Error, ErrorCode, Result};
@@ -49,10 +49,7 @@ pub fn enqueue(
     if let Some(turn) = earlier {
         open(&session)?;
         if !same_message(&turn, &message) {
-            return Err(Error::new(
-                ErrorCode::IdempotencyKeyReused,
-                "This client_message_id was used with another message.",
-            ));
+            return Err(key_reused("client_message_id", "another message"));
         }
         return Ok(Decided::nothing(Enqueue {
             turn,
@@ -254,12 +251,7 @@ pub fn complete(
     let mut session = hosted(rows.session, &host)?;
     let turn = rows.turn.ok_or_else(|| Error::not_found("turn"))?;
     let response = serde_json::Value::Object(completion.response);
-    let reused = || {
-        Error::new(
-            ErrorCode::IdempotencyKeyReused,
-            "This completion_id was used with another claim, turn or response.",
-        )
-    };
+    let reused = || key_reused("completion_id", "another claim, turn or response");
     if turn.completion_id.as_deref() == Some(completion.completion_id.as_str()) {
         let stored: Option<serde_json::Value> = turn
             .response
