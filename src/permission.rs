@@ -313,33 +313,9 @@ fn cut(text: &str, chars: usize) -> String {
 mod tests {
     use super::LarkVerdict::*;
     use super::*;
+    use crate::decide::tests::{host, session};
     use crate::error::ErrorCode;
     use crate::model::SessionState;
-
-    fn session(state: SessionState) -> SessionRow {
-        SessionRow {
-            session_id: "ses_1".into(),
-            goal_id: "g".into(),
-            agent_id: "a".into(),
-            host_surface: "claude-code".into(),
-            host_session_id: "h".into(),
-            executor_endpoint_id: "e".into(),
-            state,
-            created_at: 0,
-            closed_at: None,
-            queued_count: 0,
-            active_claim_id: None,
-            next_seq: 0,
-            next_event_no: 0,
-        }
-    }
-
-    fn host(id: &str) -> HostIdentity {
-        HostIdentity {
-            host_surface: "claude-code".into(),
-            host_session_id: id.into(),
-        }
-    }
 
     fn request(preview: &str) -> CreatePermissionRequest {
         CreatePermissionRequest {
