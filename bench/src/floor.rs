@@ -58,7 +58,8 @@ async fn done(UrlPath(_key): UrlPath<usize>) -> &'static str {
     "ok"
 }
 
-/// A running floor server process.
+/// A server this binary runs as a child process (the floor server, the
+/// axum-over-Redis peer), so its RSS and CPU are its own.
 pub struct FloorServer {
     child: Child,
     pub pid: u32,
@@ -67,9 +68,16 @@ pub struct FloorServer {
 
 impl FloorServer {
     pub async fn start() -> Result<Self> {
+        Self::spawn("the floor server", &["floor-server"]).await
+    }
+
+    /// Runs this binary with `args` and `--listen` on a free loopback port;
+    /// answers once its `/healthz` does.
+    pub async fn spawn(what: &str, args: &[&str]) -> Result<Self> {
         let port = sys::free_port()?;
         let child = Command::new(std::env::current_exe()?)
-            .args(["floor-server", "--listen", &format!("127.0.0.1:{port}")])
+            .args(args)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()?;
@@ -82,14 +90,14 @@ impl FloorServer {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Ok(Some(status)) = server.child.try_wait() {
-                return Err(format!("the floor server exited ({status})").into());
+                return Err(format!("{what} exited ({status})").into());
             }
             let health = http.get(format!("{}/healthz", server.base)).send().await;
             if health.is_ok_and(|r| r.status().is_success()) {
                 return Ok(server);
             }
             if Instant::now() > deadline {
-                return Err("the floor server did not start within 10 s".into());
+                return Err(format!("{what} did not start within 10 s").into());
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

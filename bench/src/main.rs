@@ -9,6 +9,7 @@ mod floor;
 mod loopx;
 mod peers;
 mod queue;
+mod redis_http;
 mod replicas;
 mod report;
 mod sys;
@@ -55,6 +56,14 @@ enum Sub {
     FloorServer {
         #[arg(long)]
         listen: SocketAddr,
+    },
+    /// The axum-over-Redis-Streams peer server (run by the benchmark itself).
+    #[command(hide = true)]
+    RedisHttpServer {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long)]
+        redis_url: String,
     },
 }
 
@@ -155,11 +164,18 @@ fn progress(what: &str) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
-    if let Some(Sub::FloorServer { listen }) = cli.command {
-        return match runtime.block_on(floor::serve(listen)) {
+    let server = match &cli.command {
+        Some(Sub::FloorServer { listen }) => Some(runtime.block_on(floor::serve(*listen))),
+        Some(Sub::RedisHttpServer { listen, redis_url }) => {
+            Some(runtime.block_on(redis_http::serve(*listen, redis_url)))
+        }
+        None => None,
+    };
+    if let Some(outcome) = server {
+        return match outcome {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("floor-server: {e}");
+                eprintln!("loopx-bench server: {e}");
                 ExitCode::FAILURE
             }
         };
@@ -375,6 +391,12 @@ async fn redis_suites(plan: &Plan, m: &mut Metrics) -> Result<String> {
         let q = Arc::new(server.queue(fsync, plan.lanes(), fsync).await?);
         suite(plan, q, &format!("redis.{fsync}"), m).await?;
     }
+    // The peer a user would build instead: axum over the same Redis, `always`.
+    server.streams("http", plan.lanes(), "always").await?;
+    let args = ["redis-http-server", "--redis-url", &server.url];
+    let peer = floor::FloorServer::spawn("the axum-over-Redis peer", &args).await?;
+    let q = Arc::new(redis_http::RedisHttpQueue::new(&peer, "http", 120)?);
+    suite(plan, q, "redis_http.always", m).await?;
     Ok(server.version.clone())
 }
 

@@ -22,6 +22,8 @@ pub struct RedisServer {
     client: redis::Client,
     _dir: TempDir,
     pub version: String,
+    /// `redis://127.0.0.1:<port>/`.
+    pub url: String,
 }
 
 impl RedisServer {
@@ -52,12 +54,14 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+        let url = format!("redis://127.0.0.1:{port}/");
+        let client = redis::Client::open(url.as_str())?;
         let mut server = Self {
             child,
             client,
             _dir: dir,
             version,
+            url,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -93,6 +97,16 @@ impl RedisServer {
     /// A queue whose lanes are streams `{prefix}:{lane}` with group `g`,
     /// under `appendfsync` `fsync` (`always` or `everysec`).
     pub async fn queue(&self, prefix: &str, lanes: usize, fsync: &str) -> Result<RedisQueue> {
+        self.streams(prefix, lanes, fsync).await?;
+        Ok(RedisQueue {
+            client: self.client.clone(),
+            prefix: prefix.to_owned(),
+        })
+    }
+
+    /// Creates the streams `{prefix}:{lane}` with group `g`, and sets
+    /// `appendfsync` to `fsync`.
+    pub async fn streams(&self, prefix: &str, lanes: usize, fsync: &str) -> Result<()> {
         let mut conn = self.connect().await?;
         words(&["CONFIG", "SET", "appendfsync", fsync])
             .query_async::<()>(&mut conn)
@@ -109,10 +123,7 @@ impl RedisServer {
             .query_async::<()>(&mut conn)
             .await?;
         }
-        Ok(RedisQueue {
-            client: self.client.clone(),
-            prefix: prefix.to_owned(),
-        })
+        Ok(())
     }
 }
 
@@ -161,34 +172,8 @@ impl Queue for RedisQueue {
         wait: bool,
     ) -> Result<Option<Vec<u8>>> {
         let stream = format!("{}:{lane}", self.prefix);
-        let cmd = if wait {
-            words(&[
-                "XREADGROUP",
-                "GROUP",
-                "g",
-                "c",
-                "COUNT",
-                "1",
-                "BLOCK",
-                "0",
-                "STREAMS",
-                &stream,
-                ">",
-            ])
-        } else {
-            words(&[
-                "XREADGROUP",
-                "GROUP",
-                "g",
-                "c",
-                "COUNT",
-                "1",
-                "STREAMS",
-                &stream,
-                ">",
-            ])
-        };
-        Ok(first_entry_id(cmd.query_async::<Value>(conn).await?))
+        let cmd = read_group(&stream, wait.then_some(0));
+        Ok(first_entry(cmd.query_async::<Value>(conn).await?).map(|(id, _)| id))
     }
 
     async fn complete(&self, conn: &mut Self::Conn, lane: usize, id: Vec<u8>) -> Result<()> {
@@ -211,9 +196,21 @@ fn words(words: &[&str]) -> redis::Cmd {
     cmd
 }
 
-/// The first entry id of an XREADGROUP reply: `[[stream, [[id, fields]]]]`
-/// (RESP2), or a map of stream to entries (RESP3); nil when empty.
-fn first_entry_id(reply: Value) -> Option<Vec<u8>> {
+/// `XREADGROUP` of one new entry of `stream` for consumer `c` of group `g`;
+/// with `block`, waits up to that many milliseconds (0: for ever).
+pub fn read_group(stream: &str, block: Option<u64>) -> redis::Cmd {
+    let mut cmd = words(&["XREADGROUP", "GROUP", "g", "c", "COUNT", "1"]);
+    if let Some(ms) = block {
+        cmd.arg("BLOCK").arg(ms);
+    }
+    cmd.arg("STREAMS").arg(stream).arg(">");
+    cmd
+}
+
+/// The first entry of an XREADGROUP reply, its id and its fields, from
+/// `[[stream, [[id, fields]]]]` (RESP2) or a map of stream to entries
+/// (RESP3); none when the reply is nil or empty.
+pub fn first_entry(reply: Value) -> Option<(Vec<u8>, Value)> {
     let entries = match reply {
         Value::Array(mut streams) if !streams.is_empty() => match streams.swap_remove(0) {
             Value::Array(mut pair) if pair.len() == 2 => pair.pop()?,
@@ -229,10 +226,13 @@ fn first_entry_id(reply: Value) -> Option<Vec<u8>> {
         return None;
     }
     match entries.swap_remove(0) {
-        Value::Array(mut entry) if !entry.is_empty() => match entry.swap_remove(0) {
-            Value::BulkString(id) => Some(id),
-            _ => None,
-        },
+        Value::Array(mut entry) if entry.len() == 2 => {
+            let fields = entry.pop()?;
+            match entry.pop()? {
+                Value::BulkString(id) => Some((id, fields)),
+                _ => None,
+            }
+        }
         _ => None,
     }
 }

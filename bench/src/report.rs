@@ -24,7 +24,7 @@ pub fn medians(runs: &[Metrics]) -> Metrics {
 
 /// Every system and durability, how the table names them, and the broker
 /// durability it is compared with (like with like).
-const SYSTEMS: [(&str, &str, &str, &str); 7] = [
+const SYSTEMS: [(&str, &str, &str, &str); 8] = [
     (
         "loopx.full",
         "loopx broker",
@@ -48,6 +48,12 @@ const SYSTEMS: [(&str, &str, &str, &str); 7] = [
         "Redis Streams",
         "AOF appendfsync everysec",
         "loopx.relaxed",
+    ),
+    (
+        "redis_http.always",
+        "axum over Redis Streams (peer: same 3 HTTP requests)",
+        "AOF appendfsync always",
+        "loopx.full",
     ),
     (
         "postgres.sync_on",
@@ -170,6 +176,7 @@ pub fn print(
             "loopx.relaxed": "SQLite WAL synchronous=NORMAL (--durability relaxed)",
             "redis.always": "appendonly yes, appendfsync always",
             "redis.everysec": "appendonly yes, appendfsync everysec",
+            "redis_http.always": "axum over Redis Streams, appendonly yes, appendfsync always",
             "postgres.sync_on": "synchronous_commit=on, fsync=on",
             "postgres.sync_off": "synchronous_commit=off",
             "replicas": "the PostgreSQL server's: synchronous_commit=on, fsync=on",
@@ -460,7 +467,7 @@ fn targets(r: &mut Report, plan: &Plan) -> Value {
     let depth0 = r.get("depth.loopx.0.cycle_p50_us");
     let depth_max = r.get(&format!("depth.loopx.{deepest}.cycle_p50_us"));
     let div = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
-    let rows: Vec<(String, String, Option<f64>, Option<bool>)> = vec![
+    let mut rows: Vec<(String, String, Option<f64>, Option<bool>)> = vec![
         (
             format!("wake p50, {n} parked (full)"),
             "< 1000 µs".into(),
@@ -519,7 +526,8 @@ fn targets(r: &mut Report, plan: &Plan) -> Value {
             div(depth_max, depth0).map(|v| v <= 1.2),
         ),
     ];
-    r.line("### Targets from issue #4\n");
+    rows.extend(issue17_targets(r, n, lx50, floor50));
+    r.line("### Targets from issues #4 and 17\n");
     r.line("| target | goal | measured | met |");
     r.line("|---|---|---:|---|");
     let mut json = serde_json::Map::new();
@@ -534,6 +542,41 @@ fn targets(r: &mut Report, plan: &Plan) -> Value {
     }
     r.line("");
     Value::Object(json)
+}
+
+/// Issue 17's targets: throughput against the bare axum floor and the
+/// axum-over-Redis peer at 16 and 128 sessions, wake against the floor.
+fn issue17_targets(
+    r: &Report,
+    n: usize,
+    lx50: Option<f64>,
+    floor50: Option<f64>,
+) -> Vec<(String, String, Option<f64>, Option<bool>)> {
+    let mut rows = Vec::new();
+    for k in [16, 128] {
+        let lx = r.get(&format!("tput.loopx.full.{k}.cycles_per_s"));
+        for (versus, name, goal) in [
+            ("axum_floor.none", "bare axum floor", 0.5),
+            ("redis_http.always", "axum over Redis Streams (always)", 1.0),
+        ] {
+            let other = r.get(&format!("tput.{versus}.{k}.cycles_per_s"));
+            let ratio = lx.zip(other).map(|(a, b)| a / b);
+            rows.push((
+                format!("cycles/s ÷ {name}, {k} sessions (full)"),
+                format!("≥ {goal:.1}x"),
+                ratio,
+                ratio.map(|v| v >= goal),
+            ));
+        }
+    }
+    let ratio = lx50.zip(floor50).map(|(a, b)| a / b);
+    rows.push((
+        format!("wake p50 ÷ bare axum floor p50, {n} parked (issue 17)"),
+        "≤ 3x".into(),
+        ratio,
+        ratio.map(|v| v <= 3.0),
+    ));
+    rows
 }
 
 /// The replicas section (issue #7): the broker on PostgreSQL with one and two
