@@ -16,7 +16,8 @@ pub mod client;
 /// The data dir and the owner token, for `serve` and the clients alike.
 pub mod config;
 /// The contract's stateful rules, once for every store: rows in, writes or
-/// a refusal out.
+/// a refusal out (turns, sessions, permission requests, Lark links and
+/// events), every session event numbered there.
 pub mod decide;
 /// The one error type and its JSON body.
 pub mod error;
@@ -35,8 +36,8 @@ pub mod metrics;
 pub mod model;
 /// The generated OpenAPI document.
 pub mod openapi;
-/// The permission-request rules (create, answer, expire, answers from Lark),
-/// once for both stores.
+/// Permission requests apart from their decisions: the stored row, a Lark
+/// chat's approvers, `yes <id>` / `no <id>` and the request's chat message.
 pub mod permission;
 /// `loopx serve` and `loopx prune`; [`serve::App`] is the one wiring of a
 /// broker, which the integration tests run too.

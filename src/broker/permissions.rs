@@ -1,19 +1,20 @@
 //! The broker's side of permission requests: validation, metrics, wake-ups
 //! and the host's parked wait for an answer. The rules themselves are
-//! [`crate::permission`]'s; the store applies them in its transaction.
+//! [`crate::decide::permission`]'s; the store applies them in its transaction.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::{Answer, Broker, MAX_TEXT_BYTES};
+use crate::decide::permission::{Decision, answered_state};
 use crate::error::{Error, Result};
 use crate::ids::check;
 use crate::model::{
     AnsweredVia, Behavior, CreatePermissionRequest, ListPermissions, PermissionList,
     PermissionRequest, WaitPermission, wire,
 };
-use crate::permission::{self, Decision};
+use crate::permission;
 use crate::store::HostIdentity;
 
 impl Broker {
@@ -65,7 +66,7 @@ impl Broker {
             .store
             .answer_permission(session_id.to_owned(), request_id.to_owned(), behavior, via)
             .await?;
-        let outcome = wire(&permission::answered_state(behavior));
+        let outcome = wire(&answered_state(behavior));
         Ok(self.decided(session_id, decision, &outcome))
     }
 

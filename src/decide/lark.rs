@@ -1,16 +1,30 @@
-//! The Lark link's rules: a chat is linked to at most one open session, and a
-//! session to at most one chat.
+//! The Lark rules: a chat is linked to at most one open session, and a
+//! session to at most one chat; an event is taken once (by event id and by
+//! message id); a linked chat's text is an ordinary turn, or an approver's
+//! `yes <id>` / `no <id>` answer to a permission request, or ignored.
 
-use super::{existing, open};
+use super::permission::{AnswerRows, answer};
+use super::turn::enqueue;
+use super::{Decided, LinkChange, SeenLarkEvent, Writes, existing, open};
 use crate::error::{Error, ErrorCode, Result};
-use crate::store::SessionRow;
+use crate::ids::Minter;
+use crate::model::{AnsweredVia, Behavior, EnqueueRequest, Ingress, LarkLink, LarkRef, Origin};
+use crate::permission::{LarkCommand, PermissionRow, approvers_from_stored, approvers_to_stored};
+use crate::store::{LarkEvent, LarkIngest, SessionRow, TurnRow};
 
 /// A link of a chat to the session, given the session the chat is linked to
 /// now (`holder`), in this order: unknown session 404; closed 409
 /// `session_closed`; the chat linked to another session 409 `chat_linked`.
 /// Linking the session's own chat again, or another chat (which replaces
-/// the session's link), is fine.
-pub fn link(session: Option<SessionRow>, holder: Option<&str>) -> Result<SessionRow> {
+/// the session's link), is fine. `approvers` are checked already
+/// ([`crate::permission::approvers`]).
+pub fn link(
+    session: Option<SessionRow>,
+    holder: Option<&str>,
+    chat_id: String,
+    approvers: Vec<String>,
+    now: i64,
+) -> Result<Decided<LarkLink>> {
     let session = existing(session)?;
     open(&session)?;
     if holder.is_some_and(|holder| holder != session.session_id) {
@@ -19,28 +33,412 @@ pub fn link(session: Option<SessionRow>, holder: Option<&str>) -> Result<Session
             "This Lark chat is linked to another open session; unlink it there first.",
         ));
     }
-    Ok(session)
+    Ok(Decided {
+        writes: Writes {
+            link: Some(LinkChange::Link {
+                session_id: session.session_id.clone(),
+                chat_id: chat_id.clone(),
+                approvers: approvers_to_stored(&approvers),
+                at: now,
+            }),
+            ..Writes::default()
+        },
+        answer: LarkLink {
+            session_id: session.session_id,
+            chat_id: Some(chat_id),
+            approvers,
+        },
+    })
+}
+
+/// An unlink: unknown session 404; else the session's link (if any) goes,
+/// closed session or not.
+pub fn unlink(session: Option<SessionRow>) -> Result<Decided<LarkLink>> {
+    let session = existing(session)?;
+    Ok(Decided {
+        writes: Writes {
+            link: Some(LinkChange::Unlink {
+                session_id: session.session_id.clone(),
+            }),
+            ..Writes::default()
+        },
+        answer: LarkLink::none(session.session_id),
+    })
+}
+
+/// What an event decision reads. A store that finds the event seen needs
+/// load nothing more, and one that finds no link nothing after it.
+#[derive(Debug, Default)]
+pub struct EventRows {
+    /// Whether an event with the same event id, or the same message id, was
+    /// taken before.
+    pub seen: bool,
+    /// The session the event's chat is linked to (locked), and the link's
+    /// approvers as stored.
+    pub linked: Option<(SessionRow, String)>,
+    /// The linked session's request that the event's `yes <id>` / `no <id>`
+    /// names ([`LarkEvent::named_request`]), if any.
+    pub request: Option<PermissionRow>,
+    /// The linked session's turn enqueued with the event id as its
+    /// `client_message_id`, if any.
+    pub earlier: Option<TurnRow>,
+}
+
+/// An event from Lark, in this order: seen before (its event id or its
+/// message id) a duplicate, nothing written; else it is recorded once, and:
+/// not a text message, unsupported; a chat linked to no session, unlinked;
+/// then [`verdict`] on its text: an answer written (or replayed), ignored,
+/// or enqueued as a Lark turn (with the enqueue's refusals, which record
+/// nothing, so Lark's redelivery is taken again).
+pub fn event(
+    rows: EventRows,
+    event: LarkEvent,
+    minter: &Minter,
+    now: i64,
+) -> Result<Decided<LarkIngest>> {
+    if rows.seen {
+        return Ok(Decided::nothing(LarkIngest::Duplicate));
+    }
+    let seen = SeenLarkEvent {
+        app_id: event.app_id,
+        event_id: event.event_id,
+        message_id: event.message_id.clone(),
+        at: now,
+    };
+    let recorded = |mut decided: Decided<LarkIngest>| {
+        decided.writes.lark_event = Some(seen.clone());
+        Ok(decided)
+    };
+    let (Some(text), Some(chat_id), Some(message_id)) =
+        (event.text, event.chat_id, event.message_id)
+    else {
+        return recorded(Decided::nothing(LarkIngest::Unsupported));
+    };
+    let Some((session, approvers)) = rows.linked else {
+        return recorded(Decided::nothing(LarkIngest::Unlinked));
+    };
+    let session_id = session.session_id.clone();
+    let approvers = approvers_from_stored(&approvers);
+    let sender = event.sender.as_deref();
+    match verdict(
+        event.command.as_ref(),
+        rows.request.as_ref(),
+        sender,
+        &approvers,
+    ) {
+        Verdict::Ignore => recorded(Decided::nothing(LarkIngest::Ignored)),
+        Verdict::Answer(behavior) => {
+            let rows = AnswerRows {
+                session: Some(session),
+                existing: rows.request,
+            };
+            // An answer that changes nothing (another answer to an answered
+            // or expired request, an unknown id) is not said in the chat.
+            let Ok(answered) = answer(rows, behavior, AnsweredVia::Lark, now) else {
+                return recorded(Decided::nothing(LarkIngest::Ignored));
+            };
+            recorded(Decided {
+                writes: answered.writes,
+                answer: LarkIngest::Answered {
+                    session_id,
+                    decision: answered.answer,
+                },
+            })
+        }
+        Verdict::Turn => {
+            let message = EnqueueRequest {
+                origin: Origin::Lark,
+                text,
+                client_message_id: Some(seen.event_id.clone()),
+                ingress: Ingress::SessionQueue,
+                lark: Some(LarkRef {
+                    chat_id,
+                    message_id,
+                }),
+            };
+            let enqueued = enqueue(Some(session), rows.earlier, message, minter, now)?;
+            recorded(Decided {
+                writes: enqueued.writes,
+                answer: LarkIngest::Enqueued {
+                    session_id,
+                    turn: Box::new(enqueued.answer.turn),
+                },
+            })
+        }
+    }
+}
+
+/// What a text message in a linked chat is, permission-wise.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// An ordinary message: enqueue it as a turn.
+    Turn,
+    /// An answer from an approver, to take if the request is pending.
+    Answer(Behavior),
+    /// An answer nobody may give here (the sender is no approver of the
+    /// link), or to an unknown id of the request form: acknowledged, nothing
+    /// written, no turn, nothing said in the chat.
+    Ignore,
+}
+
+/// Claude Code's request id form: five lowercase letters, never `l`.
+fn looks_like_request_id(id: &str) -> bool {
+    id.len() == 5 && id.bytes().all(|b| b.is_ascii_lowercase() && b != b'l')
+}
+
+/// Is a linked chat's text an answer, and by whom. `request` is the
+/// session's request the command names (if any).
+///
+/// A command-shaped text that names no request of the session and does not
+/// look like a request id (`yes please`) is an ordinary message. Every other
+/// command-shaped text never becomes a turn, whoever sent it: a stranger's
+/// `yes abcde` must not reach the agent as if it were a chat message asking
+/// for something.
+fn verdict(
+    command: Option<&LarkCommand>,
+    request: Option<&PermissionRow>,
+    sender: Option<&str>,
+    approvers: &[String],
+) -> Verdict {
+    let Some(command) = command else {
+        return Verdict::Turn;
+    };
+    if request.is_none() && !looks_like_request_id(&command.request_id) {
+        return Verdict::Turn;
+    }
+    let approved = sender.is_some_and(|s| approvers.iter().any(|a| a == s));
+    if !approved {
+        return Verdict::Ignore;
+    }
+    Verdict::Answer(command.behavior)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::Change;
+    use crate::decide::permission::tests::created;
+    use crate::decide::permission::{Decision, EXPIRED_ON_CLOSE};
     use crate::decide::tests::session;
-    use crate::model::SessionState;
+    use crate::model::{PermissionState, SessionState};
+    use crate::permission::lark_command;
 
     #[test]
     fn a_chat_links_to_one_open_session() {
         let open = || Some(session(SessionState::Open));
-        assert!(link(open(), None).is_ok());
-        assert!(link(open(), Some("ses_1")).is_ok());
-        let taken = link(open(), Some("ses_2")).expect_err("a refusal");
+        let linked = |s, holder| link(s, holder, "oc_1".into(), vec!["ou_a".into()], 7);
+        let first = linked(open(), None).expect("linked");
+        assert_eq!(first.answer.chat_id.as_deref(), Some("oc_1"));
+        assert!(matches!(
+            first.writes.link,
+            Some(LinkChange::Link { ref approvers, at: 7, .. }) if approvers == "[\"ou_a\"]"
+        ));
+        assert!(linked(open(), Some("ses_1")).is_ok());
+        let taken = linked(open(), Some("ses_2")).expect_err("a refusal");
         assert_eq!(taken.code, ErrorCode::ChatLinked);
-        let closed = link(Some(session(SessionState::Closed)), Some("ses_2"));
+        let closed = linked(Some(session(SessionState::Closed)), Some("ses_2"));
         assert_eq!(
             closed.expect_err("a refusal").code,
             ErrorCode::SessionClosed
         );
-        let unknown = link(None, None).expect_err("a refusal");
+        let unknown = linked(None, None).expect_err("a refusal");
         assert_eq!(unknown.code, ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn an_unlink_needs_the_session_only() {
+        let gone = unlink(Some(session(SessionState::Closed))).expect("unlinked");
+        assert_eq!(gone.answer.chat_id, None);
+        assert!(matches!(gone.writes.link, Some(LinkChange::Unlink { .. })));
+        assert_eq!(unlink(None).expect_err("404").code, ErrorCode::NotFound);
+    }
+
+    fn lark(text: Option<&str>, sender: &str) -> LarkEvent {
+        LarkEvent {
+            app_id: "cli_1".into(),
+            event_id: "ev_1".into(),
+            message_id: Some("om_1".into()),
+            chat_id: Some("oc_1".into()),
+            text: text.map(str::to_owned),
+            sender: Some(sender.into()),
+            command: text.and_then(lark_command),
+        }
+    }
+
+    /// The event `text` from `sender` in a chat linked with `approvers`,
+    /// naming `request`.
+    fn ingest(
+        text: &str,
+        request: Option<PermissionRow>,
+        sender: &str,
+        approvers: &[&str],
+    ) -> Decided<LarkIngest> {
+        let approvers: Vec<String> = approvers.iter().map(|a| a.to_string()).collect();
+        let rows = EventRows {
+            linked: Some((session(SessionState::Open), approvers_to_stored(&approvers))),
+            request,
+            ..EventRows::default()
+        };
+        event(rows, lark(Some(text), sender), &Minter::default(), 9).expect("decided")
+    }
+
+    fn is_ignored(decided: &Decided<LarkIngest>) -> bool {
+        matches!(decided.answer, LarkIngest::Ignored)
+            && decided.writes.event.is_none()
+            && decided.writes.lark_event.is_some()
+    }
+
+    #[test]
+    fn an_event_is_taken_once_and_recorded_whatever_it_is() {
+        let seen = EventRows {
+            seen: true,
+            ..EventRows::default()
+        };
+        let again = event(seen, lark(Some("hi"), "ou_a"), &Minter::default(), 9).unwrap();
+        assert!(matches!(again.answer, LarkIngest::Duplicate));
+        assert!(again.writes.lark_event.is_none(), "nothing written");
+        let image = event(
+            EventRows::default(),
+            lark(None, "ou_a"),
+            &Minter::default(),
+            9,
+        );
+        let image = image.unwrap();
+        assert!(matches!(image.answer, LarkIngest::Unsupported));
+        let recorded = image.writes.lark_event.expect("recorded");
+        assert_eq!((recorded.event_id.as_str(), recorded.at), ("ev_1", 9));
+        let unlinked = event(
+            EventRows::default(),
+            lark(Some("hi"), "ou_a"),
+            &Minter::default(),
+            9,
+        );
+        let unlinked = unlinked.unwrap();
+        assert!(matches!(unlinked.answer, LarkIngest::Unlinked));
+        assert!(unlinked.writes.lark_event.is_some() && unlinked.writes.turn.is_none());
+    }
+
+    #[test]
+    fn a_linked_chats_text_is_a_lark_turn() {
+        let decided = ingest("hello there", None, "ou_x", &["ou_a"]);
+        let LarkIngest::Enqueued { session_id, turn } = &decided.answer else {
+            panic!("{:?}", decided.answer)
+        };
+        assert_eq!(session_id, "ses_1");
+        assert_eq!(turn.client_message_id.as_deref(), Some("ev_1"));
+        assert_eq!(turn.lark_message_id.as_deref(), Some("om_1"));
+        assert!(matches!(decided.writes.turn, Some(Change::Insert(_))));
+        assert_eq!(decided.writes.event.as_ref().map(|e| e.event_no), Some(9));
+        assert!(decided.writes.lark_event.is_some());
+    }
+
+    #[test]
+    fn an_approvers_answer_is_written_and_its_replay_replayed() {
+        let decided = ingest("yes abcde", Some(created()), "ou_a", &["ou_a"]);
+        let LarkIngest::Answered {
+            decision: Decision::Write(row),
+            ..
+        } = &decided.answer
+        else {
+            panic!("an approver's first answer writes")
+        };
+        assert_eq!(row.state, PermissionState::Allowed);
+        assert_eq!(row.answered_via, Some(AnsweredVia::Lark));
+        let event = decided.writes.event.as_ref().expect("its event");
+        assert_eq!(
+            (event.kind, event.state, event.event_no),
+            ("permission", "allowed", 9)
+        );
+        assert!(decided.writes.lark_event.is_some());
+        let again = ingest("YES abcde", Some(row.clone()), "ou_a", &["ou_a"]);
+        assert!(matches!(
+            again.answer,
+            LarkIngest::Answered {
+                decision: Decision::Replayed(_),
+                ..
+            }
+        ));
+        // Another answer to an answered request changes nothing.
+        assert!(is_ignored(&ingest(
+            "no abcde",
+            Some(row.clone()),
+            "ou_a",
+            &["ou_a"]
+        )));
+        let denied = ingest("no abcde", Some(created()), "ou_b", &["ou_a", "ou_b"]);
+        assert!(matches!(
+            denied.answer,
+            LarkIngest::Answered {
+                decision: Decision::Write(PermissionRow {
+                    state: PermissionState::Denied,
+                    ..
+                }),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn strangers_and_linkless_answers_are_ignored_never_turns() {
+        assert!(is_ignored(&ingest(
+            "yes abcde",
+            Some(created()),
+            "ou_x",
+            &["ou_a"]
+        )));
+        // Without approvers nobody on Lark can answer.
+        assert!(is_ignored(&ingest(
+            "yes abcde",
+            Some(created()),
+            "ou_a",
+            &[]
+        )));
+        let command = lark_command("yes abcde");
+        let approvers = ["ou_a".to_owned()];
+        let no_sender = verdict(command.as_ref(), Some(&created()), None, &approvers);
+        assert_eq!(no_sender, Verdict::Ignore);
+        // An unknown id of the request form: ignored, from anyone.
+        assert!(is_ignored(&ingest("yes qwert", None, "ou_a", &["ou_a"])));
+        assert!(is_ignored(&ingest("yes qwert", None, "ou_x", &["ou_a"])));
+        // An expired request.
+        let expired = PermissionRow {
+            state: EXPIRED_ON_CLOSE,
+            ..created()
+        };
+        assert!(is_ignored(&ingest(
+            "yes abcde",
+            Some(expired),
+            "ou_a",
+            &["ou_a"]
+        )));
+    }
+
+    #[test]
+    fn ordinary_messages_stay_turns() {
+        for text in [
+            "hello there",
+            "yes please",
+            "no thanks",
+            "yes ok",
+            "yes hello",
+        ] {
+            let decided = ingest(text, None, "ou_a", &["ou_a"]);
+            assert!(
+                matches!(decided.answer, LarkIngest::Enqueued { .. }),
+                "{text}"
+            );
+        }
+        // A request of another form is still answered by its exact id.
+        let long = PermissionRow {
+            request_id: "req-42".into(),
+            ..created()
+        };
+        assert!(matches!(
+            ingest("yes req-42", Some(long), "ou_a", &["ou_a"]).answer,
+            LarkIngest::Answered {
+                decision: Decision::Write(_),
+                ..
+            }
+        ));
     }
 }

@@ -10,6 +10,7 @@
 //! `session_exists`, …) is constructed here and nowhere else.
 
 pub mod lark;
+pub mod permission;
 pub mod session;
 pub mod turn;
 
@@ -17,7 +18,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::SessionState;
-use crate::store::{HostIdentity, SessionRow, Subject, TurnRow};
+use crate::permission::PermissionRow;
+use crate::store::{HostIdentity, SessionRow, TurnRow};
 
 /// A claim's state, as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,10 +75,51 @@ pub struct NewReply {
     pub at: i64,
 }
 
-/// What a turn decision writes, applied by the store in this order (turn,
-/// claim, session, event, reply), in the decision's transaction.
+/// A new permission request's message to the session's linked Lark chat,
+/// for the outbox (`lark_permission_messages`).
+#[derive(Debug, Clone)]
+pub struct NewPermissionMessage {
+    pub session_id: String,
+    pub request_id: String,
+    pub chat_id: String,
+    pub text: String,
+    pub at: i64,
+}
+
+/// A chat's link to a session, as written.
+#[derive(Debug, Clone)]
+pub enum LinkChange {
+    /// The session's link (if any) replaced by this chat and its approvers
+    /// (stored form, [`crate::permission::approvers_to_stored`]).
+    Link {
+        session_id: String,
+        chat_id: String,
+        approvers: String,
+        at: i64,
+    },
+    /// The session's link removed.
+    Unlink { session_id: String },
+}
+
+/// A Lark event recorded once, the guard against its redelivery
+/// (`lark_events`: unique by event id and by message id).
+#[derive(Debug, Clone)]
+pub struct SeenLarkEvent {
+    pub app_id: String,
+    pub event_id: String,
+    pub message_id: Option<String>,
+    pub at: i64,
+}
+
+/// What a decision writes, applied by the store in this order (Lark event
+/// guard, link, permission request, its chat message; then turn, claim,
+/// session, event, reply), in the decision's transaction.
 #[derive(Debug, Default)]
 pub struct Writes {
+    pub lark_event: Option<SeenLarkEvent>,
+    pub link: Option<LinkChange>,
+    pub permission: Option<Change<PermissionRow>>,
+    pub permission_message: Option<NewPermissionMessage>,
     pub turn: Option<Change<TurnRow>>,
     pub claim: Option<Change<ClaimRow>>,
     /// The session after the decision: its counters (`next_seq`,
@@ -100,6 +143,37 @@ impl<T> Decided<T> {
         Decided {
             answer,
             writes: Writes::default(),
+        }
+    }
+}
+
+/// What an event of a session's log is about.
+#[derive(Debug, Clone, Copy)]
+pub enum Subject<'a> {
+    /// A turn: its id and seq.
+    Turn(&'a str, i64),
+    /// The session itself (its close).
+    Session,
+    /// A permission request: its id.
+    Permission(&'a str),
+}
+
+impl<'a> Subject<'a> {
+    /// The log's `kind` column.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Subject::Turn(..) => "turn",
+            Subject::Session => "session",
+            Subject::Permission(_) => "permission",
+        }
+    }
+
+    /// The `turn_id`, `seq` and `request_id` columns.
+    pub fn columns(self) -> (Option<&'a str>, Option<i64>, Option<&'a str>) {
+        match self {
+            Subject::Turn(turn_id, seq) => (Some(turn_id), Some(seq), None),
+            Subject::Session => (None, None, None),
+            Subject::Permission(request_id) => (None, None, Some(request_id)),
         }
     }
 }

@@ -2,11 +2,11 @@
 //! tuple, same executor answered again) and close (refused while a claim is
 //! active; what it cancels and expires).
 
-use super::{ClaimRow, NewEvent, existing, log, no_active_claim};
+use super::{ClaimRow, NewEvent, Subject, existing, log, no_active_claim};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
 use crate::model::{BindRequest, CancelReason, PermissionState, SessionState, TurnState};
-use crate::store::{Bound, Closed, SessionRow, Subject};
+use crate::store::{Bound, Closed, SessionRow};
 
 /// What a bind decision reads.
 #[derive(Debug, Default)]
@@ -120,7 +120,7 @@ pub fn close(rows: CloseRows, now: i64) -> Result<Close> {
         session,
         cancelled: TurnState::Cancelled,
         cancel_reason: CancelReason::SessionClosed,
-        expired: crate::permission::EXPIRED_ON_CLOSE,
+        expired: super::permission::EXPIRED_ON_CLOSE,
         cancelled_from,
         expired_from,
         event,

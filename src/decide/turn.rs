@@ -3,15 +3,15 @@
 //! reuse), complete (fencing by claim, completion replay) and release.
 
 use super::{
-    Change, ClaimRow, ClaimState, Decided, NewReply, Writes, existing, hosted, key_reused, log,
-    no_active_claim, open,
+    Change, ClaimRow, ClaimState, Decided, NewReply, Subject, Writes, existing, hosted, key_reused,
+    log, no_active_claim, open,
 };
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
 use crate::model::{
     CompleteRequest, EnqueueRequest, Ingress, LarkRef, Receipt, Released, TurnState,
 };
-use crate::store::{ClaimOutcome, Enqueue, HostIdentity, SessionRow, Subject, TurnRow};
+use crate::store::{ClaimOutcome, Enqueue, HostIdentity, SessionRow, TurnRow};
 use crate::time::rfc3339;
 
 /// The most queued turns one session holds.
@@ -201,7 +201,7 @@ pub fn claim(
             claim: Some(Change::Insert(claim)),
             session: Some(session),
             event: Some(event),
-            reply: None,
+            ..Writes::default()
         },
         answer: ClaimOutcome::Claimed {
             turn: Box::new(turn),
@@ -320,6 +320,7 @@ pub fn complete(
             session: Some(session),
             event: Some(event),
             reply,
+            ..Writes::default()
         },
     })
 }
@@ -396,7 +397,7 @@ pub fn release(rows: ReleaseRows, host: &HostIdentity, now: i64) -> Result<Decid
                     })),
                     session: Some(session),
                     event: Some(event),
-                    reply: None,
+                    ..Writes::default()
                 },
             })
         }

@@ -1,11 +1,20 @@
 //! The store: durable state, and the transactions in which the contract's
-//! decisions ([`crate::decide`]) are taken. For each decision a backend loads
-//! the rows it needs (locked for the transaction), calls the decision, and
-//! applies the writes it returns before committing; the backends take no
-//! decision of their own. It knows nothing of HTTP and nothing of waiting: a
+//! decisions ([`crate::decide`]) are taken. It owns the SQL, the
+//! transactions (their locks, savepoints and retries), the stored rows and
+//! their readback, and telling the broker which sessions changed. For each
+//! decision a backend loads the rows it needs (locked for the transaction),
+//! calls the decision, and applies the [`crate::decide::Writes`] it returns
+//! before committing.
+//!
+//! It must never decide: no stateful refusal is constructed here, no
+//! session event is numbered here (the decision numbers them from the
+//! locked session row), and the two backends share no rule, only SQL that
+//! looks alike. It knows nothing of HTTP and never waits for a client: a
 //! claim on an empty queue answers [`ClaimOutcome::Empty`] and the broker
-//! decides to park (and, on SQLite, hands the next enqueue the parked claim
-//! to take in the same commit: [`Store::enqueue_and_claim`]).
+//! parks it; the store only tells the broker when a change may have been
+//! committed elsewhere ([`Store::watch`], [`Store::recheck_interval`]) and,
+//! on SQLite, takes an enqueue and a parked claimer's claim in one commit
+//! when the broker asks ([`Store::enqueue_and_claim`]).
 //!
 //! [`Store`] is the seam for the backends: SQLite (embedded, the default) and
 //! PostgreSQL (several replicas sharing one database).
@@ -17,6 +26,7 @@ mod sync_sql;
 
 use async_trait::async_trait;
 
+pub use crate::decide::permission::Decision;
 use crate::error::Result;
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
 use crate::model::{
@@ -24,7 +34,7 @@ use crate::model::{
     LarkLink, ListSessions, ListTurns, Origin, Receipt, RegisterAgentThread, Released, ReplyState,
     ReplyStatus, Session, SessionPreview, SessionState, Turn, TurnState,
 };
-pub use crate::permission::{Decision, PermissionRow};
+pub use crate::permission::PermissionRow;
 use crate::time::rfc3339;
 
 pub use crate::model::HostIdentity;
@@ -167,37 +177,6 @@ pub struct EventRow {
     pub state: String,
 }
 
-/// What an event of a session's log is about.
-#[derive(Debug, Clone, Copy)]
-pub enum Subject<'a> {
-    /// A turn: its id and seq.
-    Turn(&'a str, i64),
-    /// The session itself (its close).
-    Session,
-    /// A permission request: its id.
-    Permission(&'a str),
-}
-
-impl<'a> Subject<'a> {
-    /// The log's `kind` column.
-    pub fn kind(self) -> &'static str {
-        match self {
-            Subject::Turn(..) => "turn",
-            Subject::Session => "session",
-            Subject::Permission(_) => "permission",
-        }
-    }
-
-    /// The `turn_id`, `seq` and `request_id` columns.
-    pub fn columns(self) -> (Option<&'a str>, Option<i64>, Option<&'a str>) {
-        match self {
-            Subject::Turn(turn_id, seq) => (Some(turn_id), Some(seq), None),
-            Subject::Session => (None, None, None),
-            Subject::Permission(request_id) => (None, None, Some(request_id)),
-        }
-    }
-}
-
 /// What a close did.
 #[derive(Debug)]
 pub struct Closed {
@@ -225,25 +204,9 @@ pub struct LarkEvent {
 
 impl LarkEvent {
     /// The request its `yes <id>` / `no <id>` names, for the store to load
-    /// (from the linked session) before [`LarkEvent::verdict`].
+    /// from the linked session ([`crate::decide::lark::EventRows`]).
     pub fn named_request(&self) -> Option<&str> {
         self.command.as_ref().map(|c| c.request_id.as_str())
-    }
-
-    /// [`crate::permission::lark_verdict`] on this event, given the named
-    /// request and the link's approvers as stored.
-    pub fn verdict(
-        &self,
-        existing: Option<PermissionRow>,
-        stored_approvers: &str,
-    ) -> crate::permission::LarkVerdict {
-        crate::permission::lark_verdict(
-            self.command.as_ref(),
-            existing,
-            self.sender.as_deref(),
-            &crate::permission::approvers_from_stored(stored_approvers),
-            crate::time::now_ms(),
-        )
     }
 }
 
@@ -268,7 +231,7 @@ pub enum LarkIngest {
         decision: Decision,
     },
     /// An answer that nobody may give there or that changes nothing
-    /// ([`crate::permission::LarkVerdict::Ignore`]): acknowledged, not enqueued.
+    /// ([`crate::decide::lark::event`]): acknowledged, not enqueued.
     Ignored,
 }
 
@@ -413,7 +376,11 @@ pub enum ClaimOutcome {
 /// committed elsewhere (another replica): the broker wakes its local waiters.
 pub type ChangeHook = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
 
-/// The durable state behind the broker.
+/// The durable state behind the broker: one transaction per decision (its
+/// rows loaded and locked, [`crate::decide`] called, its writes applied),
+/// plain reads, and the hooks by which a backend tells the broker of changes
+/// committed elsewhere. An implementation decides nothing and never waits
+/// for a client.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Starts delivering changes committed by other processes to `hook`. A
@@ -485,15 +452,14 @@ pub trait Store: Send + Sync + 'static {
     /// Closes the session, cancelling its queued turns and expiring its
     /// pending permission requests in the same transaction.
     async fn close(&self, session_id: String) -> Result<Closed>;
-    /// Records a permission request by the host ([`crate::permission::create`]).
+    /// Records a permission request by the host ([`crate::decide::permission::create`]).
     async fn create_permission(
         &self,
         session_id: String,
         host: HostIdentity,
         request: CreatePermissionRequest,
     ) -> Result<Decision>;
-    /// Answers a permission request ([`crate::permission::answer`]); 404 for
-    /// an unknown session.
+    /// Answers a permission request ([`crate::decide::permission::answer`]).
     async fn answer_permission(
         &self,
         session_id: String,
@@ -510,18 +476,21 @@ pub trait Store: Send + Sync + 'static {
         session_id: &str,
         state: Option<PermissionState>,
     ) -> Result<Vec<PermissionRow>>;
-    /// Links a Lark chat to an open session (replacing the session's link
-    /// and its approvers, already checked by [`crate::permission::approvers`]).
+    /// Links a Lark chat to an open session ([`crate::decide::lark::link`]),
+    /// replacing the session's link and its approvers (already checked by
+    /// [`crate::permission::approvers`]).
     async fn lark_link(
         &self,
         session_id: String,
         chat_id: String,
         approvers: Vec<String>,
     ) -> Result<LarkLink>;
+    /// Removes the session's link, if any ([`crate::decide::lark::unlink`]).
     async fn lark_unlink(&self, session_id: String) -> Result<LarkLink>;
     async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink>;
-    /// Records a Lark event once and enqueues its text into the linked session,
-    /// in one transaction.
+    /// Takes a Lark event once ([`crate::decide::lark::event`]): records it
+    /// and enqueues its text into the linked session, or takes it as an
+    /// approver's answer, in one transaction.
     async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest>;
     /// Pending replies and permission-request messages due at `now_ms`,
     /// oldest first.

@@ -1,7 +1,7 @@
 //! The PostgreSQL store (`--database-url postgres://…`), for several broker
-//! replicas sharing one database. It takes every decision of the contract
-//! exactly as the SQLite store does, in the same order, but the database, not
-//! a replica's memory, is what makes them hold across replicas:
+//! replicas sharing one database. It loads the rows of the same decisions
+//! ([`crate::decide`]) as the SQLite store and applies their writes, but the
+//! database, not a replica's memory, is what makes them hold across replicas:
 //!
 //! - One transaction per store call (READ COMMITTED). Every write that touches
 //!   a session first locks its row (`select … from sessions where session_id =
@@ -38,10 +38,12 @@
 //!   the attempt replaces the lease. A dispatcher that dies mid-send leaves the
 //!   reply to be sent again after the lease, with the same Lark uuid.
 //!
-//! Inside: `decisions` (each decision's rows, loaded under the session's
-//! lock, and its writes), `notify` (announcing and listening across
-//! replicas), `rows` (decoding PostgreSQL rows); this file opens the pool,
-//! runs each call in its transaction and answers the [`Store`] calls.
+//! Inside: `decisions` (each turn and session decision's rows, loaded under
+//! the session's lock, and its writes), `permissions` and `lark` (the same
+//! for permission requests and for Lark links and events), `notify`
+//! (announcing and listening across replicas), `rows` (decoding PostgreSQL
+//! rows); this file opens the pool, runs each call in its transaction and
+//! answers the [`Store`] calls.
 //!
 //! Migrations (`migrations/postgres`) run at start-up on a dedicated
 //! connection under sqlx's PostgreSQL advisory lock: sqlx 0.8's
@@ -82,24 +84,25 @@ use sqlx::{Connection, Row};
 use tokio_util::sync::CancellationToken;
 
 mod decisions;
+mod lark;
 mod notify;
+mod permissions;
 mod rows;
 
 use super::retention::{self, PruneStep};
 use super::{
     Bound, ChangeHook, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent,
-    LarkIngest, Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, Subject,
-    TurnRow,
+    LarkIngest, Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, TurnRow,
 };
 use crate::decide;
 use crate::error::{Error, Result};
 use crate::ids::Minter;
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
 use crate::model::{
-    BindRequest, CompleteRequest, EnqueueRequest, Ingress, LarkLink, LarkRef, ListSessions,
-    ListTurns, Origin, Receipt, RegisterAgentThread, Released,
+    BindRequest, CompleteRequest, EnqueueRequest, LarkLink, ListSessions, ListTurns, Receipt,
+    RegisterAgentThread, Released,
 };
-use crate::permission::{self, LarkVerdict};
+use crate::permission;
 use crate::time::now_ms;
 use decisions::{bind, bind_rows, claim, close, complete, enqueue, release};
 use notify::{Announcer, listen, start_listening};
@@ -346,11 +349,6 @@ async fn lock_session(
         .transpose()
 }
 
-/// [`lock_session`], 404 for an unknown session.
-async fn locked_session(conn: &mut PgConnection, session_id: &str) -> Step<SessionRow> {
-    Ok(decide::existing(lock_session(conn, session_id).await?)?)
-}
-
 async fn load_turn<'e, E>(db: E, session_id: &str, turn_id: &str) -> sqlx::Result<Option<TurnRow>>
 where
     E: sqlx::PgExecutor<'e>,
@@ -367,39 +365,6 @@ where
     .await?
     .map(turn_row)
     .transpose()
-}
-
-/// Appends one event to the (locked) session's log, in the caller's
-/// transaction and in one round trip. The caller announces the change once
-/// its transaction has committed ([`Announcer`]).
-async fn append_event(
-    conn: &mut PgConnection,
-    session_id: &str,
-    subject: Subject<'_>,
-    state: &str,
-) -> Step<()> {
-    let (turn_id, seq, request_id) = subject.columns();
-    sqlx::query(
-        "with numbered as (
-             update sessions set next_event_no = next_event_no + 1 where session_id = $1
-             returning next_event_no - 1 as event_no
-         ), logged as (
-             insert into session_events
-                 (session_id, event_no, kind, turn_id, seq, request_id, state, at)
-             select $1, event_no, $2, $3, $4, $5, $6, $7 from numbered
-         )
-         select 1",
-    )
-    .bind(session_id)
-    .bind(subject.kind())
-    .bind(turn_id)
-    .bind(seq)
-    .bind(request_id)
-    .bind(state)
-    .bind(now_ms())
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 /// One transaction of retention: a chunk of the oldest prunable session's
@@ -479,225 +444,6 @@ where
     .await?
     .map(permission_row)
     .transpose()
-}
-
-async fn create_permission(
-    conn: &mut PgConnection,
-    session_id: &str,
-    host: &HostIdentity,
-    request: &CreatePermissionRequest,
-) -> Step<Decision> {
-    let session = locked_session(conn, session_id).await?;
-    let existing = load_permission(&mut *conn, session_id, &request.request_id).await?;
-    let decision = permission::create(&session, host, existing, request.clone(), now_ms())?;
-    if let Decision::Write(row) = &decision {
-        sqlx::query(&format!(
-            "insert into permission_requests ({PERMISSION_COLUMNS})
-             values ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-        ))
-        .bind(&row.session_id)
-        .bind(&row.request_id)
-        .bind(&row.tool_name)
-        .bind(row.description.as_bytes())
-        .bind(row.input_preview.as_bytes())
-        .bind(row.state.as_str())
-        .bind(row.created_at)
-        .bind(row.answered_at)
-        .bind(row.answered_via.as_ref().map(text))
-        .execute(&mut *conn)
-        .await?;
-        append_permission_event(conn, row).await?;
-        queue_lark_message(conn, row).await?;
-    }
-    Ok(decision)
-}
-
-/// A new request in a session linked to a Lark chat: its message to the chat,
-/// into the outbox, in the request's transaction. Unlinked: nothing.
-async fn queue_lark_message(conn: &mut PgConnection, row: &PermissionRow) -> Step<()> {
-    sqlx::query(
-        "insert into lark_permission_messages (session_id, request_id, chat_id, text, state,
-             next_attempt_at, created_at, updated_at)
-         select session_id, $2, chat_id, $3, 'pending', $4, $4, $4 from lark_links
-         where session_id = $1",
-    )
-    .bind(&row.session_id)
-    .bind(&row.request_id)
-    .bind(permission::lark_message(row).as_bytes())
-    .bind(now_ms())
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-async fn answer_permission(
-    conn: &mut PgConnection,
-    session_id: &str,
-    request_id: &str,
-    (behavior, via): (Behavior, AnsweredVia),
-) -> Step<Decision> {
-    locked_session(conn, session_id).await?;
-    let existing = load_permission(&mut *conn, session_id, request_id).await?;
-    let decision = permission::answer(existing, behavior, via, now_ms())?;
-    write_answer(conn, &decision).await?;
-    Ok(decision)
-}
-
-/// Writes an answer the rules decided (a replay writes nothing), under the
-/// session's row lock.
-async fn write_answer(conn: &mut PgConnection, decision: &Decision) -> Step<()> {
-    if let Decision::Write(row) = decision {
-        sqlx::query(
-            "update permission_requests set state = $1, answered_at = $2, answered_via = $3
-             where session_id = $4 and request_id = $5",
-        )
-        .bind(row.state.as_str())
-        .bind(row.answered_at)
-        .bind(row.answered_via.as_ref().map(text))
-        .bind(&row.session_id)
-        .bind(&row.request_id)
-        .execute(&mut *conn)
-        .await?;
-        append_permission_event(conn, row).await?;
-    }
-    Ok(())
-}
-
-async fn append_permission_event(conn: &mut PgConnection, row: &PermissionRow) -> Step<()> {
-    append_event(
-        conn,
-        &row.session_id,
-        Subject::Permission(&row.request_id),
-        row.state.as_str(),
-    )
-    .await
-}
-
-async fn lark_link(
-    conn: &mut PgConnection,
-    session_id: &str,
-    chat_id: &str,
-    approvers: &[String],
-) -> Step<LarkLink> {
-    let session = lock_session(conn, session_id).await?;
-    let holder: Option<String> =
-        sqlx::query_scalar("select session_id from lark_links where chat_id = $1")
-            .bind(chat_id)
-            .fetch_optional(&mut *conn)
-            .await?;
-    decide::lark::link(session, holder.as_deref())?;
-    sqlx::query("delete from lark_links where session_id = $1")
-        .bind(session_id)
-        .execute(&mut *conn)
-        .await?;
-    // The same chat linked to another session at this very moment: this insert
-    // waits for that transaction, fails if it committed, and the decision
-    // taken again answers chat_linked.
-    sqlx::query(
-        "insert into lark_links (chat_id, session_id, linked_at, approvers) values ($1, $2, $3, $4)",
-    )
-    .bind(chat_id)
-    .bind(session_id)
-    .bind(now_ms())
-    .bind(permission::approvers_to_stored(approvers))
-    .execute(&mut *conn)
-    .await?;
-    Ok(LarkLink {
-        session_id: session_id.to_owned(),
-        chat_id: Some(chat_id.to_owned()),
-        approvers: approvers.to_vec(),
-    })
-}
-
-async fn lark_unlink(conn: &mut PgConnection, session_id: &str) -> Step<LarkLink> {
-    locked_session(conn, session_id).await?;
-    sqlx::query("delete from lark_links where session_id = $1")
-        .bind(session_id)
-        .execute(conn)
-        .await?;
-    Ok(LarkLink::none(session_id.to_owned()))
-}
-
-async fn lark_event(
-    conn: &mut PgConnection,
-    event: &LarkEvent,
-    minter: &Minter,
-) -> Step<LarkIngest> {
-    // Recorded first, once: a redelivery (same event id) or the same message
-    // under another event id conflicts with either unique key and is a
-    // duplicate. The same event reaching two replicas at once: the second
-    // insert waits for the first transaction and then finds its row.
-    let recorded = sqlx::query(
-        "insert into lark_events (app_id, event_id, message_id, received_at)
-         values ($1, $2, $3, $4) on conflict do nothing",
-    )
-    .bind(&event.app_id)
-    .bind(&event.event_id)
-    .bind(&event.message_id)
-    .bind(now_ms())
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    if recorded == 0 {
-        return Ok(LarkIngest::Duplicate);
-    }
-    let (Some(text), Some(chat_id), Some(message_id)) =
-        (&event.text, &event.chat_id, &event.message_id)
-    else {
-        return Ok(LarkIngest::Unsupported);
-    };
-    // The chat's session, read again once its row is locked: a close, an
-    // unlink or a relink committed in between (on any replica) is then seen.
-    let link = "select session_id, approvers from lark_links where chat_id = $1";
-    let mut linked: Option<(String, String)> = sqlx::query_as(link)
-        .bind(chat_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-    let (session_id, approvers) = loop {
-        let Some((candidate, _)) = linked else {
-            return Ok(LarkIngest::Unlinked);
-        };
-        locked_session(conn, &candidate).await?;
-        linked = sqlx::query_as(link)
-            .bind(chat_id)
-            .fetch_optional(&mut *conn)
-            .await?;
-        if let Some((session_id, approvers)) = &linked
-            && *session_id == candidate
-        {
-            break (candidate, approvers.clone());
-        }
-    };
-    let existing = match event.named_request() {
-        Some(request_id) => load_permission(&mut *conn, &session_id, request_id).await?,
-        None => None,
-    };
-    match event.verdict(existing, &approvers) {
-        LarkVerdict::Turn => {}
-        LarkVerdict::Ignore => return Ok(LarkIngest::Ignored),
-        LarkVerdict::Answer(decision) => {
-            write_answer(conn, &decision).await?;
-            return Ok(LarkIngest::Answered {
-                session_id,
-                decision,
-            });
-        }
-    }
-    let message = EnqueueRequest {
-        origin: Origin::Lark,
-        text: text.clone(),
-        client_message_id: Some(event.event_id.clone()),
-        ingress: Ingress::SessionQueue,
-        lark: Some(LarkRef {
-            chat_id: chat_id.clone(),
-            message_id: message_id.clone(),
-        }),
-    };
-    let done = enqueue(conn, &session_id, &message, minter).await?;
-    Ok(LarkIngest::Enqueued {
-        session_id,
-        turn: Box::new(done.turn),
-    })
 }
 
 #[async_trait]
@@ -861,7 +607,7 @@ impl Store for PgStore {
         request: CreatePermissionRequest,
     ) -> Result<Decision> {
         let decision = transaction!(self, "recording a permission request", |conn| {
-            create_permission(conn, &session_id, &host, &request)
+            permissions::create(conn, &session_id, &host, &request)
         })?;
         if let Decision::Write(_) = decision {
             self.announcer.changed(&session_id);
@@ -877,7 +623,7 @@ impl Store for PgStore {
         via: AnsweredVia,
     ) -> Result<Decision> {
         let decision = transaction!(self, "answering a permission request", |conn| {
-            answer_permission(conn, &session_id, &request_id, (behavior, via))
+            permissions::answer(conn, &session_id, &request_id, (behavior, via))
         })?;
         if let Decision::Write(_) = decision {
             self.announcer.changed(&session_id);
@@ -924,7 +670,7 @@ impl Store for PgStore {
         chat_id: String,
         approvers: Vec<String>,
     ) -> Result<LarkLink> {
-        transaction!(self, "linking a Lark chat", |conn| lark_link(
+        transaction!(self, "linking a Lark chat", |conn| lark::link(
             conn,
             &session_id,
             &chat_id,
@@ -933,7 +679,7 @@ impl Store for PgStore {
     }
 
     async fn lark_unlink(&self, session_id: String) -> Result<LarkLink> {
-        transaction!(self, "unlinking a Lark chat", |conn| lark_unlink(
+        transaction!(self, "unlinking a Lark chat", |conn| lark::unlink(
             conn,
             &session_id
         ))
@@ -952,7 +698,7 @@ impl Store for PgStore {
     }
 
     async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest> {
-        let ingest = transaction!(self, "recording a Lark event", |conn| lark_event(
+        let ingest = transaction!(self, "recording a Lark event", |conn| lark::event(
             conn,
             &event,
             &self.minter

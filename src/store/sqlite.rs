@@ -1,9 +1,9 @@
 //! The embedded SQLite store (WAL). Every write goes through one writer
 //! thread that owns the only writing connection (`writer`: group commit,
 //! one savepoint per write in one transaction, one sync per batch); a
-//! decision's rows are loaded and its writes applied there
-//! (`decisions`). Reads use a small pool of their own. This file opens the
-//! database and answers the [`Store`] calls.
+//! decision's rows are loaded and its writes applied there (`decisions` for
+//! turns and sessions, `permissions`, `lark`). Reads use a small pool of
+//! their own. This file opens the database and answers the [`Store`] calls.
 
 use std::path::Path;
 use std::time::Duration;
@@ -16,6 +16,8 @@ use sqlx::sqlite::{
 };
 
 mod decisions;
+mod lark;
+mod permissions;
 mod writer;
 
 use super::retention::{self, PruneStep};
@@ -25,17 +27,17 @@ use writer::{Writer, nested};
 
 use super::{
     Bound, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent, LarkIngest,
-    Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, Subject, TurnRow,
+    Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, TurnRow,
 };
 use crate::decide;
 use crate::error::{Error, Result};
 use crate::ids::Minter;
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
 use crate::model::{
-    BindRequest, CompleteRequest, EnqueueRequest, Ingress, LarkLink, LarkRef, ListSessions,
-    ListTurns, Receipt, RegisterAgentThread, Released,
+    BindRequest, CompleteRequest, EnqueueRequest, LarkLink, ListSessions, ListTurns, Receipt,
+    RegisterAgentThread, Released,
 };
-use crate::permission::{self, LarkVerdict};
+use crate::permission;
 use crate::time::now_ms;
 
 /// A row of [`super::DUE_OUTBOX`].
@@ -169,33 +171,6 @@ fn prune_step(conn: &Connection, cutoff_ms: i64) -> Result<PruneStep> {
     Ok(PruneStep::Session)
 }
 
-/// Appends one event to the session's log, in the caller's transaction.
-fn append_event(
-    conn: &Connection,
-    session_id: &str,
-    subject: Subject<'_>,
-    state: &str,
-) -> Result<()> {
-    let (turn_id, seq, request_id) = subject.columns();
-    sql::query(
-        "insert into session_events
-             (session_id, event_no, kind, turn_id, seq, request_id, state, at)
-         select session_id, next_event_no, ?, ?, ?, ?, ?, ? from sessions where session_id = ?",
-    )
-    .bind(subject.kind())
-    .bind(turn_id)
-    .bind(seq)
-    .bind(request_id)
-    .bind(state)
-    .bind(now_ms())
-    .bind(session_id)
-    .execute(conn)?;
-    sql::query("update sessions set next_event_no = next_event_no + 1 where session_id = ?")
-        .bind(session_id)
-        .execute(conn)?;
-    Ok(())
-}
-
 /// A turn with its Lark reply's state, for readbacks.
 macro_rules! turn_readback {
     () => {
@@ -249,10 +224,6 @@ fn load_session(db: &Connection, session_id: &str) -> Result<Option<SessionRow>>
         .fetch_optional(db)
 }
 
-fn existing_session(conn: &Connection, session_id: &str) -> Result<SessionRow> {
-    decide::existing(load_session(conn, session_id)?)
-}
-
 fn load_turn(db: &Connection, session_id: &str, turn_id: &str) -> Result<Option<TurnRow>> {
     sql::query_as(SELECT_TURN)
         .bind(session_id)
@@ -282,192 +253,6 @@ fn load_permission(
         .bind(session_id)
         .bind(request_id)
         .fetch_optional(conn)
-}
-
-fn create_permission(
-    conn: &Connection,
-    session_id: String,
-    host: HostIdentity,
-    request: CreatePermissionRequest,
-) -> Result<Decision> {
-    let session = existing_session(conn, &session_id)?;
-    let existing = load_permission(conn, &session_id, &request.request_id)?;
-    let decision = permission::create(&session, &host, existing, request, now_ms())?;
-    if let Decision::Write(row) = &decision {
-        sql::query(concat!(
-            "insert into permission_requests (",
-            permission_columns!(),
-            ") values (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        ))
-        .bind(&row.session_id)
-        .bind(&row.request_id)
-        .bind(&row.tool_name)
-        .bind(&row.description)
-        .bind(&row.input_preview)
-        .bind(row.state)
-        .bind(row.created_at)
-        .bind(row.answered_at)
-        .bind(row.answered_via)
-        .execute(conn)?;
-        append_permission_event(conn, row)?;
-        queue_lark_message(conn, row)?;
-    }
-    Ok(decision)
-}
-
-/// A new request in a session linked to a Lark chat: its message to the chat,
-/// into the outbox, in the request's transaction. Unlinked: nothing.
-fn queue_lark_message(conn: &Connection, row: &PermissionRow) -> Result<()> {
-    let now = now_ms();
-    sql::query(
-        "insert into lark_permission_messages (session_id, request_id, chat_id, text, state,
-             next_attempt_at, created_at, updated_at)
-         select session_id, ?, chat_id, ?, 'pending', ?, ?, ? from lark_links
-         where session_id = ?",
-    )
-    .bind(&row.request_id)
-    .bind(permission::lark_message(row))
-    .bind(now)
-    .bind(now)
-    .bind(now)
-    .bind(&row.session_id)
-    .execute(conn)?;
-    Ok(())
-}
-
-fn answer_permission(
-    conn: &Connection,
-    session_id: String,
-    request_id: String,
-    (behavior, via): (Behavior, AnsweredVia),
-) -> Result<Decision> {
-    existing_session(conn, &session_id)?;
-    let existing = load_permission(conn, &session_id, &request_id)?;
-    let decision = permission::answer(existing, behavior, via, now_ms())?;
-    write_answer(conn, &decision)?;
-    Ok(decision)
-}
-
-/// Writes an answer the rules decided (a replay writes nothing).
-fn write_answer(conn: &Connection, decision: &Decision) -> Result<()> {
-    if let Decision::Write(row) = decision {
-        sql::query(
-            "update permission_requests set state = ?, answered_at = ?, answered_via = ?
-             where session_id = ? and request_id = ?",
-        )
-        .bind(row.state)
-        .bind(row.answered_at)
-        .bind(row.answered_via)
-        .bind(&row.session_id)
-        .bind(&row.request_id)
-        .execute(conn)?;
-        append_permission_event(conn, row)?;
-    }
-    Ok(())
-}
-
-fn append_permission_event(conn: &Connection, row: &PermissionRow) -> Result<()> {
-    append_event(
-        conn,
-        &row.session_id,
-        Subject::Permission(&row.request_id),
-        row.state.as_str(),
-    )
-}
-
-fn lark_link(
-    conn: &Connection,
-    session_id: String,
-    chat_id: String,
-    approvers: Vec<String>,
-) -> Result<LarkLink> {
-    let session = load_session(conn, &session_id)?;
-    let holder: Option<String> =
-        sql::query_scalar("select session_id from lark_links where chat_id = ?")
-            .bind(&chat_id)
-            .fetch_optional(conn)?;
-    decide::lark::link(session, holder.as_deref())?;
-    sql::query("delete from lark_links where session_id = ?")
-        .bind(&session_id)
-        .execute(conn)?;
-    sql::query(
-        "insert into lark_links (chat_id, session_id, linked_at, approvers) values (?, ?, ?, ?)",
-    )
-    .bind(&chat_id)
-    .bind(&session_id)
-    .bind(now_ms())
-    .bind(permission::approvers_to_stored(&approvers))
-    .execute(conn)?;
-    Ok(LarkLink {
-        session_id,
-        chat_id: Some(chat_id),
-        approvers,
-    })
-}
-
-fn lark_event(conn: &Connection, event: LarkEvent, minter: &Minter) -> Result<LarkIngest> {
-    let seen: Option<i64> = sql::query_scalar(
-        "select 1 from lark_events where app_id = ?1 and (event_id = ?2 or message_id = ?3)",
-    )
-    .bind(&event.app_id)
-    .bind(&event.event_id)
-    .bind(&event.message_id)
-    .fetch_optional(conn)?;
-    if seen.is_some() {
-        return Ok(LarkIngest::Duplicate);
-    }
-    sql::query(
-        "insert into lark_events (app_id, event_id, message_id, received_at) values (?, ?, ?, ?)",
-    )
-    .bind(&event.app_id)
-    .bind(&event.event_id)
-    .bind(&event.message_id)
-    .bind(now_ms())
-    .execute(conn)?;
-    let (Some(text), Some(chat_id), Some(message_id)) = (
-        event.text.clone(),
-        event.chat_id.clone(),
-        event.message_id.clone(),
-    ) else {
-        return Ok(LarkIngest::Unsupported);
-    };
-    let linked: Option<(String, String)> =
-        sql::query_as("select session_id, approvers from lark_links where chat_id = ?")
-            .bind(&chat_id)
-            .fetch_optional(conn)?;
-    let Some((session_id, approvers)) = linked else {
-        return Ok(LarkIngest::Unlinked);
-    };
-    let existing = match event.named_request() {
-        Some(request_id) => load_permission(conn, &session_id, request_id)?,
-        None => None,
-    };
-    match event.verdict(existing, &approvers) {
-        LarkVerdict::Turn => {}
-        LarkVerdict::Ignore => return Ok(LarkIngest::Ignored),
-        LarkVerdict::Answer(decision) => {
-            write_answer(conn, &decision)?;
-            return Ok(LarkIngest::Answered {
-                session_id,
-                decision,
-            });
-        }
-    }
-    let message = EnqueueRequest {
-        origin: crate::model::Origin::Lark,
-        text,
-        client_message_id: Some(event.event_id),
-        ingress: Ingress::SessionQueue,
-        lark: Some(LarkRef {
-            chat_id,
-            message_id,
-        }),
-    };
-    let done = enqueue(conn, session_id.clone(), message, minter)?;
-    Ok(LarkIngest::Enqueued {
-        session_id,
-        turn: Box::new(done.turn),
-    })
 }
 
 #[async_trait]
@@ -594,7 +379,7 @@ impl Store for SqliteStore {
         host: HostIdentity,
         request: CreatePermissionRequest,
     ) -> Result<Decision> {
-        self.write(move |conn| create_permission(conn, session_id, host, request))
+        self.write(move |conn| permissions::create(conn, session_id, host, request))
             .await
     }
 
@@ -605,7 +390,7 @@ impl Store for SqliteStore {
         behavior: Behavior,
         via: AnsweredVia,
     ) -> Result<Decision> {
-        self.write(move |conn| answer_permission(conn, session_id, request_id, (behavior, via)))
+        self.write(move |conn| permissions::answer(conn, session_id, request_id, (behavior, via)))
             .await
     }
 
@@ -648,19 +433,12 @@ impl Store for SqliteStore {
         chat_id: String,
         approvers: Vec<String>,
     ) -> Result<LarkLink> {
-        self.write(move |conn| lark_link(conn, session_id, chat_id, approvers))
+        self.write(move |conn| lark::link(conn, session_id, chat_id, approvers))
             .await
     }
 
     async fn lark_unlink(&self, session_id: String) -> Result<LarkLink> {
-        self.write(move |conn| {
-            existing_session(conn, &session_id)?;
-            sql::query("delete from lark_links where session_id = ?")
-                .bind(&session_id)
-                .execute(conn)?;
-            Ok(LarkLink::none(session_id))
-        })
-        .await
+        self.write(move |conn| lark::unlink(conn, session_id)).await
     }
 
     async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink> {
@@ -677,7 +455,7 @@ impl Store for SqliteStore {
 
     async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest> {
         let minter = self.minter.clone();
-        self.write(move |conn| lark_event(conn, event, &minter))
+        self.write(move |conn| lark::event(conn, event, &minter))
             .await
     }
 

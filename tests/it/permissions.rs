@@ -212,7 +212,7 @@ async fn racing_answers_give_one_final_answer() {
         .state;
     let mut firsts = 0;
     for (behavior, answer) in answers {
-        let wanted = loopx::permission::answered_state(behavior);
+        let wanted = loopx::decide::permission::answered_state(behavior);
         match answer {
             Ok(a) if !a.reply.replayed => {
                 firsts += 1;

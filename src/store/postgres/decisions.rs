@@ -15,7 +15,7 @@ use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows};
 use crate::decide::{self, Change, ClaimRow, Decided, NewEvent, Writes};
 use crate::ids::Minter;
 use crate::model::{BindRequest, CompleteRequest, EnqueueRequest, Receipt, Released};
-use crate::store::{Bound, ClaimOutcome, Closed, Enqueue, HostIdentity, SessionRow};
+use crate::store::{Bound, ClaimOutcome, Closed, Enqueue, HostIdentity, SessionRow, TurnRow};
 use crate::time::now_ms;
 
 pub(super) fn claim_row(row: PgRow) -> sqlx::Result<ClaimRow> {
@@ -129,6 +129,8 @@ pub(super) async fn bind(
 /// The caller announces the change once its transaction has committed
 /// ([`Announcer`]).
 pub(super) async fn apply(conn: &mut PgConnection, writes: Writes) -> Step<()> {
+    super::lark::apply(conn, &writes).await?;
+    super::permissions::apply(conn, &writes).await?;
     match writes.turn {
         Some(Change::Insert(t)) => {
             sqlx::query(
@@ -264,6 +266,23 @@ pub(super) async fn decided<T>(conn: &mut PgConnection, decided: Decided<T>) -> 
     Ok(decided.answer)
 }
 
+/// The session's turn enqueued with this `client_message_id`, if any.
+pub(super) async fn earlier_turn(
+    conn: &mut PgConnection,
+    session_id: &str,
+    client_message_id: &str,
+) -> sqlx::Result<Option<TurnRow>> {
+    sqlx::query(&format!(
+        "select {TURN_COLUMNS} from turns where session_id = $1 and client_message_id = $2"
+    ))
+    .bind(session_id)
+    .bind(client_message_id)
+    .fetch_optional(conn)
+    .await?
+    .map(turn_row)
+    .transpose()
+}
+
 pub(super) async fn enqueue(
     conn: &mut PgConnection,
     session_id: &str,
@@ -272,15 +291,9 @@ pub(super) async fn enqueue(
 ) -> Step<Enqueue> {
     let session = lock_session(conn, session_id).await?;
     let earlier = match (&session, &message.client_message_id) {
-        (Some(_), Some(client_message_id)) => sqlx::query(&format!(
-            "select {TURN_COLUMNS} from turns where session_id = $1 and client_message_id = $2"
-        ))
-        .bind(session_id)
-        .bind(client_message_id)
-        .fetch_optional(&mut *conn)
-        .await?
-        .map(turn_row)
-        .transpose()?,
+        (Some(_), Some(client_message_id)) => {
+            earlier_turn(conn, session_id, client_message_id).await?
+        }
         _ => None,
     };
     let decision = decide::turn::enqueue(session, earlier, message.clone(), minter, now_ms())?;

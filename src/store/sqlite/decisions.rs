@@ -12,7 +12,7 @@ use crate::decide::{self, Change, ClaimRow, Decided, NewEvent, Writes};
 use crate::error::Result;
 use crate::ids::Minter;
 use crate::model::{BindRequest, CompleteRequest, EnqueueRequest, Receipt, Released};
-use crate::store::{Bound, ClaimOutcome, Closed, Enqueue, HostIdentity, SessionRow};
+use crate::store::{Bound, ClaimOutcome, Closed, Enqueue, HostIdentity, SessionRow, TurnRow};
 use crate::time::now_ms;
 
 fn load_claim(conn: &Connection, claim_id: &str) -> Result<Option<ClaimRow>> {
@@ -81,6 +81,8 @@ pub(super) fn bind(conn: &Connection, request: BindRequest, minter: &Minter) -> 
 
 /// Applies a decision's writes, in their order.
 fn apply(conn: &Connection, writes: Writes) -> Result<()> {
+    super::lark::apply(conn, &writes)?;
+    super::permissions::apply(conn, &writes)?;
     match writes.turn {
         Some(Change::Insert(t)) => {
             sql::query(
@@ -203,9 +205,21 @@ fn insert_event(conn: &Connection, e: &NewEvent) -> Result<()> {
 }
 
 /// Applies a decision's writes and answers its answer.
-fn decided<T>(conn: &Connection, decided: Decided<T>) -> Result<T> {
+pub(super) fn decided<T>(conn: &Connection, decided: Decided<T>) -> Result<T> {
     apply(conn, decided.writes)?;
     Ok(decided.answer)
+}
+
+/// The session's turn enqueued with this `client_message_id`, if any.
+pub(super) fn earlier_turn(
+    conn: &Connection,
+    session_id: &str,
+    client_message_id: &str,
+) -> Result<Option<TurnRow>> {
+    sql::query_as("select * from turns where session_id = ? and client_message_id = ?")
+        .bind(session_id)
+        .bind(client_message_id)
+        .fetch_optional(conn)
 }
 
 pub(super) fn enqueue(
@@ -216,12 +230,7 @@ pub(super) fn enqueue(
 ) -> Result<Enqueue> {
     let session = load_session(conn, &session_id)?;
     let earlier = match (&session, &message.client_message_id) {
-        (Some(_), Some(client_message_id)) => {
-            sql::query_as("select * from turns where session_id = ? and client_message_id = ?")
-                .bind(&session_id)
-                .bind(client_message_id)
-                .fetch_optional(conn)?
-        }
+        (Some(_), Some(client_message_id)) => earlier_turn(conn, &session_id, client_message_id)?,
         _ => None,
     };
     let decision = decide::turn::enqueue(session, earlier, message, minter, now_ms())?;

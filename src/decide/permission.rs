@@ -1,0 +1,317 @@
+//! The permission-request rules: a host's create (replay, key reuse, closed
+//! session), an answer (the first one wins and is final), and what each
+//! writes: the request, its numbered event in the session's log and, for a
+//! new request in a session linked to a Lark chat, its message to the chat.
+//! What a close expires is [`super::session::close`]'s.
+
+use super::{
+    Change, Decided, NewPermissionMessage, Subject, Writes, existing, key_reused, log, open,
+};
+use crate::error::{Error, Result};
+use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
+use crate::permission::{PermissionRow, lark_message};
+use crate::store::{HostIdentity, SessionRow};
+
+/// What a create or an answer answers: the request as written, or as stored
+/// for a replay.
+#[derive(Debug)]
+pub enum Decision {
+    /// Written by this call (inserted for a create, updated for an answer).
+    Write(PermissionRow),
+    /// The same request again: the stored row, nothing written.
+    Replayed(PermissionRow),
+}
+
+impl Decision {
+    pub fn row(&self) -> &PermissionRow {
+        match self {
+            Decision::Write(row) | Decision::Replayed(row) => row,
+        }
+    }
+
+    pub fn into_row(self) -> PermissionRow {
+        match self {
+            Decision::Write(row) | Decision::Replayed(row) => row,
+        }
+    }
+}
+
+/// What a create reads.
+#[derive(Debug, Default)]
+pub struct CreateRows {
+    pub session: Option<SessionRow>,
+    /// The session's request stored under the request id, if any.
+    pub existing: Option<PermissionRow>,
+    /// The Lark chat the session is linked to, if any.
+    pub chat_id: Option<String>,
+}
+
+/// What an answer reads.
+#[derive(Debug, Default)]
+pub struct AnswerRows {
+    pub session: Option<SessionRow>,
+    /// The request answered, if the session has it.
+    pub existing: Option<PermissionRow>,
+}
+
+fn same_request(row: &PermissionRow, request: &CreatePermissionRequest) -> bool {
+    row.tool_name == request.tool_name
+        && row.description == request.description
+        && row.input_preview == request.input_preview
+}
+
+/// The host records a request, in this order: unknown session 404; wrong
+/// host 403 `host_mismatch`; the same request id with the same body a replay
+/// (another body 422 `idempotency_key_reused`), also on a closed session; a
+/// closed session 409 `session_closed`.
+pub fn create(
+    rows: CreateRows,
+    host: &HostIdentity,
+    request: CreatePermissionRequest,
+    now: i64,
+) -> Result<Decided<Decision>> {
+    let mut session = existing(rows.session)?;
+    if !session.is_bound_to(host) {
+        return Err(Error::host_mismatch());
+    }
+    if let Some(row) = rows.existing {
+        if same_request(&row, &request) {
+            return Ok(Decided::nothing(Decision::Replayed(row)));
+        }
+        return Err(key_reused("request_id", "another request on this session"));
+    }
+    open(&session)?;
+    let row = PermissionRow {
+        session_id: session.session_id.clone(),
+        request_id: request.request_id,
+        tool_name: request.tool_name,
+        description: request.description,
+        input_preview: request.input_preview,
+        state: PermissionState::Pending,
+        created_at: now,
+        answered_at: None,
+        answered_via: None,
+    };
+    let event = log(
+        &mut session,
+        Subject::Permission(&row.request_id),
+        row.state.as_str(),
+        now,
+    );
+    let permission_message = rows.chat_id.map(|chat_id| NewPermissionMessage {
+        session_id: row.session_id.clone(),
+        request_id: row.request_id.clone(),
+        chat_id,
+        text: lark_message(&row),
+        at: now,
+    });
+    Ok(Decided {
+        writes: Writes {
+            permission: Some(Change::Insert(row.clone())),
+            permission_message,
+            session: Some(session),
+            event: Some(event),
+            ..Writes::default()
+        },
+        answer: Decision::Write(row),
+    })
+}
+
+/// The state an answer gives a request.
+pub fn answered_state(behavior: Behavior) -> PermissionState {
+    match behavior {
+        Behavior::Allow => PermissionState::Allowed,
+        Behavior::Deny => PermissionState::Denied,
+    }
+}
+
+/// An answer, in this order: unknown session or request 404; a pending
+/// request takes it; the same answer again is a replay; another answer, or
+/// any answer to an expired request, is 409 `permission_already_answered`
+/// (with the state).
+pub fn answer(
+    rows: AnswerRows,
+    behavior: Behavior,
+    via: AnsweredVia,
+    now: i64,
+) -> Result<Decided<Decision>> {
+    let mut session = existing(rows.session)?;
+    let row = rows
+        .existing
+        .ok_or_else(|| Error::not_found("permission request"))?;
+    let wanted = answered_state(behavior);
+    match row.state {
+        PermissionState::Pending => {
+            let row = PermissionRow {
+                state: wanted,
+                answered_at: Some(now),
+                answered_via: Some(via),
+                ..row
+            };
+            let event = log(
+                &mut session,
+                Subject::Permission(&row.request_id),
+                wanted.as_str(),
+                now,
+            );
+            Ok(Decided {
+                writes: Writes {
+                    permission: Some(Change::Update(row.clone())),
+                    session: Some(session),
+                    event: Some(event),
+                    ..Writes::default()
+                },
+                answer: Decision::Write(row),
+            })
+        }
+        state if state == wanted => Ok(Decided::nothing(Decision::Replayed(row))),
+        state => Err(Error::permission_already_answered(state)),
+    }
+}
+
+/// What a session's close does to its pending requests.
+pub const EXPIRED_ON_CLOSE: PermissionState = PermissionState::Expired;
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::decide::tests::{host, session};
+    use crate::error::ErrorCode;
+    use crate::model::SessionState;
+
+    pub fn request(preview: &str) -> CreatePermissionRequest {
+        CreatePermissionRequest {
+            host_surface: "claude-code".into(),
+            host_session_id: "h".into(),
+            request_id: "abcde".into(),
+            tool_name: "Bash".into(),
+            description: "d".into(),
+            input_preview: preview.into(),
+        }
+    }
+
+    fn rows(state: SessionState, existing: Option<PermissionRow>) -> CreateRows {
+        CreateRows {
+            session: Some(session(state)),
+            existing,
+            chat_id: None,
+        }
+    }
+
+    /// A pending request, as a first create writes it.
+    pub fn created() -> PermissionRow {
+        match create(rows(SessionState::Open, None), &host("h"), request("ls"), 5) {
+            Ok(Decided {
+                answer: Decision::Write(row),
+                ..
+            }) => row,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn code<T: std::fmt::Debug>(result: Result<T>) -> ErrorCode {
+        result.expect_err("a refusal").code
+    }
+
+    #[test]
+    fn create_checks_session_then_host_then_replay_then_closed() {
+        let row = created();
+        assert_eq!(row.state, PermissionState::Pending);
+        let unknown = CreateRows::default();
+        assert_eq!(
+            code(create(unknown, &host("h"), request("ls"), 6)),
+            ErrorCode::NotFound
+        );
+        let closed = || rows(SessionState::Closed, Some(row.clone()));
+        let wrong = create(closed(), &host("x"), request("ls"), 6);
+        assert_eq!(code(wrong), ErrorCode::HostMismatch);
+        let again = create(closed(), &host("h"), request("ls"), 6).unwrap();
+        assert!(matches!(again.answer, Decision::Replayed(r) if r == row));
+        assert!(again.writes.permission.is_none() && again.writes.event.is_none());
+        let other = create(
+            rows(SessionState::Open, Some(row)),
+            &host("h"),
+            request("rm"),
+            6,
+        );
+        assert_eq!(code(other), ErrorCode::IdempotencyKeyReused);
+        let late = create(
+            rows(SessionState::Closed, None),
+            &host("h"),
+            request("ls"),
+            6,
+        );
+        assert_eq!(code(late), ErrorCode::SessionClosed);
+    }
+
+    #[test]
+    fn a_create_numbers_its_event_and_messages_a_linked_chat_only() {
+        let unlinked =
+            create(rows(SessionState::Open, None), &host("h"), request("ls"), 5).unwrap();
+        let writes = unlinked.writes;
+        assert!(matches!(&writes.permission, Some(Change::Insert(r)) if r.created_at == 5));
+        let event = writes.event.expect("an event");
+        assert_eq!(
+            (event.event_no, event.kind, event.state),
+            (9, "permission", "pending")
+        );
+        assert_eq!(event.request_id.as_deref(), Some("abcde"));
+        assert_eq!(writes.session.expect("the session").next_event_no, 10);
+        assert!(writes.permission_message.is_none());
+        let linked = CreateRows {
+            chat_id: Some("oc_1".into()),
+            ..rows(SessionState::Open, None)
+        };
+        let writes = create(linked, &host("h"), request("ls"), 5).unwrap().writes;
+        let message = writes.permission_message.expect("a chat message");
+        assert_eq!(
+            (message.chat_id.as_str(), message.request_id.as_str()),
+            ("oc_1", "abcde")
+        );
+        assert!(message.text.contains("\"yes abcde\""), "{}", message.text);
+    }
+
+    fn answered(existing: Option<PermissionRow>, behavior: Behavior) -> Result<Decided<Decision>> {
+        let rows = AnswerRows {
+            session: Some(session(SessionState::Open)),
+            existing,
+        };
+        answer(rows, behavior, AnsweredVia::Owner, 10)
+    }
+
+    #[test]
+    fn the_first_answer_wins_and_the_same_answer_replays() {
+        assert_eq!(code(answered(None, Behavior::Allow)), ErrorCode::NotFound);
+        let no_session = AnswerRows {
+            session: None,
+            existing: Some(created()),
+        };
+        let unknown = answer(no_session, Behavior::Allow, AnsweredVia::Owner, 1);
+        assert_eq!(code(unknown), ErrorCode::NotFound);
+        let rows = AnswerRows {
+            session: Some(session(SessionState::Open)),
+            existing: Some(created()),
+        };
+        let first = answer(rows, Behavior::Allow, AnsweredVia::Lark, 9).unwrap();
+        let Decision::Write(allowed) = first.answer else {
+            panic!("a first answer writes")
+        };
+        assert_eq!(allowed.state, PermissionState::Allowed);
+        assert_eq!(allowed.answered_via, Some(AnsweredVia::Lark));
+        assert_eq!(allowed.answered_at, Some(9));
+        let event = first.writes.event.expect("an event");
+        assert_eq!((event.event_no, event.state), (9, "allowed"));
+        assert_eq!(first.writes.session.expect("the session").next_event_no, 10);
+        let same = answered(Some(allowed.clone()), Behavior::Allow).unwrap();
+        assert!(matches!(same.answer, Decision::Replayed(ref r) if *r == allowed));
+        assert!(same.writes.event.is_none() && same.writes.session.is_none());
+        let other = answered(Some(allowed), Behavior::Deny);
+        assert_eq!(code(other), ErrorCode::PermissionAlreadyAnswered);
+        let expired = PermissionRow {
+            state: EXPIRED_ON_CLOSE,
+            ..created()
+        };
+        let late = answered(Some(expired), Behavior::Deny);
+        assert_eq!(code(late), ErrorCode::PermissionAlreadyAnswered);
+    }
+}

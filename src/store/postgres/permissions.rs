@@ -1,0 +1,109 @@
+//! The PostgreSQL side of the permission decisions
+//! ([`crate::decide::permission`]): the rows a create or an answer reads,
+//! after locking the session's row, and the statements that write a request
+//! and its message to a linked chat, in the caller's transaction. It decides
+//! nothing itself.
+
+use sqlx::postgres::PgConnection;
+
+use super::decisions::decided;
+use super::rows::text;
+use super::{Step, load_permission, lock_session};
+use crate::decide::permission::{self, AnswerRows, CreateRows};
+use crate::decide::{Change, Writes};
+use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest};
+use crate::store::{Decision, HostIdentity};
+use crate::time::now_ms;
+
+pub(super) async fn create(
+    conn: &mut PgConnection,
+    session_id: &str,
+    host: &HostIdentity,
+    request: &CreatePermissionRequest,
+) -> Step<Decision> {
+    let session = lock_session(conn, session_id).await?;
+    let existing = load_permission(&mut *conn, session_id, &request.request_id).await?;
+    let chat_id = match &session {
+        Some(_) => {
+            sqlx::query_scalar("select chat_id from lark_links where session_id = $1")
+                .bind(session_id)
+                .fetch_optional(&mut *conn)
+                .await?
+        }
+        None => None,
+    };
+    let rows = CreateRows {
+        session,
+        existing,
+        chat_id,
+    };
+    let decision = permission::create(rows, host, request.clone(), now_ms())?;
+    decided(conn, decision).await
+}
+
+pub(super) async fn answer(
+    conn: &mut PgConnection,
+    session_id: &str,
+    request_id: &str,
+    (behavior, via): (Behavior, AnsweredVia),
+) -> Step<Decision> {
+    let rows = AnswerRows {
+        session: lock_session(conn, session_id).await?,
+        existing: load_permission(&mut *conn, session_id, request_id).await?,
+    };
+    decided(conn, permission::answer(rows, behavior, via, now_ms())?).await
+}
+
+/// Writes a decision's permission request and its chat message, if any,
+/// under the session's row lock.
+pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<()> {
+    match &writes.permission {
+        Some(Change::Insert(row)) => {
+            sqlx::query(
+                "insert into permission_requests (session_id, request_id, tool_name, description,
+                     input_preview, state, created_at, answered_at, answered_via)
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            )
+            .bind(&row.session_id)
+            .bind(&row.request_id)
+            .bind(&row.tool_name)
+            .bind(row.description.as_bytes())
+            .bind(row.input_preview.as_bytes())
+            .bind(row.state.as_str())
+            .bind(row.created_at)
+            .bind(row.answered_at)
+            .bind(row.answered_via.as_ref().map(text))
+            .execute(&mut *conn)
+            .await?;
+        }
+        Some(Change::Update(row)) => {
+            sqlx::query(
+                "update permission_requests set state = $1, answered_at = $2, answered_via = $3
+                 where session_id = $4 and request_id = $5",
+            )
+            .bind(row.state.as_str())
+            .bind(row.answered_at)
+            .bind(row.answered_via.as_ref().map(text))
+            .bind(&row.session_id)
+            .bind(&row.request_id)
+            .execute(&mut *conn)
+            .await?;
+        }
+        None => {}
+    }
+    if let Some(m) = &writes.permission_message {
+        sqlx::query(
+            "insert into lark_permission_messages (session_id, request_id, chat_id, text, state,
+                 next_attempt_at, created_at, updated_at)
+             values ($1, $2, $3, $4, 'pending', $5, $5, $5)",
+        )
+        .bind(&m.session_id)
+        .bind(&m.request_id)
+        .bind(&m.chat_id)
+        .bind(m.text.as_bytes())
+        .bind(m.at)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}

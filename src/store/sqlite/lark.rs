@@ -1,0 +1,117 @@
+//! The SQLite side of the Lark decisions ([`crate::decide::lark`]): the rows
+//! a link, an unlink or an incoming event reads, on the writer's connection,
+//! and the statements that write a link and an event's redelivery guard. It
+//! decides nothing itself.
+
+use rusqlite::Connection;
+
+use super::decisions::{decided, earlier_turn};
+use super::{load_permission, load_session, sql};
+use crate::decide::lark::{self, EventRows};
+use crate::decide::{LinkChange, Writes};
+use crate::error::Result;
+use crate::ids::Minter;
+use crate::model::LarkLink;
+use crate::store::{LarkEvent, LarkIngest};
+use crate::time::now_ms;
+
+pub(super) fn link(
+    conn: &Connection,
+    session_id: String,
+    chat_id: String,
+    approvers: Vec<String>,
+) -> Result<LarkLink> {
+    let session = load_session(conn, &session_id)?;
+    let holder: Option<String> =
+        sql::query_scalar("select session_id from lark_links where chat_id = ?")
+            .bind(&chat_id)
+            .fetch_optional(conn)?;
+    let decision = lark::link(session, holder.as_deref(), chat_id, approvers, now_ms())?;
+    decided(conn, decision)
+}
+
+pub(super) fn unlink(conn: &Connection, session_id: String) -> Result<LarkLink> {
+    decided(conn, lark::unlink(load_session(conn, &session_id)?)?)
+}
+
+fn event_rows(conn: &Connection, event: &LarkEvent) -> Result<EventRows> {
+    let seen: Option<i64> = sql::query_scalar(
+        "select 1 from lark_events where app_id = ?1 and (event_id = ?2 or message_id = ?3)",
+    )
+    .bind(&event.app_id)
+    .bind(&event.event_id)
+    .bind(&event.message_id)
+    .fetch_optional(conn)?;
+    if seen.is_some() {
+        return Ok(EventRows {
+            seen: true,
+            ..EventRows::default()
+        });
+    }
+    let linked: Option<(String, String)> = match &event.chat_id {
+        Some(chat_id) => {
+            sql::query_as("select session_id, approvers from lark_links where chat_id = ?")
+                .bind(chat_id)
+                .fetch_optional(conn)?
+        }
+        None => None,
+    };
+    let Some((session_id, approvers)) = linked else {
+        return Ok(EventRows::default());
+    };
+    let request = match event.named_request() {
+        Some(request_id) => load_permission(conn, &session_id, request_id)?,
+        None => None,
+    };
+    Ok(EventRows {
+        seen: false,
+        earlier: earlier_turn(conn, &session_id, &event.event_id)?,
+        linked: load_session(conn, &session_id)?.map(|session| (session, approvers)),
+        request,
+    })
+}
+
+pub(super) fn event(conn: &Connection, event: LarkEvent, minter: &Minter) -> Result<LarkIngest> {
+    let rows = event_rows(conn, &event)?;
+    decided(conn, lark::event(rows, event, minter, now_ms())?)
+}
+
+/// Writes a decision's Lark event guard and link change, if any.
+pub(super) fn apply(conn: &Connection, writes: &Writes) -> Result<()> {
+    if let Some(e) = &writes.lark_event {
+        sql::query(
+            "insert into lark_events (app_id, event_id, message_id, received_at)
+             values (?, ?, ?, ?)",
+        )
+        .bind(&e.app_id)
+        .bind(&e.event_id)
+        .bind(&e.message_id)
+        .bind(e.at)
+        .execute(conn)?;
+    }
+    let Some(change) = &writes.link else {
+        return Ok(());
+    };
+    let (LinkChange::Link { session_id, .. } | LinkChange::Unlink { session_id }) = change;
+    sql::query("delete from lark_links where session_id = ?")
+        .bind(session_id)
+        .execute(conn)?;
+    if let LinkChange::Link {
+        session_id,
+        chat_id,
+        approvers,
+        at,
+    } = change
+    {
+        sql::query(
+            "insert into lark_links (chat_id, session_id, linked_at, approvers)
+             values (?, ?, ?, ?)",
+        )
+        .bind(chat_id)
+        .bind(session_id)
+        .bind(*at)
+        .bind(approvers)
+        .execute(conn)?;
+    }
+    Ok(())
+}
