@@ -201,6 +201,14 @@ pub fn existing(session: Option<SessionRow>) -> Result<SessionRow> {
     session.ok_or_else(|| Error::not_found("session"))
 }
 
+/// The number of the session's latest event (0 when none), given its
+/// `next_event_no`: 404 when there is no session.
+pub fn last_event_no(next_event_no: Option<i64>) -> Result<i64> {
+    next_event_no
+        .map(|next| next - 1)
+        .ok_or_else(|| Error::not_found("session"))
+}
+
 /// The session, if the host identity is the one it is bound to (else 403
 /// `host_mismatch`).
 pub fn hosted(session: Option<SessionRow>, host: &HostIdentity) -> Result<SessionRow> {

@@ -177,6 +177,40 @@ pub struct EventRow {
     pub state: String,
 }
 
+/// How a page of a session's turns is read: forward (after `after_seq`,
+/// before `before_seq` if given) oldest first, or, for `before_seq` alone,
+/// back from it newest first; one turn more than the page either way, which
+/// tells whether more lie beyond it.
+#[derive(Debug, Clone, Copy)]
+pub struct TurnPage {
+    pub backwards: bool,
+    pub limit: u32,
+}
+
+impl TurnPage {
+    pub fn new(page: &ListTurns, limit: u32) -> Self {
+        Self {
+            backwards: page.before_seq.is_some() && page.after_seq.is_none(),
+            limit,
+        }
+    }
+
+    /// How many turns to read.
+    pub fn read_limit(self) -> u32 {
+        self.limit + 1
+    }
+
+    /// The turns read, as the page in seq order and whether more lie beyond it.
+    pub fn finish(self, mut turns: Vec<TurnRow>) -> (Vec<TurnRow>, bool) {
+        let has_more = turns.len() > self.limit as usize;
+        turns.truncate(self.limit as usize);
+        if self.backwards {
+            turns.reverse();
+        }
+        (turns, has_more)
+    }
+}
+
 /// What a close did.
 #[derive(Debug)]
 pub struct Closed {

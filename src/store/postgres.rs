@@ -92,7 +92,8 @@ mod rows;
 use super::retention::{self, PruneStep};
 use super::{
     Bound, ChangeHook, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent,
-    LarkIngest, Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, TurnRow,
+    LarkIngest, Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, TurnPage,
+    TurnRow,
 };
 use crate::decide;
 use crate::error::{Error, Result};
@@ -632,9 +633,7 @@ impl Store for PgStore {
     }
 
     async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow> {
-        if load_session(&self.pool, session_id).await?.is_none() {
-            return Err(Error::not_found("session"));
-        }
+        decide::existing(load_session(&self.pool, session_id).await?)?;
         load_permission(&self.pool, session_id, request_id)
             .await?
             .ok_or_else(|| Error::not_found("permission request"))
@@ -645,9 +644,7 @@ impl Store for PgStore {
         session_id: &str,
         state: Option<PermissionState>,
     ) -> Result<Vec<PermissionRow>> {
-        if load_session(&self.pool, session_id).await?.is_none() {
-            return Err(Error::not_found("session"));
-        }
+        decide::existing(load_session(&self.pool, session_id).await?)?;
         let rows = sqlx::query(&format!(
             "select {PERMISSION_COLUMNS} from permission_requests
              where session_id = $1 and ($2::text is null or state = $2)
@@ -686,9 +683,7 @@ impl Store for PgStore {
     }
 
     async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink> {
-        if load_session(&self.pool, session_id).await?.is_none() {
-            return Err(Error::not_found("session"));
-        }
+        decide::existing(load_session(&self.pool, session_id).await?)?;
         let link: Option<(String, String)> =
             sqlx::query_as("select chat_id, approvers from lark_links where session_id = $1")
                 .bind(session_id)
@@ -798,15 +793,14 @@ impl Store for PgStore {
 
     async fn last_event_no(&self, session_id: &str) -> Result<i64> {
         if unstorable(session_id) {
-            return Err(Error::not_found("session"));
+            return decide::last_event_no(None);
         }
         let next: Option<i64> =
             sqlx::query_scalar("select next_event_no from sessions where session_id = $1")
                 .bind(session_id)
                 .fetch_optional(&self.pool)
                 .await?;
-        next.map(|n| n - 1)
-            .ok_or_else(|| Error::not_found("session"))
+        decide::last_event_no(next)
     }
 
     async fn events(&self, session_id: &str, after: i64, limit: u32) -> Result<Vec<EventRow>> {
@@ -825,9 +819,7 @@ impl Store for PgStore {
     }
 
     async fn turn(&self, session_id: &str, turn_id: &str) -> Result<TurnRow> {
-        if load_session(&self.pool, session_id).await?.is_none() {
-            return Err(Error::not_found("session"));
-        }
+        decide::existing(load_session(&self.pool, session_id).await?)?;
         load_turn(&self.pool, session_id, turn_id)
             .await?
             .ok_or_else(|| Error::not_found("turn"))
@@ -839,12 +831,9 @@ impl Store for PgStore {
         page: ListTurns,
         limit: u32,
     ) -> Result<(Vec<TurnRow>, bool)> {
-        if load_session(&self.pool, session_id).await?.is_none() {
-            return Err(Error::not_found("session"));
-        }
-        // Paging back (before_seq alone) reads newest first, then restores seq order.
-        let backwards = page.before_seq.is_some() && page.after_seq.is_none();
-        let sql = if backwards {
+        decide::existing(load_session(&self.pool, session_id).await?)?;
+        let paging = TurnPage::new(&page, limit);
+        let sql = if paging.backwards {
             "where t.session_id = $1 and t.seq < $3 order by t.seq desc limit $4"
         } else {
             "where t.session_id = $1 and t.seq > $2 and ($3::bigint is null or t.seq < $3)
@@ -855,18 +844,13 @@ impl Store for PgStore {
             .bind(session_id)
             .bind(page.after_seq.unwrap_or(0))
             .bind(page.before_seq)
-            .bind(i64::from(limit) + 1)
+            .bind(i64::from(paging.read_limit()))
             .fetch_all(&self.pool)
             .await?;
-        let mut turns = rows
+        let turns = rows
             .into_iter()
             .map(turn_row)
             .collect::<sqlx::Result<Vec<_>>>()?;
-        let has_more = turns.len() > limit as usize;
-        turns.truncate(limit as usize);
-        if backwards {
-            turns.reverse();
-        }
-        Ok((turns, has_more))
+        Ok(paging.finish(turns))
     }
 }

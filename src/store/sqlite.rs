@@ -27,7 +27,7 @@ use writer::{Writer, nested};
 
 use super::{
     Bound, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent, LarkIngest,
-    Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, TurnRow,
+    Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, TurnPage, TurnRow,
 };
 use crate::decide;
 use crate::error::{Error, Result};
@@ -395,9 +395,7 @@ impl Store for SqliteStore {
     }
 
     async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow> {
-        if read_session(&self.reads, session_id).await?.is_none() {
-            return Err(Error::not_found("session"));
-        }
+        decide::existing(read_session(&self.reads, session_id).await?)?;
         sqlx::query_as(SELECT_PERMISSION)
             .bind(session_id)
             .bind(request_id)
@@ -411,9 +409,7 @@ impl Store for SqliteStore {
         session_id: &str,
         state: Option<PermissionState>,
     ) -> Result<Vec<PermissionRow>> {
-        if read_session(&self.reads, session_id).await?.is_none() {
-            return Err(Error::not_found("session"));
-        }
+        decide::existing(read_session(&self.reads, session_id).await?)?;
         Ok(sqlx::query_as(concat!(
             "select ",
             permission_columns!(),
@@ -442,9 +438,7 @@ impl Store for SqliteStore {
     }
 
     async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink> {
-        if read_session(&self.reads, session_id).await?.is_none() {
-            return Err(Error::not_found("session"));
-        }
+        decide::existing(read_session(&self.reads, session_id).await?)?;
         let link: Option<(String, String)> =
             sqlx::query_as("select chat_id, approvers from lark_links where session_id = ?")
                 .bind(session_id)
@@ -508,8 +502,7 @@ impl Store for SqliteStore {
                 .bind(session_id)
                 .fetch_optional(&self.reads)
                 .await?;
-        next.map(|n| n - 1)
-            .ok_or_else(|| Error::not_found("session"))
+        decide::last_event_no(next)
     }
 
     async fn events(&self, session_id: &str, after: i64, limit: u32) -> Result<Vec<EventRow>> {
@@ -525,9 +518,7 @@ impl Store for SqliteStore {
     }
 
     async fn turn(&self, session_id: &str, turn_id: &str) -> Result<TurnRow> {
-        if read_session(&self.reads, session_id).await?.is_none() {
-            return Err(Error::not_found("session"));
-        }
+        decide::existing(read_session(&self.reads, session_id).await?)?;
         read_turn(&self.reads, session_id, turn_id)
             .await?
             .ok_or_else(|| Error::not_found("turn"))
@@ -539,31 +530,23 @@ impl Store for SqliteStore {
         page: ListTurns,
         limit: u32,
     ) -> Result<(Vec<TurnRow>, bool)> {
-        if read_session(&self.reads, session_id).await?.is_none() {
-            return Err(Error::not_found("session"));
-        }
-        // Paging back (before_seq alone) reads newest first, then restores seq order.
-        let backwards = page.before_seq.is_some() && page.after_seq.is_none();
-        let sql = if backwards {
+        decide::existing(read_session(&self.reads, session_id).await?)?;
+        let paging = TurnPage::new(&page, limit);
+        let sql = if paging.backwards {
             "where t.session_id = ?1 and t.seq < ?3 order by t.seq desc limit ?4"
         } else {
             "where t.session_id = ?1 and t.seq > ?2 and (?3 is null or t.seq < ?3)
              order by t.seq limit ?4"
         };
         let sql = format!("{TURN_READBACK} {sql}");
-        let mut turns: Vec<TurnRow> = sqlx::query_as(&sql)
+        let turns: Vec<TurnRow> = sqlx::query_as(&sql)
             .bind(session_id)
             .bind(page.after_seq.unwrap_or(0))
             .bind(page.before_seq)
-            .bind(limit + 1)
+            .bind(paging.read_limit())
             .fetch_all(&self.reads)
             .await?;
-        let has_more = turns.len() > limit as usize;
-        turns.truncate(limit as usize);
-        if backwards {
-            turns.reverse();
-        }
-        Ok((turns, has_more))
+        Ok(paging.finish(turns))
     }
 }
 
