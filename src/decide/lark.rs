@@ -5,7 +5,7 @@
 
 use super::permission::{AnswerRows, answer};
 use super::turn::enqueue;
-use super::{Decided, LinkChange, SeenLarkEvent, Writes, existing, open};
+use super::{Decided, LinkChange, NewLink, SeenLarkEvent, Writes, existing, open};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
 use crate::model::{AnsweredVia, Behavior, EnqueueRequest, Ingress, LarkLink, LarkRef, Origin};
@@ -35,11 +35,13 @@ pub fn link(
     }
     Ok(Decided {
         writes: Writes {
-            link: Some(LinkChange::Link {
+            link: Some(LinkChange {
                 session_id: session.session_id.clone(),
-                chat_id: chat_id.clone(),
-                approvers: approvers_to_stored(&approvers),
-                at: now,
+                link: Some(NewLink {
+                    chat_id: chat_id.clone(),
+                    approvers: approvers_to_stored(&approvers),
+                    at: now,
+                }),
             }),
             ..Writes::default()
         },
@@ -57,8 +59,9 @@ pub fn unlink(session: Option<SessionRow>) -> Result<Decided<LarkLink>> {
     let session = existing(session)?;
     Ok(Decided {
         writes: Writes {
-            link: Some(LinkChange::Unlink {
+            link: Some(LinkChange {
                 session_id: session.session_id.clone(),
+                link: None,
             }),
             ..Writes::default()
         },
@@ -229,9 +232,10 @@ mod tests {
         let linked = |s, holder| link(s, holder, "oc_1".into(), vec!["ou_a".into()], 7);
         let first = linked(open(), None).expect("linked");
         assert_eq!(first.answer.chat_id.as_deref(), Some("oc_1"));
+        let written = first.writes.link.and_then(|change| change.link);
         assert!(matches!(
-            first.writes.link,
-            Some(LinkChange::Link { ref approvers, at: 7, .. }) if approvers == "[\"ou_a\"]"
+            written,
+            Some(NewLink { ref approvers, at: 7, .. }) if approvers == "[\"ou_a\"]"
         ));
         assert!(linked(open(), Some("ses_1")).is_ok());
         let taken = linked(open(), Some("ses_2")).expect_err("a refusal");
@@ -249,7 +253,10 @@ mod tests {
     fn an_unlink_needs_the_session_only() {
         let gone = unlink(Some(session(SessionState::Closed))).expect("unlinked");
         assert_eq!(gone.answer.chat_id, None);
-        assert!(matches!(gone.writes.link, Some(LinkChange::Unlink { .. })));
+        assert!(matches!(
+            gone.writes.link,
+            Some(LinkChange { link: None, .. })
+        ));
         assert_eq!(unlink(None).expect_err("404").code, ErrorCode::NotFound);
     }
 

@@ -86,19 +86,21 @@ pub struct NewPermissionMessage {
     pub at: i64,
 }
 
-/// A chat's link to a session, as written.
+/// A session's Lark link, as written: the link it had (if any) goes, and
+/// `link` (if any) takes its place.
 #[derive(Debug, Clone)]
-pub enum LinkChange {
-    /// The session's link (if any) replaced by this chat and its approvers
-    /// (stored form, [`crate::permission::approvers_to_stored`]).
-    Link {
-        session_id: String,
-        chat_id: String,
-        approvers: String,
-        at: i64,
-    },
-    /// The session's link removed.
-    Unlink { session_id: String },
+pub struct LinkChange {
+    pub session_id: String,
+    pub link: Option<NewLink>,
+}
+
+/// A chat linked to a session, with its approvers (stored form,
+/// [`crate::permission::approvers_to_stored`]).
+#[derive(Debug, Clone)]
+pub struct NewLink {
+    pub chat_id: String,
+    pub approvers: String,
+    pub at: i64,
 }
 
 /// A Lark event recorded once, the guard against its redelivery

@@ -7,8 +7,8 @@ use sqlx::postgres::PgConnection;
 
 use super::decisions::{decided, earlier_turn};
 use super::{Step, load_permission, lock_session};
+use crate::decide::Writes;
 use crate::decide::lark::{self, EventRows};
-use crate::decide::{LinkChange, Writes};
 use crate::ids::Minter;
 use crate::model::LarkLink;
 use crate::store::{LarkEvent, LarkIngest, SessionRow};
@@ -134,18 +134,11 @@ pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> sqlx::Res
     let Some(change) = &writes.link else {
         return Ok(());
     };
-    let (LinkChange::Link { session_id, .. } | LinkChange::Unlink { session_id }) = change;
     sqlx::query("delete from lark_links where session_id = $1")
-        .bind(session_id)
+        .bind(&change.session_id)
         .execute(&mut *conn)
         .await?;
-    if let LinkChange::Link {
-        session_id,
-        chat_id,
-        approvers,
-        at,
-    } = change
-    {
+    if let Some(link) = &change.link {
         // The same chat linked to another session at this very moment: this
         // insert waits for that transaction, fails if it committed, and the
         // decision taken again answers chat_linked.
@@ -153,10 +146,10 @@ pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> sqlx::Res
             "insert into lark_links (chat_id, session_id, linked_at, approvers)
              values ($1, $2, $3, $4)",
         )
-        .bind(chat_id)
-        .bind(session_id)
-        .bind(at)
-        .bind(approvers)
+        .bind(&link.chat_id)
+        .bind(&change.session_id)
+        .bind(link.at)
+        .bind(&link.approvers)
         .execute(&mut *conn)
         .await?;
     }

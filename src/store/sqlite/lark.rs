@@ -7,8 +7,8 @@ use rusqlite::Connection;
 
 use super::decisions::{decided, earlier_turn};
 use super::{load_permission, load_session, sql};
+use crate::decide::Writes;
 use crate::decide::lark::{self, EventRows};
-use crate::decide::{LinkChange, Writes};
 use crate::error::Result;
 use crate::ids::Minter;
 use crate::model::LarkLink;
@@ -92,25 +92,18 @@ pub(super) fn apply(conn: &Connection, writes: &Writes) -> Result<()> {
     let Some(change) = &writes.link else {
         return Ok(());
     };
-    let (LinkChange::Link { session_id, .. } | LinkChange::Unlink { session_id }) = change;
     sql::query("delete from lark_links where session_id = ?")
-        .bind(session_id)
+        .bind(&change.session_id)
         .execute(conn)?;
-    if let LinkChange::Link {
-        session_id,
-        chat_id,
-        approvers,
-        at,
-    } = change
-    {
+    if let Some(link) = &change.link {
         sql::query(
             "insert into lark_links (chat_id, session_id, linked_at, approvers)
              values (?, ?, ?, ?)",
         )
-        .bind(chat_id)
-        .bind(session_id)
-        .bind(*at)
-        .bind(approvers)
+        .bind(&link.chat_id)
+        .bind(&change.session_id)
+        .bind(link.at)
+        .bind(&link.approvers)
         .execute(conn)?;
     }
     Ok(())
