@@ -8,8 +8,10 @@
 //!
 //! It must never decide: no stateful refusal is constructed here, no
 //! session event is numbered here (the decision numbers them from the
-//! locked session row), and the two backends share no rule, only SQL that
-//! looks alike. It knows nothing of HTTP and never waits for a client: a
+//! locked session row; for a close's cancelled turns and expired requests it
+//! gives the first number and the order, which one set-based statement
+//! counts up from), and the two backends share no rule, only SQL that looks
+//! alike. It knows nothing of HTTP and never waits for a client: a
 //! claim on an empty queue answers [`ClaimOutcome::Empty`] and the broker
 //! parks it; the store only tells the broker when a change may have been
 //! committed elsewhere ([`Store::watch`], [`Store::recheck_interval`]) and,
