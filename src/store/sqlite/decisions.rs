@@ -1,5 +1,5 @@
 //! The SQLite side of the decisions ([`crate::decide`]): for each, the rows
-//! it needs, read on the writer's connection inside the job's savepoint (the
+//! it needs, read on the writer's connection inside the job's transaction (the
 //! single writer is what serializes them), and the statements that apply
 //! the writes it returns. It decides nothing itself.
 

@@ -1,6 +1,7 @@
 //! The SQLite writer: one thread owns the only writing connection. It takes
-//! the jobs waiting in its queue, runs each inside its own savepoint of one
-//! `BEGIN IMMEDIATE` transaction, commits once, and only then answers them
+//! the jobs waiting in its queue, runs them in one `BEGIN IMMEDIATE`
+//! transaction (a failed job's changes undone alone: see [`run_batch`]),
+//! commits once, and only then answers them
 //! (group commit: one fsync for a batch of concurrent writes); the flusher
 //! syncs the WAL off the writer's path, the checkpointer copies it back. It
 //! knows nothing of what a job writes.
@@ -17,7 +18,7 @@ use crate::error::{Error, Result};
 /// The most writes one transaction commits together.
 const MAX_BATCH: usize = 256;
 
-/// A write, run by the writer inside its savepoint. It answers whether its
+/// A write, run by the writer in the batch's transaction. It answers whether its
 /// changes are kept, and the reply to send once the batch has committed.
 type Job = Box<dyn FnOnce(&Connection) -> Finished + Send>;
 type Reply = Box<dyn FnOnce(Result<()>) + Send>;
@@ -53,7 +54,7 @@ impl Writer {
         Ok(Self { jobs })
     }
 
-    /// Runs `op` on the writer, inside one savepoint of a group commit, and
+    /// Runs `op` on the writer, in the transaction of a group commit, and
     /// answers after the commit. An `Err` from `op` rolls back its own changes only.
     pub async fn write<T, F>(&self, op: F) -> Result<T>
     where
@@ -277,10 +278,29 @@ impl WalFile {
     }
 }
 
+/// Runs a batch in one transaction. A job whose changes are the first kept
+/// in the transaction runs without a savepoint: should it fail, rolling the
+/// whole transaction back undoes its changes only, and the next job begins a
+/// new one. A savepoint is not free: every page a job then changes is first
+/// copied into the savepoint's journal (in the profile, the savepoints were
+/// ~15 % of the writer's CPU). So a write alone in its batch, the usual case
+/// below full load and always on the wake path, pays none.
 fn run_batch(conn: &Connection, batch: &mut Vec<Job>, replies: &mut Vec<Reply>) -> Result<()> {
     let result = (|| {
         execute(conn, "begin immediate")?;
+        let mut kept_any = false;
         for job in batch.drain(..) {
+            if !kept_any {
+                let finished = job(conn);
+                replies.push(finished.reply);
+                if finished.keep {
+                    kept_any = true;
+                } else {
+                    execute(conn, "rollback")?;
+                    execute(conn, "begin immediate")?;
+                }
+                continue;
+            }
             execute(conn, "savepoint job")?;
             let finished = job(conn);
             replies.push(finished.reply);
@@ -317,6 +337,44 @@ fn execute(conn: &Connection, statement: &'static str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A job that inserts `id`, then fails or not.
+    fn insert(id: i64, keep: bool) -> Job {
+        Box::new(move |conn| {
+            conn.execute("insert into t (id) values (?1)", [id])
+                .unwrap();
+            Finished {
+                keep,
+                reply: Box::new(|_| {}),
+            }
+        })
+    }
+
+    #[test]
+    fn a_failed_job_loses_its_own_changes_only_with_or_without_a_savepoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_writer(&dir.path().join("t.db")).unwrap();
+        conn.execute("create table t (id integer primary key)", [])
+            .unwrap();
+        // The first two fail before anything is kept (no savepoint: the
+        // transaction is rolled back and begun again); later ones share the
+        // transaction with kept changes (a savepoint each).
+        let outcomes = [false, false, true, false, true, false, true];
+        let mut batch: Vec<Job> = (0..)
+            .zip(outcomes)
+            .map(|(id, keep)| insert(id, keep))
+            .collect();
+        let mut replies = Vec::new();
+        run_batch(&conn, &mut batch, &mut replies).unwrap();
+        assert_eq!(replies.len(), outcomes.len(), "every job is answered");
+        let mut kept = conn.prepare("select id from t order by id").unwrap();
+        let kept: Vec<i64> = kept
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(kept, [2, 4, 6]);
+    }
 
     #[test]
     fn the_wal_file_is_reopened_when_replaced_and_a_missing_one_is_an_error() {
