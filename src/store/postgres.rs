@@ -3,12 +3,15 @@
 //! ([`crate::decide`]) as the SQLite store and applies their writes, but the
 //! database, not a replica's memory, is what makes them hold across replicas:
 //!
-//! - One transaction per store call (READ COMMITTED). Every write that touches
-//!   a session first locks its row (`select … from sessions where session_id =
-//!   $1 for update`): the per-session serialization point, so one claim per
-//!   session, a claim id answering the same turn on any replica, completion
-//!   fencing, enqueue idempotency and "no close while a claim is active" are
-//!   decided one request at a time per session.
+//! - One transaction per store call (READ COMMITTED). A turn decision costs
+//!   four round trips: BEGIN; ONE statement that locks the session's row
+//!   (`for update of s`) and reads every row the decision needs beside it
+//!   (`load`); ONE statement of data-modifying CTEs that applies its writes
+//!   (`apply`); COMMIT. A refusal is rolled back without waiting for it. The
+//!   session's row lock is the per-session serialization point, so one claim
+//!   per session, a claim id answering the same turn on any replica,
+//!   completion fencing, enqueue idempotency and "no close while a claim is
+//!   active" are decided one request at a time per session.
 //! - Unique constraints back up what no session row guards: a claim id used on
 //!   two sessions at once (`claims` primary key), one open session per bound
 //!   tuple, a Lark event or message reaching two replicas at once, one chat per
@@ -38,12 +41,16 @@
 //!   the attempt replaces the lease. A dispatcher that dies mid-send leaves the
 //!   reply to be sent again after the lease, with the same Lark uuid.
 //!
-//! Inside: `decisions` (each turn and session decision's rows, loaded under
-//! the session's lock, and its writes), `permissions` and `lark` (the same
-//! for permission requests and for Lark links and events), `notify`
-//! (announcing and listening across replicas), `rows` (decoding PostgreSQL
-//! rows); this file opens the pool, runs each call in its transaction and
-//! answers the [`Store`] calls.
+//! Inside: `pool` (opening the store, running a call in its transaction,
+//! deciding again after a conflict), `load` (each turn decision's rows in one
+//! locked statement), `apply` (a decision's writes, a turn decision's in one
+//! statement), `decisions` (load, decide, apply for each turn and session
+//! decision), `permissions` and `lark` (the same for permission requests and
+//! for Lark links and events, with their row access), `reads` (row access
+//! and listings outside the decisions, retention), `outbox` (leasing and
+//! recording Lark replies), `notify` (announcing and listening across
+//! replicas), `rows` (decoding PostgreSQL rows); this file answers the
+//! [`Store`] calls.
 //!
 //! Migrations (`migrations/postgres`) run at start-up on a dedicated
 //! connection under sqlx's PostgreSQL advisory lock: sqlx 0.8's
@@ -61,7 +68,9 @@
 //! wait for a session's row lock) and a connection idle inside a transaction
 //! for 30 s is ended by the server (`idle_in_transaction_session_timeout`), so
 //! a stuck replica cannot hold a session's lock for long. Connections are
-//! replaced after 30 minutes and closed after 10 idle minutes. While the
+//! replaced after 30 minutes and closed after 10 idle minutes. sqlx tests
+//! every connection it gets back (a round trip off the request's path); one
+//! taken from the pool is tested again only after 1 s idle. While the
 //! database is unreachable, requests answer 503 `store_unavailable` and the
 //! pool reconnects by itself when it returns.
 //!
@@ -74,26 +83,30 @@
 //! the reply texts built from responses) are stored as `bytea`, their UTF-8
 //! bytes: PostgreSQL text cannot hold U+0000, and a message may contain it.
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
-use sqlx::{Connection, Row};
+use sqlx::postgres::{PgConnection, PgListener, PgPool};
 use tokio_util::sync::CancellationToken;
 
+#[macro_use]
+mod pool;
+
+mod apply;
 mod decisions;
 mod lark;
+mod load;
 mod notify;
+mod outbox;
 mod permissions;
+mod reads;
 mod rows;
 
-use super::retention::{self, PruneStep};
+use super::retention::PruneStep;
 use super::{
     Bound, ChangeHook, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent,
-    LarkIngest, Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, TurnPage,
-    TurnRow,
+    LarkIngest, Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, TurnRow,
 };
 use crate::decide;
 use crate::error::{Error, Result};
@@ -106,11 +119,11 @@ use crate::model::{
 use crate::permission;
 use crate::time::now_ms;
 use decisions::{bind, bind_rows, claim, close, complete, enqueue, release};
-use notify::{Announcer, listen, start_listening};
-use rows::{
-    SESSION_COLUMNS, TURN_READBACK, enumeration, optional_enumeration, session_row, text, turn_row,
-    unstorable, utf8,
-};
+use notify::{Announcer, listen};
+use permissions::{PERMISSION_COLUMNS, load_permission, permission_row};
+use pool::{Step, settle};
+use reads::{load_session, load_turn, lock_session, prune_step};
+use rows::unstorable;
 
 /// The channel every change is announced on; the payload is the session id.
 pub const CHANNEL: &str = "loopx_changes";
@@ -120,36 +133,8 @@ pub const MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often parked claims and event streams re-check the store regardless.
 const RECHECK: Duration = Duration::from_secs(5);
-/// How long a dispatcher holds the replies it took before another may.
-const REPLY_LEASE_MS: i64 = 30_000;
-/// Takes and leases a batch of due replies (`$1` now, `$2` limit, `$3` lease).
-const LEASE_REPLIES: &str = "with due as (
-         select turn_id, next_attempt_at from lark_replies
-         where state = 'pending' and next_attempt_at <= $1
-         order by next_attempt_at limit $2
-         for update skip locked
-     )
-     update lark_replies r set next_attempt_at = $1 + $3
-     from due where r.turn_id = due.turn_id
-     returning r.turn_id as key, r.message_id as target, r.chat_id, r.text, r.parts_sent,
-               r.attempts, r.failures, due.next_attempt_at as due_at";
-/// The same for permission-request messages.
-const LEASE_PERMISSION_MESSAGES: &str = "with due as (
-         select session_id, request_id, next_attempt_at from lark_permission_messages
-         where state = 'pending' and next_attempt_at <= $1
-         order by next_attempt_at limit $2
-         for update skip locked
-     )
-     update lark_permission_messages m set next_attempt_at = $1 + $3
-     from due where m.session_id = due.session_id and m.request_id = due.request_id
-     returning m.session_id as key, m.request_id as target, m.chat_id, m.text, m.parts_sent,
-               m.attempts, m.failures, due.next_attempt_at as due_at";
 /// How often the listening connection is proven alive.
 const LISTENER_PING: Duration = Duration::from_secs(30);
-/// How many times one store call takes its decision again after a conflict
-/// that a concurrent transaction caused (unique violation, deadlock).
-const MAX_ATTEMPTS: u32 = 8;
-
 pub struct PgStore {
     pool: PgPool,
     /// The listening connection's own pool (no statement timeout: it waits
@@ -167,284 +152,6 @@ impl Drop for PgStore {
     fn drop(&mut self) {
         self.stop.cancel();
     }
-}
-
-impl PgStore {
-    /// Connects to `url`, runs the migrations under the advisory lock, and
-    /// opens the pool.
-    pub async fn open(url: &str) -> Result<Self> {
-        let base = PgConnectOptions::from_str(url)
-            .map_err(|e| Error::store("reading --database-url", e))?;
-        let mut migrator =
-            PgConnection::connect_with(&base.clone().application_name("loopx-migrate"))
-                .await
-                .map_err(|e| Error::store("connecting to PostgreSQL", e))?;
-        sqlx::migrate!("./migrations/postgres")
-            .run(&mut migrator)
-            .await
-            .map_err(|e| Error::store("migrating the database", e))?;
-        migrator
-            .close()
-            .await
-            .map_err(|e| Error::store("closing the migration connection", e))?;
-        let options = base.clone().application_name("loopx").options([
-            ("statement_timeout", "10s"),
-            ("idle_in_transaction_session_timeout", "30s"),
-        ]);
-        let pool = PgPoolOptions::new()
-            .max_connections(MAX_CONNECTIONS)
-            .min_connections(1)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .idle_timeout(Duration::from_secs(600))
-            .max_lifetime(Duration::from_secs(1800))
-            .connect_with(options)
-            .await
-            .map_err(|e| Error::store("opening the connection pool", e))?;
-        // Listening before the broker serves: nothing another replica commits
-        // from then on goes unannounced here.
-        let listen_pool = PgPoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .max_lifetime(None)
-            .idle_timeout(None)
-            .connect_lazy_with(base.application_name("loopx-listener"));
-        let listener = start_listening(&listen_pool)
-            .await
-            .map_err(|e| Error::store("listening for other replicas' changes", e))?;
-        tracing::info!(
-            max_connections = MAX_CONNECTIONS,
-            channel = CHANNEL,
-            "PostgreSQL store ready (migrations applied, listening for changes)"
-        );
-        let stop = CancellationToken::new();
-        Ok(Self {
-            announcer: Announcer::start(pool.clone(), stop.clone()),
-            pool,
-            listen_pool,
-            listener: std::sync::Mutex::new(Some(listener)),
-            minter: Default::default(),
-            stop,
-        })
-    }
-}
-
-/// Why a decision did not go through: the contract refused it, or the database failed.
-enum Fail {
-    Refused(Error),
-    Db(sqlx::Error),
-}
-
-impl From<sqlx::Error> for Fail {
-    fn from(e: sqlx::Error) -> Self {
-        Fail::Db(e)
-    }
-}
-
-impl From<Error> for Fail {
-    fn from(e: Error) -> Self {
-        Fail::Refused(e)
-    }
-}
-
-type Step<T> = std::result::Result<T, Fail>;
-
-/// Whether the failure came from a concurrent transaction, so that taking the
-/// decision again (in a new transaction) answers as the contract says: a unique
-/// violation (the other transaction committed the same key first), a deadlock
-/// or a serialization failure.
-fn is_contention(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(e) => {
-            e.is_unique_violation() || matches!(e.code().as_deref(), Some("40P01" | "40001"))
-        }
-        _ => false,
-    }
-}
-
-/// Ends a transaction: commits a decision, rolls back a refusal, and tells
-/// whether the decision must be taken again.
-async fn settle<T>(
-    tx: sqlx::Transaction<'_, sqlx::Postgres>,
-    outcome: Step<T>,
-    attempt: u32,
-    what: &'static str,
-) -> Result<Option<T>> {
-    match outcome {
-        Ok(value) => {
-            tx.commit().await.map_err(|e| Error::store(what, e))?;
-            Ok(Some(value))
-        }
-        Err(Fail::Refused(e)) => {
-            let _ = tx.rollback().await;
-            Err(e)
-        }
-        Err(Fail::Db(e)) if attempt < MAX_ATTEMPTS && is_contention(&e) => {
-            let _ = tx.rollback().await;
-            tracing::debug!(error = %e, attempt, "{what}: a concurrent transaction won; deciding again");
-            // A short, growing pause, so a deadlock's parties do not meet again.
-            tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 3)).await;
-            Ok(None)
-        }
-        Err(Fail::Db(e)) => {
-            let _ = tx.rollback().await;
-            Err(Error::store(what, e))
-        }
-    }
-}
-
-/// Runs `$body` (an expression using `$conn: &mut PgConnection`, evaluating to
-/// a future of `Step<T>`) in its own transaction, again from the start after a
-/// conflict with a concurrent transaction.
-macro_rules! transaction {
-    ($store:expr, $what:literal, |$conn:ident| $body:expr) => {{
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let mut tx = $store
-                .pool
-                .begin()
-                .await
-                .map_err(|e| Error::store($what, e))?;
-            let outcome = {
-                let $conn: &mut PgConnection = &mut *tx;
-                $body.await
-            };
-            if let Some(value) = settle(tx, outcome, attempt, $what).await? {
-                break Ok::<_, Error>(value);
-            }
-        }
-    }};
-}
-
-async fn load_session<'e, E>(db: E, session_id: &str) -> sqlx::Result<Option<SessionRow>>
-where
-    E: sqlx::PgExecutor<'e>,
-{
-    if unstorable(session_id) {
-        return Ok(None);
-    }
-    let sql = format!("select {SESSION_COLUMNS} from sessions where session_id = $1");
-    sqlx::query(&sql)
-        .bind(session_id)
-        .fetch_optional(db)
-        .await?
-        .map(session_row)
-        .transpose()
-}
-
-/// Locks the session's row for the rest of the transaction: every write that
-/// touches a session goes through here first.
-async fn lock_session(
-    conn: &mut PgConnection,
-    session_id: &str,
-) -> sqlx::Result<Option<SessionRow>> {
-    if unstorable(session_id) {
-        return Ok(None);
-    }
-    let sql = format!("select {SESSION_COLUMNS} from sessions where session_id = $1 for update");
-    sqlx::query(&sql)
-        .bind(session_id)
-        .fetch_optional(&mut *conn)
-        .await?
-        .map(session_row)
-        .transpose()
-}
-
-async fn load_turn<'e, E>(db: E, session_id: &str, turn_id: &str) -> sqlx::Result<Option<TurnRow>>
-where
-    E: sqlx::PgExecutor<'e>,
-{
-    if unstorable(session_id) || unstorable(turn_id) {
-        return Ok(None);
-    }
-    sqlx::query(&format!(
-        "{TURN_READBACK} where t.session_id = $1 and t.turn_id = $2"
-    ))
-    .bind(session_id)
-    .bind(turn_id)
-    .fetch_optional(db)
-    .await?
-    .map(turn_row)
-    .transpose()
-}
-
-/// One transaction of retention: a chunk of the oldest prunable session's
-/// rows, or the session itself once they are gone, or old Lark guards. The
-/// session row is locked, skipping one another replica is pruning.
-async fn prune_step(conn: &mut PgConnection, cutoff_ms: i64) -> Step<PruneStep> {
-    let oldest: Option<String> = sqlx::query_scalar(&format!(
-        "{} for update skip locked",
-        retention::OLDEST_PRUNABLE
-    ))
-    .bind(cutoff_ms)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let Some(session_id) = oldest else {
-        let rows = sqlx::query(retention::DELETE_LARK_EVENTS)
-            .bind(cutoff_ms)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
-        return Ok(match rows {
-            0 => PruneStep::Done,
-            rows => PruneStep::Rows(rows),
-        });
-    };
-    for statement in retention::DELETE_CHILDREN {
-        let rows = sqlx::query(statement)
-            .bind(&session_id)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
-        if rows > 0 {
-            return Ok(PruneStep::Rows(rows));
-        }
-    }
-    sqlx::query(retention::DELETE_SESSION)
-        .bind(&session_id)
-        .execute(&mut *conn)
-        .await?;
-    Ok(PruneStep::Session)
-}
-
-const PERMISSION_COLUMNS: &str = "session_id, request_id, tool_name, description, \
-     input_preview, state, created_at, answered_at, answered_via";
-
-fn permission_row(row: PgRow) -> sqlx::Result<PermissionRow> {
-    Ok(PermissionRow {
-        session_id: row.try_get("session_id")?,
-        request_id: row.try_get("request_id")?,
-        tool_name: row.try_get("tool_name")?,
-        description: utf8(&row, "description")?,
-        input_preview: utf8(&row, "input_preview")?,
-        state: enumeration(&row, "state")?,
-        created_at: row.try_get("created_at")?,
-        answered_at: row.try_get("answered_at")?,
-        answered_via: optional_enumeration(&row, "answered_via")?,
-    })
-}
-
-async fn load_permission<'e, E>(
-    db: E,
-    session_id: &str,
-    request_id: &str,
-) -> sqlx::Result<Option<PermissionRow>>
-where
-    E: sqlx::PgExecutor<'e>,
-{
-    if unstorable(session_id) || unstorable(request_id) {
-        return Ok(None);
-    }
-    sqlx::query(&format!(
-        "select {PERMISSION_COLUMNS} from permission_requests
-         where session_id = $1 and request_id = $2"
-    ))
-    .bind(session_id)
-    .bind(request_id)
-    .fetch_optional(db)
-    .await?
-    .map(permission_row)
-    .transpose()
 }
 
 #[async_trait]
@@ -507,24 +214,7 @@ impl Store for PgStore {
     }
 
     async fn sessions(&self, filter: ListSessions, limit: u32) -> Result<Vec<SessionRow>> {
-        let sql = format!(
-            "select {SESSION_COLUMNS} from sessions
-             where ($1::text is null or state = $1) and ($2::text is null or goal_id = $2)
-               and ($3::text is null or agent_id = $3) and ($4::text is null or session_id > $4)
-             order by session_id limit $5"
-        );
-        let rows = sqlx::query(&sql)
-            .bind(filter.state.as_ref().map(text))
-            .bind(filter.goal_id)
-            .bind(filter.agent_id)
-            .bind(filter.cursor)
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows
-            .into_iter()
-            .map(session_row)
-            .collect::<sqlx::Result<_>>()?)
+        Ok(reads::sessions(&self.pool, filter, limit).await?)
     }
 
     async fn enqueue(&self, session_id: String, message: EnqueueRequest) -> Result<Enqueue> {
@@ -710,42 +400,7 @@ impl Store for PgStore {
     }
 
     async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {
-        // Each table's due rows are taken and leased in one statement: rows
-        // another dispatcher holds are skipped, and the lease keeps them from
-        // the next batch of anyone.
-        let mut jobs = Vec::new();
-        for (statement, kind) in [
-            (LEASE_REPLIES, "reply"),
-            (LEASE_PERMISSION_MESSAGES, "permission"),
-        ] {
-            let rows = sqlx::query(statement)
-                .bind(now_ms)
-                .bind(i64::from(limit))
-                .bind(REPLY_LEASE_MS)
-                .fetch_all(&self.pool)
-                .await?;
-            for row in rows {
-                jobs.push((
-                    row.try_get::<i64, _>("due_at")?,
-                    ReplyJob::from_outbox(
-                        kind,
-                        row.try_get("key")?,
-                        row.try_get("target")?,
-                        row.try_get("chat_id")?,
-                        utf8(&row, "text")?,
-                        (
-                            row.try_get("parts_sent")?,
-                            row.try_get("attempts")?,
-                            row.try_get("failures")?,
-                        ),
-                    ),
-                ));
-            }
-        }
-        // Oldest first over both; the rest of a batch over `limit` stays
-        // leased and is sent after the lease, as after a dispatcher's death.
-        jobs.sort_by_key(|(due_at, _)| *due_at);
-        Ok(jobs.into_iter().map(|(_, job)| job).collect())
+        Ok(outbox::due(&self.pool, now_ms, limit).await?)
     }
 
     async fn next_reply_due(&self) -> Result<Option<i64>> {
@@ -755,22 +410,7 @@ impl Store for PgStore {
     }
 
     async fn record_reply(&self, outbound: Outbound, update: ReplyUpdate) -> Result<()> {
-        // A diagnostic from afar: never let a stray U+0000 make it unstorable.
-        let error = update.error.map(|e| e.replace('\0', "\u{fffd}"));
-        let (statement, keys) = super::record_outbox(outbound);
-        let mut query = sqlx::query(statement)
-            .bind(update.parts_sent)
-            .bind(text(&update.state))
-            .bind(update.attempts)
-            .bind(update.failures)
-            .bind(error)
-            .bind(update.next_attempt_at)
-            .bind(now_ms());
-        for key in keys {
-            query = query.bind(key);
-        }
-        query.execute(&self.pool).await?;
-        Ok(())
+        Ok(outbox::record(&self.pool, outbound, update).await?)
     }
 
     async fn queue_stats(&self) -> Result<(i64, Option<i64>)> {
@@ -831,26 +471,6 @@ impl Store for PgStore {
         page: ListTurns,
         limit: u32,
     ) -> Result<(Vec<TurnRow>, bool)> {
-        decide::existing(load_session(&self.pool, session_id).await?)?;
-        let paging = TurnPage::new(&page, limit);
-        let sql = if paging.backwards {
-            "where t.session_id = $1 and t.seq < $3 order by t.seq desc limit $4"
-        } else {
-            "where t.session_id = $1 and t.seq > $2 and ($3::bigint is null or t.seq < $3)
-             order by t.seq limit $4"
-        };
-        let sql = format!("{TURN_READBACK} {sql}");
-        let rows = sqlx::query(&sql)
-            .bind(session_id)
-            .bind(page.after_seq.unwrap_or(0))
-            .bind(page.before_seq)
-            .bind(i64::from(paging.read_limit()))
-            .fetch_all(&self.pool)
-            .await?;
-        let turns = rows
-            .into_iter()
-            .map(turn_row)
-            .collect::<sqlx::Result<Vec<_>>>()?;
-        Ok(paging.finish(turns))
+        reads::turns(&self.pool, session_id, page, limit).await
     }
 }

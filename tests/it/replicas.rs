@@ -188,6 +188,82 @@ async fn a_claim_parked_on_one_replica_is_woken_by_an_enqueue_through_the_other(
     assert!(latency < Duration::from_secs(3), "woken after {latency:?}");
 }
 
+/// A decision that had to wait for another replica's lock on the session
+/// decides on what that replica committed. Its one statement locks the
+/// session and reads the queue beside it; under READ COMMITTED a wait would
+/// pair the newly committed session row with the queue as it was before the
+/// wait, and this claim would find the queue empty.
+#[tokio::test]
+async fn a_claim_that_waited_for_another_replicas_lock_sees_what_it_committed() {
+    let Some(r) = Replicas::start(&[]).await else {
+        return;
+    };
+    let host = bound_host(&r.a.client).await;
+    let session_id = host.session_id().to_owned();
+    // Another replica's enqueue, its transaction held open: the session's row
+    // locked, a turn queued and logged.
+    let mut other = sqlx::PgConnection::connect(&r.db.url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    let now = loopx::time::now_ms();
+    let (seq, event_no): (i64, i64) = sqlx::query_as(
+        "update sessions set next_seq = next_seq + 1, queued_count = queued_count + 1,
+             next_event_no = next_event_no + 1
+         where session_id = $1 returning next_seq - 1, next_event_no - 1",
+    )
+    .bind(&session_id)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query(
+        "insert into turns (turn_id, session_id, seq, origin, text, state, enqueued_at)
+         values ('turn_held', $1, $2, 'web', 'held'::bytea, 'queued', $3)",
+    )
+    .bind(&session_id)
+    .bind(seq)
+    .bind(now)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query(
+        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
+         values ($1, $2, 'turn', 'turn_held', $3, 'queued', $4)",
+    )
+    .bind(&session_id)
+    .bind(event_no)
+    .bind(seq)
+    .bind(now)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    // A claim through replica A (no wait) now waits for the session's lock.
+    let claiming = park(&r.a.client, &host, "c1", 0);
+    let mut admin = r.admin().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "select count(*) from pg_stat_activity
+             where datname = $1 and application_name = 'loopx' and wait_event_type = 'Lock'",
+        )
+        .bind(r.database_name())
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        if waiting == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the claim never waited for the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tx.commit().await.unwrap();
+    let (answer, _) = claiming.await.unwrap();
+    assert_eq!(claimed_turn_id(&answer.unwrap().body), "turn_held");
+    let turns = turn_states(&r.b.client, &host).await;
+    assert_eq!(turns, vec![(seq, TurnState::Claimed)]);
+}
+
 #[tokio::test]
 async fn one_claim_id_sent_to_both_replicas_at_once_claims_one_turn() {
     let Some(r) = Replicas::start(&[]).await else {

@@ -1,63 +1,22 @@
-//! The PostgreSQL side of the decisions ([`crate::decide`]): for each, the
-//! rows it needs, read after locking the session's row (the per-session
-//! serialization point across replicas), and the statements that apply the
-//! writes it returns, in the caller's transaction. It decides nothing itself.
+//! The PostgreSQL side of the turn and session decisions ([`crate::decide`]):
+//! for each, its rows loaded under the session's row lock (the per-session
+//! serialization point across replicas; `load`, one statement for a turn
+//! decision), the decision, and its writes applied (`apply`), in the caller's
+//! transaction; binding a session and closing one keep their own statements.
+//! It decides nothing itself.
 
-use sqlx::Row;
-use sqlx::postgres::{PgConnection, PgRow};
+use sqlx::postgres::PgConnection;
 
-use super::rows::{
-    SESSION_COLUMNS, TURN_COLUMNS, enumeration, session_row, text, turn_row, unstorable,
-};
-use super::{Step, load_turn, lock_session};
-use crate::decide::session::{BindRows, Close, CloseRows};
-use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows};
-use crate::decide::{self, Change, ClaimRow, Decided, NewEvent, Writes};
+use super::Step;
+use super::apply::{INSERT_EVENT, UPDATE_SESSION, bind_event, bind_session, decided};
+use super::load::{claim_rows, close_rows, complete_rows, enqueue_rows, release_rows};
+use super::rows::{SESSION_COLUMNS, TURN_COLUMNS, session_row, text, turn_row};
+use crate::decide::session::{BindRows, Close};
+use crate::decide::{self, NewEvent};
 use crate::ids::Minter;
 use crate::model::{BindRequest, CompleteRequest, EnqueueRequest, Receipt, Released};
 use crate::store::{Bound, ClaimOutcome, Closed, Enqueue, HostIdentity, SessionRow, TurnRow};
 use crate::time::now_ms;
-
-pub(super) fn claim_row(row: PgRow) -> sqlx::Result<ClaimRow> {
-    Ok(ClaimRow {
-        claim_id: row.try_get("claim_id")?,
-        session_id: row.try_get("session_id")?,
-        turn_id: row.try_get("turn_id")?,
-        attempt: row.try_get("attempt")?,
-        state: enumeration(&row, "state")?,
-        claimed_at: row.try_get("claimed_at")?,
-        released_at: row.try_get("released_at")?,
-    })
-}
-
-pub(super) async fn load_claim(
-    conn: &mut PgConnection,
-    claim_id: &str,
-) -> sqlx::Result<Option<ClaimRow>> {
-    if unstorable(claim_id) {
-        return Ok(None);
-    }
-    sqlx::query(
-        "select claim_id, session_id, turn_id, attempt, state, claimed_at, released_at
-         from claims where claim_id = $1",
-    )
-    .bind(claim_id)
-    .fetch_optional(conn)
-    .await?
-    .map(claim_row)
-    .transpose()
-}
-
-/// The (locked) session's active claim, if it has one.
-pub(super) async fn active_claim(
-    conn: &mut PgConnection,
-    session: Option<&SessionRow>,
-) -> sqlx::Result<Option<ClaimRow>> {
-    match session.and_then(|s| s.active_claim_id.as_ref()) {
-        Some(claim_id) => load_claim(conn, claim_id).await,
-        None => Ok(None),
-    }
-}
 
 pub(super) async fn bind_rows(
     conn: &mut PgConnection,
@@ -125,145 +84,19 @@ pub(super) async fn bind(
     Ok(bound)
 }
 
-/// Applies a decision's writes, in their order, in the caller's transaction.
-/// The caller announces the change once its transaction has committed
-/// ([`Announcer`]).
-pub(super) async fn apply(conn: &mut PgConnection, writes: Writes) -> Step<()> {
-    super::lark::apply(conn, &writes).await?;
-    super::permissions::apply(conn, &writes).await?;
-    match writes.turn {
-        Some(Change::Insert(t)) => {
-            sqlx::query(
-                "insert into turns (turn_id, session_id, seq, origin, text, client_message_id,
-                     lark_chat_id, lark_message_id, state, enqueued_at)
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-            )
-            .bind(&t.turn_id)
-            .bind(&t.session_id)
-            .bind(t.seq)
-            .bind(text(&t.origin))
-            .bind(t.text.as_bytes())
-            .bind(&t.client_message_id)
-            .bind(&t.lark_chat_id)
-            .bind(&t.lark_message_id)
-            .bind(text(&t.state))
-            .bind(t.enqueued_at)
-            .execute(&mut *conn)
-            .await?;
-        }
-        Some(Change::Update(t)) => {
-            sqlx::query(
-                "update turns set state = $1, claimed_at = $2, completed_at = $3,
-                     claim_count = $4, current_claim_id = $5, completion_id = $6, response = $7
-                 where turn_id = $8",
-            )
-            .bind(text(&t.state))
-            .bind(t.claimed_at)
-            .bind(t.completed_at)
-            .bind(t.claim_count)
-            .bind(&t.current_claim_id)
-            .bind(&t.completion_id)
-            .bind(&t.response)
-            .bind(&t.turn_id)
-            .execute(&mut *conn)
-            .await?;
-        }
-        None => {}
-    }
-    match writes.claim {
-        // The same claim id claimed on another session at this very moment:
-        // this insert waits for that transaction, fails if it committed, and
-        // the decision taken again answers claim_id_reused.
-        Some(Change::Insert(c)) => {
-            sqlx::query(
-                "insert into claims (claim_id, session_id, turn_id, attempt, state, claimed_at)
-                 values ($1, $2, $3, $4, $5, $6)",
-            )
-            .bind(&c.claim_id)
-            .bind(&c.session_id)
-            .bind(&c.turn_id)
-            .bind(c.attempt)
-            .bind(text(&c.state))
-            .bind(c.claimed_at)
-            .execute(&mut *conn)
-            .await?;
-        }
-        Some(Change::Update(c)) => {
-            sqlx::query("update claims set state = $1, released_at = $2 where claim_id = $3")
-                .bind(text(&c.state))
-                .bind(c.released_at)
-                .bind(&c.claim_id)
-                .execute(&mut *conn)
-                .await?;
-        }
-        None => {}
-    }
-    if let Some(s) = writes.session {
-        write_session(conn, &s).await?;
-    }
-    if let Some(e) = writes.event {
-        insert_event(conn, &e).await?;
-    }
-    if let Some(r) = writes.reply {
-        sqlx::query(
-            "insert into lark_replies (turn_id, session_id, chat_id, message_id, text, state,
-                 next_attempt_at, created_at, updated_at)
-             values ($1, $2, $3, $4, $5, 'pending', $6, $6, $6)",
-        )
-        .bind(&r.turn_id)
-        .bind(&r.session_id)
-        .bind(&r.chat_id)
-        .bind(&r.message_id)
-        .bind(r.text.as_bytes())
-        .bind(r.at)
-        .execute(&mut *conn)
-        .await?;
-    }
-    Ok(())
-}
-
 /// Writes back what a decision changes in a (locked) session row.
 pub(super) async fn write_session(conn: &mut PgConnection, s: &SessionRow) -> sqlx::Result<()> {
-    sqlx::query(
-        "update sessions set state = $1, closed_at = $2, next_seq = $3, next_event_no = $4,
-             queued_count = $5, active_claim_id = $6
-         where session_id = $7",
-    )
-    .bind(text(&s.state))
-    .bind(s.closed_at)
-    .bind(s.next_seq)
-    .bind(s.next_event_no)
-    .bind(s.queued_count)
-    .bind(&s.active_claim_id)
-    .bind(&s.session_id)
-    .execute(conn)
-    .await?;
+    bind_session(sqlx::query(UPDATE_SESSION), s)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
 pub(super) async fn insert_event(conn: &mut PgConnection, e: &NewEvent) -> sqlx::Result<()> {
-    sqlx::query(
-        "insert into session_events
-             (session_id, event_no, kind, turn_id, seq, request_id, state, at)
-         values ($1, $2, $3, $4, $5, $6, $7, $8)",
-    )
-    .bind(&e.session_id)
-    .bind(e.event_no)
-    .bind(e.kind)
-    .bind(&e.turn_id)
-    .bind(e.seq)
-    .bind(&e.request_id)
-    .bind(e.state)
-    .bind(e.at)
-    .execute(conn)
-    .await?;
+    bind_event(sqlx::query(INSERT_EVENT), e)
+        .execute(conn)
+        .await?;
     Ok(())
-}
-
-/// Applies a decision's writes and answers its answer.
-pub(super) async fn decided<T>(conn: &mut PgConnection, decided: Decided<T>) -> Step<T> {
-    apply(conn, decided.writes).await?;
-    Ok(decided.answer)
 }
 
 /// The session's turn enqueued with this `client_message_id`, if any.
@@ -289,46 +122,10 @@ pub(super) async fn enqueue(
     message: &EnqueueRequest,
     minter: &Minter,
 ) -> Step<Enqueue> {
-    let session = lock_session(conn, session_id).await?;
-    let earlier = match (&session, &message.client_message_id) {
-        (Some(_), Some(client_message_id)) => {
-            earlier_turn(conn, session_id, client_message_id).await?
-        }
-        _ => None,
-    };
+    let client_message_id = message.client_message_id.as_deref();
+    let (session, earlier) = enqueue_rows(conn, session_id, client_message_id).await?;
     let decision = decide::turn::enqueue(session, earlier, message.clone(), minter, now_ms())?;
     decided(conn, decision).await
-}
-
-pub(super) async fn claim_rows(
-    conn: &mut PgConnection,
-    session_id: &str,
-    claim_id: &str,
-) -> sqlx::Result<ClaimRows> {
-    let Some(session) = lock_session(conn, session_id).await? else {
-        return Ok(ClaimRows::default());
-    };
-    let earlier = load_claim(conn, claim_id).await?;
-    let earlier_turn = match &earlier {
-        Some(claim) => load_turn(&mut *conn, session_id, &claim.turn_id).await?,
-        None => None,
-    };
-    let head = sqlx::query(&format!(
-        "select {TURN_COLUMNS} from turns where session_id = $1 and state = 'queued'
-         order by seq limit 1"
-    ))
-    .bind(session_id)
-    .fetch_optional(&mut *conn)
-    .await?
-    .map(turn_row)
-    .transpose()?;
-    Ok(ClaimRows {
-        active: active_claim(conn, Some(&session)).await?,
-        session: Some(session),
-        earlier,
-        earlier_turn,
-        head,
-    })
 }
 
 pub(super) async fn claim(
@@ -348,19 +145,8 @@ pub(super) async fn complete(
     turn_id: &str,
     completion: &CompleteRequest,
 ) -> Step<Receipt> {
-    let session = lock_session(conn, session_id).await?;
-    let turn = load_turn(&mut *conn, session_id, turn_id).await?;
-    let used: Option<i32> =
-        sqlx::query_scalar("select 1 from turns where session_id = $1 and completion_id = $2")
-            .bind(session_id)
-            .bind(&completion.completion_id)
-            .fetch_optional(&mut *conn)
-            .await?;
-    let rows = CompleteRows {
-        session,
-        turn,
-        completion_id_used: used.is_some(),
-    };
+    let completion_id = &completion.completion_id;
+    let rows = complete_rows(conn, session_id, turn_id, completion_id).await?;
     let decision = decide::turn::complete(rows, completion.clone(), now_ms())?;
     decided(conn, decision).await
 }
@@ -371,44 +157,9 @@ pub(super) async fn release(
     claim_id: &str,
     host: &HostIdentity,
 ) -> Step<Released> {
-    let session = lock_session(conn, session_id).await?;
-    let claim = load_claim(conn, claim_id)
-        .await?
-        .filter(|c| c.session_id == session_id);
-    let turn = match &claim {
-        Some(claim) => load_turn(&mut *conn, session_id, &claim.turn_id).await?,
-        None => None,
-    };
-    let rows = ReleaseRows {
-        session,
-        claim,
-        turn,
-    };
+    let rows = release_rows(conn, session_id, claim_id).await?;
     let decision = decide::turn::release(rows, host, now_ms())?;
     decided(conn, decision).await
-}
-
-pub(super) async fn close_rows(
-    conn: &mut PgConnection,
-    session_id: &str,
-) -> sqlx::Result<CloseRows> {
-    let Some(session) = lock_session(conn, session_id).await? else {
-        return Ok(CloseRows::default());
-    };
-    let (queued, pending): (i64, i64) = sqlx::query_as(
-        "select (select count(*) from turns where session_id = $1 and state = 'queued'),
-                (select count(*) from permission_requests
-                 where session_id = $1 and state = 'pending')",
-    )
-    .bind(session_id)
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok(CloseRows {
-        active: active_claim(conn, Some(&session)).await?,
-        session: Some(session),
-        queued,
-        pending,
-    })
 }
 
 pub(super) async fn close(conn: &mut PgConnection, session_id: &str) -> Step<Closed> {

@@ -5,8 +5,10 @@
 
 use sqlx::postgres::PgConnection;
 
-use super::decisions::{decided, earlier_turn};
-use super::{Step, load_permission, lock_session};
+use super::apply::decided;
+use super::decisions::earlier_turn;
+use super::permissions::load_permission;
+use super::{Step, lock_session};
 use crate::decide::Writes;
 use crate::decide::lark::{self, EventRows};
 use crate::ids::Minter;

@@ -1,19 +1,61 @@
 //! The PostgreSQL side of the permission decisions
-//! ([`crate::decide::permission`]): the rows a create or an answer reads,
+//! ([`crate::decide::permission`]): permission request rows (decoded, read by
+//! id), the rows a create or an answer reads,
 //! after locking the session's row, and the statements that write a request
 //! and its message to a linked chat, in the caller's transaction. It decides
 //! nothing itself.
 
-use sqlx::postgres::PgConnection;
+use sqlx::Row;
+use sqlx::postgres::{PgConnection, PgRow};
 
-use super::decisions::decided;
-use super::rows::text;
-use super::{Step, load_permission, lock_session};
+use super::apply::decided;
+use super::rows::{enumeration, optional_enumeration, text, unstorable, utf8};
+use super::{Step, lock_session};
 use crate::decide::permission::{self, AnswerRows, CreateRows};
 use crate::decide::{Change, Writes};
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest};
-use crate::store::{Decision, HostIdentity};
+use crate::store::{Decision, HostIdentity, PermissionRow};
 use crate::time::now_ms;
+
+pub(super) const PERMISSION_COLUMNS: &str = "session_id, request_id, tool_name, description, \
+     input_preview, state, created_at, answered_at, answered_via";
+
+pub(super) fn permission_row(row: PgRow) -> sqlx::Result<PermissionRow> {
+    Ok(PermissionRow {
+        session_id: row.try_get("session_id")?,
+        request_id: row.try_get("request_id")?,
+        tool_name: row.try_get("tool_name")?,
+        description: utf8(&row, "description")?,
+        input_preview: utf8(&row, "input_preview")?,
+        state: enumeration(&row, "state")?,
+        created_at: row.try_get("created_at")?,
+        answered_at: row.try_get("answered_at")?,
+        answered_via: optional_enumeration(&row, "answered_via")?,
+    })
+}
+
+pub(super) async fn load_permission<'e, E>(
+    db: E,
+    session_id: &str,
+    request_id: &str,
+) -> sqlx::Result<Option<PermissionRow>>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    if unstorable(session_id) || unstorable(request_id) {
+        return Ok(None);
+    }
+    sqlx::query(&format!(
+        "select {PERMISSION_COLUMNS} from permission_requests
+         where session_id = $1 and request_id = $2"
+    ))
+    .bind(session_id)
+    .bind(request_id)
+    .fetch_optional(db)
+    .await?
+    .map(permission_row)
+    .transpose()
+}
 
 pub(super) async fn create(
     conn: &mut PgConnection,

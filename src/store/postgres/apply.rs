@@ -1,0 +1,235 @@
+//! A decision's [`Writes`] in ONE statement: each part present (the turn,
+//! the claim, the session, the event, the reply) is one data-modifying CTE of
+//! `with … select 1`, so a turn decision costs one round trip to write
+//! however many rows it changes (the rarer permission and Lark parts keep
+//! their own statements, in `permissions` and `lark`). The statement's text depends only on which parts are
+//! present (a handful of shapes), so each connection prepares each shape once
+//! and sqlx's statement cache reuses it. It decides nothing; the caller holds
+//! the session's row lock and announces the change after its commit.
+//!
+//! The parts run as one statement: they see the same snapshot (none reads
+//! another's rows) and fail together (a unique violation anywhere rolls the
+//! whole decision back, and the caller takes it again).
+
+use sqlx::postgres::{PgArguments, PgConnection};
+use sqlx::query::Query;
+
+use super::Step;
+use super::rows::text;
+use crate::decide::{Change, ClaimRow, Decided, NewEvent, NewReply, Writes};
+use crate::store::{SessionRow, TurnRow};
+
+type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
+
+const INSERT_TURN: &str = "insert into turns (turn_id, session_id, seq, origin, text,
+         client_message_id, lark_chat_id, lark_message_id, state, enqueued_at)
+     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+
+const UPDATE_TURN: &str = "update turns set state = $1, claimed_at = $2, completed_at = $3,
+         claim_count = $4, current_claim_id = $5, completion_id = $6, response = $7
+     where turn_id = $8";
+
+// The same claim id claimed on another session at this very moment: this
+// insert waits for that transaction, fails if it committed, and the decision
+// taken again answers claim_id_reused.
+const INSERT_CLAIM: &str = "insert into claims (claim_id, session_id, turn_id, attempt, state,
+         claimed_at)
+     values ($1, $2, $3, $4, $5, $6)";
+
+const UPDATE_CLAIM: &str = "update claims set state = $1, released_at = $2 where claim_id = $3";
+
+/// What a decision changes in a (locked) session row.
+pub(super) const UPDATE_SESSION: &str = "update sessions set state = $1, closed_at = $2,
+         next_seq = $3, next_event_no = $4, queued_count = $5, active_claim_id = $6
+     where session_id = $7";
+
+pub(super) const INSERT_EVENT: &str = "insert into session_events
+         (session_id, event_no, kind, turn_id, seq, request_id, state, at)
+     values ($1, $2, $3, $4, $5, $6, $7, $8)";
+
+const INSERT_REPLY: &str = "insert into lark_replies (turn_id, session_id, chat_id, message_id,
+         text, state, next_attempt_at, created_at, updated_at)
+     values ($1, $2, $3, $4, $5, 'pending', $6, $6, $6)";
+
+/// `template` with its parameters `$1…` numbered from `after + 1`, and how
+/// many it has.
+fn renumber(template: &str, after: usize) -> (String, usize) {
+    let mut out = String::with_capacity(template.len() + 16);
+    let mut count = 0;
+    let mut rest = template;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..=at]);
+        rest = &rest[at + 1..];
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let n: usize = rest[..digits].parse().expect("a numbered parameter");
+        count = count.max(n);
+        out.push_str(&(n + after).to_string());
+        rest = &rest[digits..];
+    }
+    out.push_str(rest);
+    (out, count)
+}
+
+/// The statement for the parts present, in the order they are bound.
+fn statement(parts: &[&str]) -> String {
+    let mut after = 0;
+    let ctes: Vec<String> = parts
+        .iter()
+        .enumerate()
+        .map(|(i, part)| {
+            let (sql, count) = renumber(part, after);
+            after += count;
+            format!("w{i} as ({sql})")
+        })
+        .collect();
+    format!("with {} select 1", ctes.join(", "))
+}
+
+fn bind_turn<'q>(query: PgQuery<'q>, change: &'q Change<TurnRow>) -> PgQuery<'q> {
+    match change {
+        Change::Insert(t) => query
+            .bind(&t.turn_id)
+            .bind(&t.session_id)
+            .bind(t.seq)
+            .bind(text(&t.origin))
+            .bind(t.text.as_bytes())
+            .bind(&t.client_message_id)
+            .bind(&t.lark_chat_id)
+            .bind(&t.lark_message_id)
+            .bind(text(&t.state))
+            .bind(t.enqueued_at),
+        Change::Update(t) => query
+            .bind(text(&t.state))
+            .bind(t.claimed_at)
+            .bind(t.completed_at)
+            .bind(t.claim_count)
+            .bind(&t.current_claim_id)
+            .bind(&t.completion_id)
+            .bind(&t.response)
+            .bind(&t.turn_id),
+    }
+}
+
+fn bind_claim<'q>(query: PgQuery<'q>, change: &'q Change<ClaimRow>) -> PgQuery<'q> {
+    match change {
+        Change::Insert(c) => query
+            .bind(&c.claim_id)
+            .bind(&c.session_id)
+            .bind(&c.turn_id)
+            .bind(c.attempt)
+            .bind(text(&c.state))
+            .bind(c.claimed_at),
+        Change::Update(c) => query
+            .bind(text(&c.state))
+            .bind(c.released_at)
+            .bind(&c.claim_id),
+    }
+}
+
+pub(super) fn bind_session<'q>(query: PgQuery<'q>, s: &'q SessionRow) -> PgQuery<'q> {
+    query
+        .bind(text(&s.state))
+        .bind(s.closed_at)
+        .bind(s.next_seq)
+        .bind(s.next_event_no)
+        .bind(s.queued_count)
+        .bind(&s.active_claim_id)
+        .bind(&s.session_id)
+}
+
+pub(super) fn bind_event<'q>(query: PgQuery<'q>, e: &'q NewEvent) -> PgQuery<'q> {
+    query
+        .bind(&e.session_id)
+        .bind(e.event_no)
+        .bind(e.kind)
+        .bind(&e.turn_id)
+        .bind(e.seq)
+        .bind(&e.request_id)
+        .bind(e.state)
+        .bind(e.at)
+}
+
+fn bind_reply<'q>(query: PgQuery<'q>, r: &'q NewReply) -> PgQuery<'q> {
+    query
+        .bind(&r.turn_id)
+        .bind(&r.session_id)
+        .bind(&r.chat_id)
+        .bind(&r.message_id)
+        .bind(r.text.as_bytes())
+        .bind(r.at)
+}
+
+/// Applies a decision's writes in the caller's transaction: a Lark event
+/// guard, a link change and a permission request with its message in their
+/// own statements first (none of them is part of a turn decision), then the
+/// turn, claim, session, event and reply in one statement (nothing to write:
+/// no statement).
+pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
+    super::lark::apply(conn, writes).await?;
+    super::permissions::apply(conn, writes).await?;
+    let mut parts = Vec::new();
+    if let Some(change) = &writes.turn {
+        parts.push(match change {
+            Change::Insert(_) => INSERT_TURN,
+            Change::Update(_) => UPDATE_TURN,
+        });
+    }
+    if let Some(change) = &writes.claim {
+        parts.push(match change {
+            Change::Insert(_) => INSERT_CLAIM,
+            Change::Update(_) => UPDATE_CLAIM,
+        });
+    }
+    if writes.session.is_some() {
+        parts.push(UPDATE_SESSION);
+    }
+    if writes.event.is_some() {
+        parts.push(INSERT_EVENT);
+    }
+    if writes.reply.is_some() {
+        parts.push(INSERT_REPLY);
+    }
+    if parts.is_empty() {
+        return Ok(());
+    }
+    let sql = statement(&parts);
+    let mut query = sqlx::query(&sql);
+    if let Some(change) = &writes.turn {
+        query = bind_turn(query, change);
+    }
+    if let Some(change) = &writes.claim {
+        query = bind_claim(query, change);
+    }
+    if let Some(s) = &writes.session {
+        query = bind_session(query, s);
+    }
+    if let Some(e) = &writes.event {
+        query = bind_event(query, e);
+    }
+    if let Some(r) = &writes.reply {
+        query = bind_reply(query, r);
+    }
+    query.execute(conn).await?;
+    Ok(())
+}
+
+/// Applies a decision's writes and answers its answer.
+pub(super) async fn decided<T>(conn: &mut PgConnection, decided: Decided<T>) -> Step<T> {
+    apply(conn, &decided.writes).await?;
+    Ok(decided.answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_part_numbers_its_parameters_after_the_ones_before() {
+        let sql = statement(&[UPDATE_CLAIM, "insert into x values ($1, $2, $1)"]);
+        assert!(sql.starts_with("with w0 as (update claims set state = $1, released_at = $2"));
+        assert!(sql.contains("where claim_id = $3), w1 as (insert into x values ($4, $5, $4))"));
+        assert!(sql.ends_with(" select 1"));
+    }
+}

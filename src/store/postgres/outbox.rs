@@ -1,0 +1,101 @@
+//! The Lark outbox on PostgreSQL: due replies and permission messages taken
+//! and leased in one statement per table (`for update skip locked`, so two
+//! dispatchers never hold the same row), and each attempt recorded. It
+//! decides nothing about what is sent.
+
+use sqlx::Row;
+use sqlx::postgres::PgPool;
+
+use super::rows::{text, utf8};
+use crate::store::{Outbound, ReplyJob, ReplyUpdate};
+use crate::time::now_ms;
+
+/// How long a dispatcher holds the replies it took before another may.
+const REPLY_LEASE_MS: i64 = 30_000;
+/// Takes and leases a batch of due replies (`$1` now, `$2` limit, `$3` lease).
+const LEASE_REPLIES: &str = "with due as (
+         select turn_id, next_attempt_at from lark_replies
+         where state = 'pending' and next_attempt_at <= $1
+         order by next_attempt_at limit $2
+         for update skip locked
+     )
+     update lark_replies r set next_attempt_at = $1 + $3
+     from due where r.turn_id = due.turn_id
+     returning r.turn_id as key, r.message_id as target, r.chat_id, r.text, r.parts_sent,
+               r.attempts, r.failures, due.next_attempt_at as due_at";
+/// The same for permission-request messages.
+const LEASE_PERMISSION_MESSAGES: &str = "with due as (
+         select session_id, request_id, next_attempt_at from lark_permission_messages
+         where state = 'pending' and next_attempt_at <= $1
+         order by next_attempt_at limit $2
+         for update skip locked
+     )
+     update lark_permission_messages m set next_attempt_at = $1 + $3
+     from due where m.session_id = due.session_id and m.request_id = due.request_id
+     returning m.session_id as key, m.request_id as target, m.chat_id, m.text, m.parts_sent,
+               m.attempts, m.failures, due.next_attempt_at as due_at";
+
+/// Due replies and permission messages, oldest first, each leased to this
+/// dispatcher for [`REPLY_LEASE_MS`].
+pub(super) async fn due(pool: &PgPool, now_ms: i64, limit: u32) -> sqlx::Result<Vec<ReplyJob>> {
+    // Each table's due rows are taken and leased in one statement: rows
+    // another dispatcher holds are skipped, and the lease keeps them from
+    // the next batch of anyone.
+    let mut jobs = Vec::new();
+    for (statement, kind) in [
+        (LEASE_REPLIES, "reply"),
+        (LEASE_PERMISSION_MESSAGES, "permission"),
+    ] {
+        let rows = sqlx::query(statement)
+            .bind(now_ms)
+            .bind(i64::from(limit))
+            .bind(REPLY_LEASE_MS)
+            .fetch_all(pool)
+            .await?;
+        for row in rows {
+            jobs.push((
+                row.try_get::<i64, _>("due_at")?,
+                ReplyJob::from_outbox(
+                    kind,
+                    row.try_get("key")?,
+                    row.try_get("target")?,
+                    row.try_get("chat_id")?,
+                    utf8(&row, "text")?,
+                    (
+                        row.try_get("parts_sent")?,
+                        row.try_get("attempts")?,
+                        row.try_get("failures")?,
+                    ),
+                ),
+            ));
+        }
+    }
+    // Oldest first over both; the rest of a batch over `limit` stays
+    // leased and is sent after the lease, as after a dispatcher's death.
+    jobs.sort_by_key(|(due_at, _)| *due_at);
+    Ok(jobs.into_iter().map(|(_, job)| job).collect())
+}
+
+/// Records a dispatcher's attempt (it replaces the lease).
+pub(super) async fn record(
+    pool: &PgPool,
+    outbound: Outbound,
+    update: ReplyUpdate,
+) -> sqlx::Result<()> {
+    // A diagnostic from afar: never let a stray U+0000 make it unstorable.
+    let error = update.error.map(|e| e.replace('\0', "\u{fffd}"));
+    let (statement, keys) = crate::store::record_outbox(outbound);
+    let mut query = sqlx::query(statement)
+        .bind(update.parts_sent)
+        .bind(text(&update.state))
+        .bind(update.attempts)
+        .bind(update.failures)
+        .bind(error)
+        .bind(update.next_attempt_at)
+        .bind(now_ms());
+    for key in keys {
+        query = query.bind(key);
+    }
+    query.execute(pool).await?;
+    Ok(())
+}

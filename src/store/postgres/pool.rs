@@ -1,0 +1,184 @@
+//! Opening the PostgreSQL store (migrations under the advisory lock, the
+//! pool, the listener, the announcer) and running one store call in its
+//! transaction: [`transaction!`] begins it, [`settle`] commits a decision,
+//! drops a refusal and takes the decision again after a conflict with a
+//! concurrent transaction. It knows no table and decides nothing.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
+use tokio_util::sync::CancellationToken;
+
+use super::notify::{Announcer, start_listening};
+use super::{ACQUIRE_TIMEOUT, CHANNEL, MAX_CONNECTIONS, PgStore};
+use crate::error::{Error, Result};
+
+/// A pooled connection idle this long is pinged before it serves a request.
+const IDLE_TEST: Duration = Duration::from_secs(1);
+/// How many times one store call takes its decision again after a conflict
+/// that a concurrent transaction caused (unique violation, deadlock).
+const MAX_ATTEMPTS: u32 = 8;
+
+impl PgStore {
+    /// Connects to `url`, runs the migrations under the advisory lock, and
+    /// opens the pool.
+    pub async fn open(url: &str) -> Result<Self> {
+        let base = PgConnectOptions::from_str(url)
+            .map_err(|e| Error::store("reading --database-url", e))?;
+        let mut migrator =
+            PgConnection::connect_with(&base.clone().application_name("loopx-migrate"))
+                .await
+                .map_err(|e| Error::store("connecting to PostgreSQL", e))?;
+        sqlx::migrate!("./migrations/postgres")
+            .run(&mut migrator)
+            .await
+            .map_err(|e| Error::store("migrating the database", e))?;
+        migrator
+            .close()
+            .await
+            .map_err(|e| Error::store("closing the migration connection", e))?;
+        let options = base.clone().application_name("loopx").options([
+            ("statement_timeout", "10s"),
+            ("idle_in_transaction_session_timeout", "30s"),
+        ]);
+        let pool = PgPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .min_connections(1)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .idle_timeout(Duration::from_secs(600))
+            .max_lifetime(Duration::from_secs(1800))
+            // sqlx pings every connection it returns to the pool; pinging it
+            // again when it is taken costs each request a round trip. Only a
+            // connection idle for a while is tested first (a server restart
+            // meanwhile).
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= IDLE_TEST {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
+            .connect_with(options)
+            .await
+            .map_err(|e| Error::store("opening the connection pool", e))?;
+        // Listening before the broker serves: nothing another replica commits
+        // from then on goes unannounced here.
+        let listen_pool = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .connect_lazy_with(base.application_name("loopx-listener"));
+        let listener = start_listening(&listen_pool)
+            .await
+            .map_err(|e| Error::store("listening for other replicas' changes", e))?;
+        tracing::info!(
+            max_connections = MAX_CONNECTIONS,
+            channel = CHANNEL,
+            "PostgreSQL store ready (migrations applied, listening for changes)"
+        );
+        let stop = CancellationToken::new();
+        Ok(Self {
+            announcer: Announcer::start(pool.clone(), stop.clone()),
+            pool,
+            listen_pool,
+            listener: std::sync::Mutex::new(Some(listener)),
+            minter: Default::default(),
+            stop,
+        })
+    }
+}
+
+/// Why a decision did not go through: the contract refused it, or the database failed.
+pub(super) enum Fail {
+    Refused(Error),
+    Db(sqlx::Error),
+}
+
+impl From<sqlx::Error> for Fail {
+    fn from(e: sqlx::Error) -> Self {
+        Fail::Db(e)
+    }
+}
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Self {
+        Fail::Refused(e)
+    }
+}
+
+pub(super) type Step<T> = std::result::Result<T, Fail>;
+
+/// Whether the failure came from a concurrent transaction, so that taking the
+/// decision again (in a new transaction) answers as the contract says: a unique
+/// violation (the other transaction committed the same key first), a deadlock
+/// or a serialization failure.
+fn is_contention(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(e) => {
+            e.is_unique_violation() || matches!(e.code().as_deref(), Some("40P01" | "40001"))
+        }
+        _ => false,
+    }
+}
+
+/// Ends a transaction: commits a decision, rolls back a refusal, and tells
+/// whether the decision must be taken again.
+pub(super) async fn settle<T>(
+    tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    outcome: Step<T>,
+    attempt: u32,
+    what: &'static str,
+) -> Result<Option<T>> {
+    match outcome {
+        Ok(value) => {
+            tx.commit().await.map_err(|e| Error::store(what, e))?;
+            Ok(Some(value))
+        }
+        Err(Fail::Refused(e)) => {
+            // Rolled back without waiting: sqlx queues the ROLLBACK and sends
+            // it with the ping that returns the connection to the pool.
+            drop(tx);
+            Err(e)
+        }
+        Err(Fail::Db(e)) if attempt < MAX_ATTEMPTS && is_contention(&e) => {
+            let _ = tx.rollback().await;
+            tracing::debug!(error = %e, attempt, "{what}: a concurrent transaction won; deciding again");
+            // A short, growing pause, so a deadlock's parties do not meet again.
+            tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 3)).await;
+            Ok(None)
+        }
+        Err(Fail::Db(e)) => {
+            let _ = tx.rollback().await;
+            Err(Error::store(what, e))
+        }
+    }
+}
+
+/// Runs `$body` (an expression using `$conn: &mut PgConnection`, evaluating to
+/// a future of `Step<T>`) in its own transaction, again from the start after a
+/// conflict with a concurrent transaction.
+macro_rules! transaction {
+    ($store:expr, $what:literal, |$conn:ident| $body:expr) => {{
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut tx = $store
+                .pool
+                .begin()
+                .await
+                .map_err(|e| Error::store($what, e))?;
+            let outcome = {
+                let $conn: &mut PgConnection = &mut *tx;
+                $body.await
+            };
+            if let Some(value) = settle(tx, outcome, attempt, $what).await? {
+                break Ok::<_, Error>(value);
+            }
+        }
+    }};
+}
