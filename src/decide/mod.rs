@@ -203,6 +203,13 @@ pub fn existing(session: Option<SessionRow>) -> Result<SessionRow> {
     session.ok_or_else(|| Error::not_found("session"))
 }
 
+/// A read of one of a session's items (a turn, a permission request): 404
+/// for an unknown session first, then 404 naming the item.
+pub fn item<T>(session: Option<SessionRow>, item: Option<T>, what: &'static str) -> Result<T> {
+    existing(session)?;
+    item.ok_or_else(|| Error::not_found(what))
+}
+
 /// The number of the session's latest event (0 when none), given its
 /// `next_event_no`: 404 when there is no session.
 pub fn last_event_no(next_event_no: Option<i64>) -> Result<i64> {
@@ -285,5 +292,15 @@ pub(crate) mod tests {
             host_surface: "claude-code".into(),
             host_session_id: id.into(),
         }
+    }
+
+    #[test]
+    fn an_items_read_names_the_session_first_then_the_item() {
+        let message = |r: Result<u8>| r.unwrap_err().message.into_owned();
+        assert_eq!(message(item(None, None, "turn")), "No such session.");
+        assert_eq!(message(item(None, Some(1), "turn")), "No such session.");
+        let open = || Some(session(SessionState::Open));
+        assert_eq!(message(item(open(), None, "turn")), "No such turn.");
+        assert_eq!(item(open(), Some(7), "turn").unwrap(), 7);
     }
 }

@@ -323,10 +323,9 @@ impl Store for PgStore {
     }
 
     async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow> {
-        decide::existing(load_session(&self.pool, session_id).await?)?;
-        load_permission(&self.pool, session_id, request_id)
-            .await?
-            .ok_or_else(|| Error::not_found("permission request"))
+        let session = load_session(&self.pool, session_id).await?;
+        let request = load_permission(&self.pool, session_id, request_id).await?;
+        decide::item(session, request, "permission request")
     }
 
     async fn permissions(
@@ -459,10 +458,9 @@ impl Store for PgStore {
     }
 
     async fn turn(&self, session_id: &str, turn_id: &str) -> Result<TurnRow> {
-        decide::existing(load_session(&self.pool, session_id).await?)?;
-        load_turn(&self.pool, session_id, turn_id)
-            .await?
-            .ok_or_else(|| Error::not_found("turn"))
+        let session = load_session(&self.pool, session_id).await?;
+        let turn = load_turn(&self.pool, session_id, turn_id).await?;
+        decide::item(session, turn, "turn")
     }
 
     async fn turns(

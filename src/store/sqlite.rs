@@ -395,13 +395,13 @@ impl Store for SqliteStore {
     }
 
     async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow> {
-        decide::existing(read_session(&self.reads, session_id).await?)?;
-        sqlx::query_as(SELECT_PERMISSION)
+        let session = read_session(&self.reads, session_id).await?;
+        let request = sqlx::query_as(SELECT_PERMISSION)
             .bind(session_id)
             .bind(request_id)
             .fetch_optional(&self.reads)
-            .await?
-            .ok_or_else(|| Error::not_found("permission request"))
+            .await?;
+        decide::item(session, request, "permission request")
     }
 
     async fn permissions(
@@ -518,10 +518,9 @@ impl Store for SqliteStore {
     }
 
     async fn turn(&self, session_id: &str, turn_id: &str) -> Result<TurnRow> {
-        decide::existing(read_session(&self.reads, session_id).await?)?;
-        read_turn(&self.reads, session_id, turn_id)
-            .await?
-            .ok_or_else(|| Error::not_found("turn"))
+        let session = read_session(&self.reads, session_id).await?;
+        let turn = read_turn(&self.reads, session_id, turn_id).await?;
+        decide::item(session, turn, "turn")
     }
 
     async fn turns(
