@@ -290,24 +290,26 @@ fn run_batch(conn: &Connection, batch: &mut Vec<Job>, replies: &mut Vec<Reply>) 
         execute(conn, "begin immediate")?;
         let mut kept_any = false;
         for job in batch.drain(..) {
-            if !kept_any {
-                let finished = job(conn);
-                replies.push(finished.reply);
-                if finished.keep {
-                    kept_any = true;
-                } else {
+            // Only a job after a kept one needs a savepoint of its own.
+            let in_savepoint = kept_any;
+            if in_savepoint {
+                execute(conn, "savepoint job")?;
+            }
+            let finished = job(conn);
+            replies.push(finished.reply);
+            match (in_savepoint, finished.keep) {
+                (true, keep) => {
+                    if !keep {
+                        execute(conn, "rollback to job")?;
+                    }
+                    execute(conn, "release job")?;
+                }
+                (false, true) => kept_any = true,
+                (false, false) => {
                     execute(conn, "rollback")?;
                     execute(conn, "begin immediate")?;
                 }
-                continue;
             }
-            execute(conn, "savepoint job")?;
-            let finished = job(conn);
-            replies.push(finished.reply);
-            if !finished.keep {
-                execute(conn, "rollback to job")?;
-            }
-            execute(conn, "release job")?;
         }
         execute(conn, "commit")
     })();
