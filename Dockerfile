@@ -10,6 +10,8 @@
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+# The options the bundled SQLite is compiled with (LIBSQLITE3_FLAGS).
+COPY .cargo .cargo
 COPY src src
 COPY migrations migrations
 COPY openapi openapi

@@ -440,8 +440,8 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Enqueues, then claims the session's oldest queued turn for `host` and
-    /// `claim_id` in the same transaction, exactly as [`Store::claim`] would,
-    /// in a savepoint of its own: a refused claim keeps the enqueue. Only
+    /// `claim_id` in the same transaction, exactly as [`Store::claim`] would:
+    /// a refused claim keeps the enqueue. Only
     /// called on a store that [`Store::hands_off`].
     async fn enqueue_and_claim(
         &self,

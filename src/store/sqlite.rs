@@ -1,6 +1,6 @@
 //! The embedded SQLite store (WAL). Every write goes through one writer
 //! thread that owns the only writing connection (`writer`: group commit,
-//! one savepoint per write in one transaction, one sync per batch); a
+//! the waiting writes in one transaction, one sync per batch); a
 //! decision's rows are loaded and its writes applied there (`decisions` for
 //! turns and sessions, `permissions`, `lark`). Reads use a small pool of
 //! their own. This file opens the database and answers the [`Store`] calls.
@@ -117,7 +117,7 @@ impl SqliteStore {
     async fn write<T, F>(&self, op: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+        F: FnMut(&Connection) -> Result<T> + Send + 'static,
     {
         self.writer.write(op).await
     }
@@ -288,7 +288,8 @@ impl Store for SqliteStore {
 
     async fn bind(&self, request: BindRequest) -> Result<Bound> {
         let minter = self.minter.clone();
-        self.write(move |conn| bind(conn, request, &minter)).await
+        self.write(move |conn| bind(conn, request.clone(), &minter))
+            .await
     }
 
     async fn session(&self, session_id: &str) -> Result<Option<SessionRow>> {
@@ -314,7 +315,7 @@ impl Store for SqliteStore {
 
     async fn enqueue(&self, session_id: String, message: EnqueueRequest) -> Result<Enqueue> {
         let minter = self.minter.clone();
-        self.write(move |conn| enqueue(conn, session_id, message, &minter))
+        self.write(move |conn| enqueue(conn, session_id.clone(), message.clone(), &minter))
             .await
     }
 
@@ -330,10 +331,12 @@ impl Store for SqliteStore {
     ) -> Result<(Enqueue, Result<ClaimOutcome>)> {
         let minter = self.minter.clone();
         self.write(move |conn| {
-            let enqueued = enqueue(conn, session_id.clone(), message, &minter)?;
-            // The claim runs in a savepoint of its own: refusing the claimer
-            // (another claim is active, say) keeps the enqueue.
-            let claimed = nested(conn, |conn| claim(conn, session_id, host, claim_id));
+            let enqueued = enqueue(conn, session_id.clone(), message.clone(), &minter)?;
+            // Refusing the claimer (another claim is active, say) keeps the
+            // enqueue.
+            let claimed = nested(conn, |conn| {
+                claim(conn, session_id.clone(), host.clone(), claim_id.clone())
+            })?;
             Ok((enqueued, claimed))
         })
         .await
@@ -345,7 +348,7 @@ impl Store for SqliteStore {
         host: HostIdentity,
         claim_id: String,
     ) -> Result<ClaimOutcome> {
-        self.write(move |conn| claim(conn, session_id, host, claim_id))
+        self.write(move |conn| claim(conn, session_id.clone(), host.clone(), claim_id.clone()))
             .await
     }
 
@@ -355,8 +358,15 @@ impl Store for SqliteStore {
         turn_id: String,
         completion: CompleteRequest,
     ) -> Result<Receipt> {
-        self.write(move |conn| complete(conn, session_id, turn_id, completion))
-            .await
+        self.write(move |conn| {
+            complete(
+                conn,
+                session_id.clone(),
+                turn_id.clone(),
+                completion.clone(),
+            )
+        })
+        .await
     }
 
     async fn release(
@@ -365,12 +375,13 @@ impl Store for SqliteStore {
         claim_id: String,
         host: HostIdentity,
     ) -> Result<Released> {
-        self.write(move |conn| release(conn, session_id, claim_id, host))
+        self.write(move |conn| release(conn, session_id.clone(), claim_id.clone(), host.clone()))
             .await
     }
 
     async fn close(&self, session_id: String) -> Result<Closed> {
-        self.write(move |conn| close(conn, session_id)).await
+        self.write(move |conn| close(conn, session_id.clone()))
+            .await
     }
 
     async fn create_permission(
@@ -379,8 +390,10 @@ impl Store for SqliteStore {
         host: HostIdentity,
         request: CreatePermissionRequest,
     ) -> Result<Decision> {
-        self.write(move |conn| permissions::create(conn, session_id, host, request))
-            .await
+        self.write(move |conn| {
+            permissions::create(conn, session_id.clone(), host.clone(), request.clone())
+        })
+        .await
     }
 
     async fn answer_permission(
@@ -390,8 +403,15 @@ impl Store for SqliteStore {
         behavior: Behavior,
         via: AnsweredVia,
     ) -> Result<Decision> {
-        self.write(move |conn| permissions::answer(conn, session_id, request_id, (behavior, via)))
-            .await
+        self.write(move |conn| {
+            permissions::answer(
+                conn,
+                session_id.clone(),
+                request_id.clone(),
+                (behavior, via),
+            )
+        })
+        .await
     }
 
     async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow> {
@@ -429,12 +449,15 @@ impl Store for SqliteStore {
         chat_id: String,
         approvers: Vec<String>,
     ) -> Result<LarkLink> {
-        self.write(move |conn| lark::link(conn, session_id, chat_id, approvers))
-            .await
+        self.write(move |conn| {
+            lark::link(conn, session_id.clone(), chat_id.clone(), approvers.clone())
+        })
+        .await
     }
 
     async fn lark_unlink(&self, session_id: String) -> Result<LarkLink> {
-        self.write(move |conn| lark::unlink(conn, session_id)).await
+        self.write(move |conn| lark::unlink(conn, session_id.clone()))
+            .await
     }
 
     async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink> {
@@ -449,7 +472,7 @@ impl Store for SqliteStore {
 
     async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest> {
         let minter = self.minter.clone();
-        self.write(move |conn| lark::event(conn, event, &minter))
+        self.write(move |conn| lark::event(conn, event.clone(), &minter))
             .await
     }
 
@@ -470,13 +493,13 @@ impl Store for SqliteStore {
 
     async fn record_reply(&self, outbound: Outbound, update: ReplyUpdate) -> Result<()> {
         self.write(move |conn| {
-            let (statement, keys) = super::record_outbox(outbound);
+            let (statement, keys) = super::record_outbox(outbound.clone());
             let mut query = sql::query(statement)
                 .bind(update.parts_sent)
                 .bind(update.state)
                 .bind(update.attempts)
                 .bind(update.failures)
-                .bind(update.error)
+                .bind(update.error.clone())
                 .bind(update.next_attempt_at)
                 .bind(now_ms());
             for key in keys {

@@ -11,7 +11,7 @@ use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows};
 use crate::decide::{self, Change, ClaimRow, Decided, NewEvent, Writes};
 use crate::error::Result;
 use crate::ids::Minter;
-use crate::model::{BindRequest, CompleteRequest, EnqueueRequest, Receipt, Released};
+use crate::model::{BindRequest, CompleteRequest, EnqueueRequest, Receipt, Released, SessionState};
 use crate::store::{Bound, ClaimOutcome, Closed, Enqueue, HostIdentity, SessionRow, TurnRow};
 use crate::time::now_ms;
 
@@ -102,21 +102,33 @@ fn apply(conn: &Connection, writes: Writes) -> Result<()> {
             .bind(t.enqueued_at)
             .execute(conn)?;
         }
+        // A claim or a release leaves the completion's columns as they were
+        // (unset: a completed turn is final), so its statement does not name
+        // them: SQLite rewrites an index entry whenever a column it covers
+        // is assigned, changed or not, and `completion_id` is indexed.
         Some(Change::Update(t)) => {
-            sql::query(
-                "update turns set state = ?, claimed_at = ?, completed_at = ?, claim_count = ?,
-                     current_claim_id = ?, completion_id = ?, response = ?
-                 where turn_id = ?",
-            )
+            let completes = t.completion_id.is_some();
+            let mut update = sql::query(if completes {
+                "update turns set state = ?1, claimed_at = ?2, claim_count = ?3,
+                     current_claim_id = ?4, completed_at = ?6, completion_id = ?7, response = ?8
+                 where turn_id = ?5"
+            } else {
+                "update turns set state = ?1, claimed_at = ?2, claim_count = ?3,
+                     current_claim_id = ?4
+                 where turn_id = ?5"
+            })
             .bind(t.state)
             .bind(t.claimed_at)
-            .bind(t.completed_at)
             .bind(t.claim_count)
             .bind(&t.current_claim_id)
-            .bind(&t.completion_id)
-            .bind(&t.response)
-            .bind(&t.turn_id)
-            .execute(conn)?;
+            .bind(&t.turn_id);
+            if completes {
+                update = update
+                    .bind(t.completed_at)
+                    .bind(&t.completion_id)
+                    .bind(&t.response);
+            }
+            update.execute(conn)?;
         }
         None => {}
     }
@@ -168,21 +180,32 @@ fn apply(conn: &Connection, writes: Writes) -> Result<()> {
     Ok(())
 }
 
-/// Writes back what a decision changes in a (locked) session row.
+/// Writes back what a decision changes in a (locked) session row. A session
+/// that is still open has only its counters and active claim changed (open
+/// is never entered again once left), so that statement leaves `state` and
+/// `closed_at` alone: assigning them, even unchanged, makes SQLite rewrite
+/// the entries of every index whose columns or condition name them
+/// (`sessions_open_tuple`, `sessions_closed`) on every write of a turn.
 fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
-    sql::query(
-        "update sessions set state = ?, closed_at = ?, next_seq = ?, next_event_no = ?,
-             queued_count = ?, active_claim_id = ?
-         where session_id = ?",
-    )
-    .bind(s.state)
-    .bind(s.closed_at)
+    let open = s.state == SessionState::Open;
+    let mut update = sql::query(if open {
+        "update sessions set next_seq = ?1, next_event_no = ?2, queued_count = ?3,
+             active_claim_id = ?4
+         where session_id = ?5"
+    } else {
+        "update sessions set next_seq = ?1, next_event_no = ?2, queued_count = ?3,
+             active_claim_id = ?4, state = ?6, closed_at = ?7
+         where session_id = ?5"
+    })
     .bind(s.next_seq)
     .bind(s.next_event_no)
     .bind(s.queued_count)
     .bind(&s.active_claim_id)
-    .bind(&s.session_id)
-    .execute(conn)?;
+    .bind(&s.session_id);
+    if !open {
+        update = update.bind(s.state).bind(s.closed_at);
+    }
+    update.execute(conn)?;
     Ok(())
 }
 

@@ -18,19 +18,52 @@ use crate::error::{Error, Result};
 /// The most writes one transaction commits together.
 const MAX_BATCH: usize = 256;
 
-/// A write, run by the writer in the batch's transaction. It answers whether its
-/// changes are kept, and the reply to send once the batch has committed.
-type Job = Box<dyn FnOnce(&Connection) -> Finished + Send>;
-type Reply = Box<dyn FnOnce(Result<()>) + Send>;
-struct Finished {
-    keep: bool,
-    reply: Reply,
+/// A write, run by the writer in a batch's transaction, and answered once the
+/// batch has committed. It may run more than once before it is answered: a
+/// job that fails after changing rows has the whole transaction rolled back
+/// and the others run again without it (see [`run_batch`]).
+trait Job: Send {
+    /// Runs the write and says whether its changes are kept.
+    fn run(&mut self, conn: &Connection) -> bool;
+    /// Answers the outcome of its last run, given that the batch committed
+    /// (`Ok`), or the batch's failure.
+    fn answer(self: Box<Self>, committed: Result<()>);
+}
+
+type Jobs = Vec<Box<dyn Job>>;
+
+/// A [`Writer::write`]: the operation, the outcome of its last run, and
+/// where the answer goes.
+struct Write<T, F> {
+    op: F,
+    outcome: Option<Result<T>>,
+    reply: oneshot::Sender<Result<T>>,
+}
+
+impl<T, F> Job for Write<T, F>
+where
+    T: Send,
+    F: FnMut(&Connection) -> Result<T> + Send,
+{
+    fn run(&mut self, conn: &Connection) -> bool {
+        let outcome = (self.op)(conn);
+        let keep = outcome.is_ok();
+        self.outcome = Some(outcome);
+        keep
+    }
+
+    fn answer(self: Box<Self>, committed: Result<()>) {
+        let outcome = self
+            .outcome
+            .unwrap_or_else(|| Err(Error::store("writing", "the write did not run")));
+        let _ = self.reply.send(committed.and(outcome));
+    }
 }
 
 /// The writer: one thread owning the only writing connection, fed through a
 /// bounded queue of jobs.
 pub struct Writer {
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::Sender<Box<dyn Job>>,
 }
 
 impl Writer {
@@ -55,21 +88,20 @@ impl Writer {
     }
 
     /// Runs `op` on the writer, in the transaction of a group commit, and
-    /// answers after the commit. An `Err` from `op` rolls back its own changes only.
+    /// answers after the commit. An `Err` from `op` rolls back its own changes
+    /// only. `op` may run more than once (its transaction rolled back between
+    /// runs: see [`run_batch`]); only its last run's outcome is answered, so
+    /// it must do nothing but read and write through `conn`.
     pub async fn write<T, F>(&self, op: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+        F: FnMut(&Connection) -> Result<T> + Send + 'static,
     {
-        let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |conn| {
-            let outcome = op(conn);
-            Finished {
-                keep: outcome.is_ok(),
-                reply: Box::new(move |committed: Result<()>| {
-                    let _ = tx.send(committed.and(outcome));
-                }),
-            }
+        let (reply, rx) = oneshot::channel();
+        let job = Box::new(Write {
+            op,
+            outcome: None,
+            reply,
         });
         let stopped = || Error::store("writing", "the writer has stopped");
         self.jobs.send(job).await.map_err(|_| stopped())?;
@@ -112,12 +144,11 @@ fn wal_path(path: &Path) -> std::path::PathBuf {
 /// the commit is on disk, while the writer goes on with the next batch.
 fn run_writer(
     conn: Connection,
-    mut queue: mpsc::Receiver<Job>,
+    mut queue: mpsc::Receiver<Box<dyn Job>>,
     flusher: Option<Flusher>,
     checkpointer: Checkpointer,
 ) {
-    let mut batch = Vec::with_capacity(MAX_BATCH);
-    let mut replies = Vec::with_capacity(MAX_BATCH);
+    let mut batch: Jobs = Vec::with_capacity(MAX_BATCH);
     let mut commits: u32 = 0;
     while let Some(first) = queue.blocking_recv() {
         batch.push(first);
@@ -127,10 +158,7 @@ fn run_writer(
                 Err(_) => break,
             }
         }
-        let committed = run_batch(&conn, &mut batch, &mut replies);
-        // Jobs left in `batch` after a failure are dropped: their callers see
-        // a closed reply channel and answer store_unavailable.
-        batch.clear();
+        let committed = run_batch(&conn, &mut batch);
         if committed.is_ok() {
             commits = commits.wrapping_add(1);
             if commits.is_multiple_of(CHECKPOINT_EVERY) {
@@ -138,10 +166,10 @@ fn run_writer(
             }
         }
         match (&flusher, committed) {
-            (Some(flusher), Ok(())) => flusher.flush(std::mem::take(&mut replies)),
+            (Some(flusher), Ok(())) => flusher.flush(std::mem::take(&mut batch)),
             (_, committed) => {
-                for reply in replies.drain(..) {
-                    reply(committed.clone());
+                for job in batch.drain(..) {
+                    job.answer(committed.clone());
                 }
             }
         }
@@ -212,37 +240,37 @@ impl Checkpointer {
 /// as with `synchronous=FULL`. (Reads may see a commit a moment before it is
 /// durable; nobody is told it is done until it is.)
 struct Flusher {
-    batches: std::sync::mpsc::Sender<Vec<Reply>>,
+    batches: std::sync::mpsc::Sender<Jobs>,
 }
 
 impl Flusher {
     fn start(wal_path: std::path::PathBuf) -> std::io::Result<Self> {
-        let (batches, queue) = std::sync::mpsc::channel::<Vec<Reply>>();
+        let (batches, queue) = std::sync::mpsc::channel::<Jobs>();
         std::thread::Builder::new()
             .name("loopx-sqlite-flush".into())
             .spawn(move || {
                 let mut wal = WalFile::new(wal_path);
-                while let Ok(mut replies) = queue.recv() {
+                while let Ok(mut jobs) = queue.recv() {
                     while let Ok(more) = queue.try_recv() {
-                        replies.extend(more);
+                        jobs.extend(more);
                     }
                     let synced = wal.sync();
                     if let Err(e) = &synced {
                         tracing::error!(error = %e, "syncing the write-ahead log failed");
                     }
-                    for reply in replies {
-                        reply(synced.clone());
+                    for job in jobs {
+                        job.answer(synced.clone());
                     }
                 }
             })?;
         Ok(Self { batches })
     }
 
-    fn flush(&self, replies: Vec<Reply>) {
-        if let Err(std::sync::mpsc::SendError(replies)) = self.batches.send(replies) {
+    fn flush(&self, jobs: Jobs) {
+        if let Err(std::sync::mpsc::SendError(jobs)) = self.batches.send(jobs) {
             let stopped = Error::store("syncing", "the flusher has stopped");
-            for reply in replies {
-                reply(Err(stopped.clone()));
+            for job in jobs {
+                job.answer(Err(stopped.clone()));
             }
         }
     }
@@ -278,57 +306,63 @@ impl WalFile {
     }
 }
 
-/// Runs a batch in one transaction. A job whose changes are the first kept
-/// in the transaction runs without a savepoint: should it fail, rolling the
-/// whole transaction back undoes its changes only, and the next job begins a
-/// new one. A savepoint is not free: every page a job then changes is first
-/// copied into the savepoint's journal (in the profile, the savepoints were
-/// ~15 % of the writer's CPU). So a write alone in its batch, the usual case
-/// below full load and always on the wake path, pays none.
-fn run_batch(conn: &Connection, batch: &mut Vec<Job>, replies: &mut Vec<Reply>) -> Result<()> {
-    let result = (|| {
-        execute(conn, "begin immediate")?;
-        let mut kept_any = false;
-        for job in batch.drain(..) {
-            // Only a job after a kept one needs a savepoint of its own.
-            let in_savepoint = kept_any;
-            if in_savepoint {
-                execute(conn, "savepoint job")?;
+/// Runs a batch in one transaction, with no savepoints. A savepoint is not
+/// free: every page a job changes after it is first copied into the
+/// savepoint's journal (in the profile, savepoints were ~11 % of the
+/// writer's CPU). Jobs are refused before they write (a decision's refusal
+/// comes before its writes), so a failed job has almost always changed
+/// nothing and is simply answered. A job that fails after changing rows (a
+/// statement's error midway, which a decision does not foresee) has the
+/// whole transaction rolled back and the batch run again without it; its
+/// failure is its answer. Each such round settles one job, so a batch runs
+/// at most once more than it has such jobs.
+fn run_batch(conn: &Connection, batch: &mut Jobs) -> Result<()> {
+    let mut settled = vec![false; batch.len()];
+    let result = 'batch: loop {
+        if let Err(e) = execute(conn, "begin immediate") {
+            break Err(e);
+        }
+        for (job, settled) in batch.iter_mut().zip(settled.iter_mut()) {
+            if *settled {
+                continue;
             }
-            let finished = job(conn);
-            replies.push(finished.reply);
-            match (in_savepoint, finished.keep) {
-                (true, keep) => {
-                    if !keep {
-                        execute(conn, "rollback to job")?;
-                    }
-                    execute(conn, "release job")?;
+            let changes = conn.total_changes();
+            let kept = job.run(conn);
+            if conn.is_autocommit() {
+                // SQLite rolled the transaction back itself (an I/O error,
+                // a full disk): every job's changes are gone.
+                break 'batch Err(Error::store("writing", "the transaction was rolled back"));
+            }
+            if !kept && conn.total_changes() != changes {
+                *settled = true;
+                if let Err(e) = execute(conn, "rollback") {
+                    break 'batch Err(e);
                 }
-                (false, true) => kept_any = true,
-                (false, false) => {
-                    execute(conn, "rollback")?;
-                    execute(conn, "begin immediate")?;
-                }
+                continue 'batch;
             }
         }
-        execute(conn, "commit")
-    })();
-    if result.is_err() {
+        break execute(conn, "commit");
+    };
+    if result.is_err() && !conn.is_autocommit() {
         let _ = execute(conn, "rollback");
     }
     result
 }
 
-/// Runs `op` inside a nested savepoint of the job's: an `Err` rolls back
-/// `op`'s changes only.
-pub fn nested<T>(conn: &Connection, op: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-    execute(conn, "savepoint nested")?;
+/// Runs `op` as a part of the job that may be refused alone: a refusal
+/// (an `Err` before `op` changed anything) leaves the job's other changes
+/// in place. Should `op` fail after changing rows, the job fails with it,
+/// and the writer undoes the job (see [`run_batch`]).
+pub fn nested<T>(
+    conn: &Connection,
+    op: impl FnOnce(&Connection) -> Result<T>,
+) -> Result<Result<T>> {
+    let changes = conn.total_changes();
     let outcome = op(conn);
-    if outcome.is_err() {
-        execute(conn, "rollback to nested")?;
+    match outcome {
+        Err(e) if conn.total_changes() != changes => Err(e),
+        outcome => Ok(outcome),
     }
-    execute(conn, "release nested")?;
-    outcome
 }
 
 fn execute(conn: &Connection, statement: &'static str) -> Result<()> {
@@ -340,42 +374,130 @@ fn execute(conn: &Connection, statement: &'static str) -> Result<()> {
 mod tests {
     use super::*;
 
-    /// A job that inserts `id`, then fails or not.
-    fn insert(id: i64, keep: bool) -> Job {
-        Box::new(move |conn| {
-            conn.execute("insert into t (id) values (?1)", [id])
-                .unwrap();
-            Finished {
-                keep,
-                reply: Box::new(|_| {}),
-            }
-        })
+    /// How a test job ends: kept, refused before it writes, or failing
+    /// after its insert.
+    #[derive(Clone, Copy, PartialEq)]
+    enum End {
+        Kept,
+        Refused,
+        FailsAfterWriting,
     }
 
-    #[test]
-    fn a_failed_job_loses_its_own_changes_only_with_or_without_a_savepoint() {
+    /// A job that inserts `id` (unless refused first), then ends as told;
+    /// `runs` counts its runs and `answer` receives its answer.
+    fn job(
+        id: i64,
+        end: End,
+        runs: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    ) -> (Box<dyn Job>, oneshot::Receiver<Result<i64>>) {
+        let (reply, answer) = oneshot::channel();
+        let op = move |conn: &Connection| {
+            runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if end == End::Refused {
+                return Err(Error::invalid("refused"));
+            }
+            conn.execute("insert into t (id) values (?1)", [id])?;
+            match end {
+                End::FailsAfterWriting => Err(Error::store("writing", "failed midway")),
+                _ => Ok(id),
+            }
+        };
+        let job = Write {
+            op,
+            outcome: None,
+            reply,
+        };
+        (Box::new(job), answer)
+    }
+
+    /// A writer's connection to a new database with one table, `t (id)`.
+    fn table_t() -> (tempfile::TempDir, Connection) {
         let dir = tempfile::tempdir().unwrap();
         let conn = open_writer(&dir.path().join("t.db")).unwrap();
         conn.execute("create table t (id integer primary key)", [])
             .unwrap();
-        // The first two fail before anything is kept (no savepoint: the
-        // transaction is rolled back and begun again); later ones share the
-        // transaction with kept changes (a savepoint each).
-        let outcomes = [false, false, true, false, true, false, true];
-        let mut batch: Vec<Job> = (0..)
-            .zip(outcomes)
-            .map(|(id, keep)| insert(id, keep))
-            .collect();
-        let mut replies = Vec::new();
-        run_batch(&conn, &mut batch, &mut replies).unwrap();
-        assert_eq!(replies.len(), outcomes.len(), "every job is answered");
+        (dir, conn)
+    }
+
+    fn kept_ids(conn: &Connection) -> Vec<i64> {
         let mut kept = conn.prepare("select id from t order by id").unwrap();
-        let kept: Vec<i64> = kept
-            .query_map([], |row| row.get(0))
+        kept.query_map([], |row| row.get(0))
             .unwrap()
             .map(Result::unwrap)
+            .collect()
+    }
+
+    #[test]
+    fn a_failed_job_loses_its_own_changes_only_and_refusals_cost_no_rerun() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let (_dir, conn) = table_t();
+        let ends = [
+            End::Refused,
+            End::Kept,
+            End::FailsAfterWriting,
+            End::Kept,
+            End::Refused,
+            End::FailsAfterWriting,
+            End::Kept,
+        ];
+        let runs: Vec<Arc<AtomicU32>> = ends.iter().map(|_| Arc::default()).collect();
+        let (mut batch, answers): (Jobs, Vec<_>) = (0..)
+            .zip(ends)
+            .zip(&runs)
+            .map(|((id, end), runs)| job(id, end, runs.clone()))
+            .unzip();
+        run_batch(&conn, &mut batch).unwrap();
+        assert_eq!(kept_ids(&conn), [1, 3, 6], "only the kept jobs' rows stay");
+        for job in batch {
+            job.answer(Ok(()));
+        }
+        let answers: Vec<Option<i64>> = answers
+            .into_iter()
+            .map(|mut a| a.try_recv().unwrap().ok())
             .collect();
-        assert_eq!(kept, [2, 4, 6]);
+        assert_eq!(answers, [None, Some(1), None, Some(3), None, None, Some(6)]);
+        // Two jobs failed after writing: the batch ran three times, each
+        // failed job up to its failure and never again.
+        let runs: Vec<u32> = runs.iter().map(|r| r.load(Ordering::Relaxed)).collect();
+        assert_eq!(runs, [3, 3, 1, 2, 2, 1, 1]);
+    }
+
+    #[test]
+    fn a_refusal_inside_a_job_keeps_the_rest_of_it_and_a_midway_failure_fails_it() {
+        let (_dir, conn) = table_t();
+        let insert = |conn: &Connection, id: i64| -> Result<()> {
+            conn.execute("insert into t (id) values (?1)", [id])?;
+            Ok(())
+        };
+        type Op = Box<dyn FnMut(&Connection) -> Result<()> + Send>;
+        let write = |op: Op| -> Box<dyn Job> {
+            let (reply, _) = oneshot::channel();
+            Box::new(Write {
+                op,
+                outcome: None,
+                reply,
+            })
+        };
+        let mut batch: Jobs = vec![
+            // Its nested part is refused before it writes: the job's insert stays.
+            write(Box::new(move |conn| {
+                insert(conn, 1)?;
+                nested(conn, |_| Err::<(), _>(Error::invalid("refused")))?.ok();
+                Ok(())
+            })),
+            // Its nested part fails after writing: the whole job is undone.
+            write(Box::new(move |conn| {
+                insert(conn, 2)?;
+                nested(conn, |conn| {
+                    insert(conn, 3)?;
+                    Err::<(), _>(Error::store("writing", "failed midway"))
+                })?
+            })),
+            write(Box::new(move |conn| insert(conn, 4))),
+        ];
+        run_batch(&conn, &mut batch).unwrap();
+        assert_eq!(kept_ids(&conn), [1, 4]);
     }
 
     #[test]
