@@ -307,7 +307,7 @@ async fn one_run(
         let outcome = async {
             let server = floor::FloorServer::start().await?;
             let q = Arc::new(floor::FloorQueue::new(&server)?);
-            suite(plan, q, "axum_floor.none", m).await
+            suite(plan, q, "axum_floor.none", None, m).await
         };
         note("axum_floor", outcome.await);
         if plan.redis && !skipped.contains_key("redis") {
@@ -324,7 +324,7 @@ async fn one_run(
             for (sync, name) in [(true, "sync_on"), (false, "sync_off")] {
                 let outcome = async {
                     let q = Arc::new(server.queue(sync).await?);
-                    suite(plan, q, &format!("postgres.{name}"), m).await
+                    suite(plan, q, &format!("postgres.{name}"), None, m).await
                 };
                 if let Err(e) = outcome.await {
                     skip(skipped, "postgres", &sys::describe(&*e));
@@ -353,13 +353,21 @@ async fn loopx_suite(plan: &Plan, loopx: &Path, durability: &str, m: &mut Metric
     let broker = Broker::start(loopx, dir.path(), durability).await?;
     let sessions = broker.create_sessions(plan.lanes()).await?;
     let q = Arc::new(LoopxQueue::new(&broker, sessions, 120)?);
-    suite(plan, q, &format!("loopx.{durability}"), m).await?;
+    suite(plan, q, &format!("loopx.{durability}"), Some(broker.pid), m).await?;
     broker.stop().await;
     Ok(())
 }
 
-/// Wake latency (1 and many parked) and cycle throughput for one system.
-async fn suite<Q: Queue>(plan: &Plan, q: Arc<Q>, name: &str, m: &mut Metrics) -> Result<()> {
+/// Wake latency (1 and many parked) and cycle throughput for one system;
+/// with the broker's `pid`, also what each throughput cycle cost it
+/// ([`cycle_cost`]).
+async fn suite<Q: Queue>(
+    plan: &Plan,
+    q: Arc<Q>,
+    name: &str,
+    broker: Option<u32>,
+    m: &mut Metrics,
+) -> Result<()> {
     let mut next = 0;
     for parked in [1, plan.wake_parked] {
         let lanes = next..next + parked;
@@ -377,26 +385,71 @@ async fn suite<Q: Queue>(plan: &Plan, q: Arc<Q>, name: &str, m: &mut Metrics) ->
     if plan.throughput {
         for &k in &plan.tput_levels {
             progress(&format!("{name}: throughput, {k} sessions"));
+            let before = broker.map(sys::Usage::of).transpose()?;
             let rate = queue::throughput(q.clone(), next..next + k, plan.tput_time).await?;
             next += k;
             m.insert(format!("tput.{name}.{k}.cycles_per_s"), rate);
+            if let (Some(pid), Some(before)) = (broker, before) {
+                let cycles = rate * plan.tput_time.as_secs_f64();
+                cycle_cost(
+                    &before,
+                    &sys::Usage::of(pid)?,
+                    cycles,
+                    &format!("{name}.{k}"),
+                    m,
+                );
+            }
         }
     }
     Ok(())
+}
+
+/// The broker's work per cycle over a throughput cell (its warm-up
+/// included, so a little over the true figure, alike for every build): CPU
+/// microseconds by thread (`cost.<name>.<k>.<thread>_us`, the threads named
+/// as [`report::BROKER_THREADS`] says) and KiB handed to `write()` (WAL
+/// frames and checkpoints).
+fn cycle_cost(before: &sys::Usage, after: &sys::Usage, cycles: f64, key: &str, m: &mut Metrics) {
+    if cycles <= 0.0 {
+        return;
+    }
+    let us_per_tick = 1e6 / sys::clock_ticks_per_second() as f64;
+    let mut by_label: BTreeMap<&str, u64> = BTreeMap::new();
+    for (thread, ticks) in &after.ticks_by_thread {
+        let spent = ticks
+            - before
+                .ticks_by_thread
+                .get(thread)
+                .copied()
+                .unwrap_or(0)
+                .min(*ticks);
+        *by_label.entry(report::thread_label(thread)).or_default() += spent;
+    }
+    for (label, ticks) in by_label {
+        m.insert(
+            format!("cost.{key}.{label}_us"),
+            ticks as f64 * us_per_tick / cycles,
+        );
+    }
+    let written = after.written_bytes.saturating_sub(before.written_bytes);
+    m.insert(
+        format!("cost.{key}.written_kib"),
+        written as f64 / 1024.0 / cycles,
+    );
 }
 
 async fn redis_suites(plan: &Plan, m: &mut Metrics) -> Result<String> {
     let server = peers::RedisServer::start().await?;
     for fsync in ["always", "everysec"] {
         let q = Arc::new(server.queue(fsync, plan.lanes(), fsync).await?);
-        suite(plan, q, &format!("redis.{fsync}"), m).await?;
+        suite(plan, q, &format!("redis.{fsync}"), None, m).await?;
     }
     // The peer a user would build instead: axum over the same Redis, `always`.
     server.streams("http", plan.lanes(), "always").await?;
     let args = ["redis-http-server", "--redis-url", &server.url];
     let peer = floor::FloorServer::spawn("the axum-over-Redis peer", &args).await?;
     let q = Arc::new(redis_http::RedisHttpQueue::new(&peer, "http", 120)?);
-    suite(plan, q, "redis_http.always", m).await?;
+    suite(plan, q, "redis_http.always", None, m).await?;
     Ok(server.version.clone())
 }
 

@@ -145,6 +145,7 @@ pub fn print(
     r.line("");
     wake_table(&mut r, plan);
     throughput_table(&mut r, plan);
+    cost_table(&mut r, plan);
     parked_table(&mut r, plan);
     depth_table(&mut r, plan);
     floors_table(&mut r);
@@ -351,6 +352,80 @@ fn throughput_table(r: &mut Report, plan: &Plan) {
                 ratios.join(" | ")
             ));
         }
+    }
+    r.line("");
+}
+
+/// The broker's threads, by the start of the name the kernel shows (15
+/// characters at most), and the column each is counted in. `loopx` is the
+/// main thread (it runs the accept loop), `sqlx-sqlite-wor` the read pool's.
+pub const BROKER_THREADS: [(&str, &str); 6] = [
+    ("loopx-sqlite-wr", "writer"),
+    ("tokio-", "workers"),
+    ("loopx-sqlite-fl", "flusher"),
+    ("loopx-sqlite-ck", "checkpointer"),
+    ("sqlx-sqlite-wor", "reads"),
+    ("loopx", "main"),
+];
+
+/// A broker thread's column: its [`BROKER_THREADS`] label, or `other`.
+pub fn thread_label(thread: &str) -> &'static str {
+    BROKER_THREADS
+        .iter()
+        .find(|(name, _)| thread.starts_with(name))
+        .map_or("other", |(_, label)| label)
+}
+
+/// What a cycle cost the broker in each throughput cell (`cost.*`, from
+/// `/proc`): CPU by thread and bytes written. A run-to-run steadier
+/// measure of the write path than cycles/s on a shared machine.
+fn cost_table(r: &mut Report, plan: &Plan) {
+    if !plan.throughput {
+        return;
+    }
+    let labels: Vec<&str> = BROKER_THREADS
+        .iter()
+        .map(|(_, label)| *label)
+        .chain(["other"])
+        .collect();
+    let mut rows = Vec::new();
+    for durability in ["full", "relaxed"] {
+        for k in &plan.tput_levels {
+            let key = format!("loopx.{durability}.{k}");
+            let Some(written) = r.get(&format!("cost.{key}.written_kib")) else {
+                continue;
+            };
+            let cpu: Vec<String> = labels
+                .iter()
+                .map(|label| {
+                    num(Some(
+                        r.get(&format!("cost.{key}.{label}_us")).unwrap_or(0.0),
+                    ))
+                })
+                .collect();
+            rows.push(format!(
+                "| {durability} | {k} | {} | {} | {} |",
+                num(r.get(&format!("tput.{key}.cycles_per_s"))),
+                cpu.join(" | "),
+                num(Some(written))
+            ));
+        }
+    }
+    if rows.is_empty() {
+        return;
+    }
+    r.line("### The broker's cost per cycle (throughput cells; CPU from /proc by thread, the cell's warm-up included)
+");
+    r.line(&format!(
+        "| durability | sessions | cycles/s | {} CPU (µs) | KiB handed to write() |",
+        labels.join(" CPU (µs) | ")
+    ));
+    r.line(&format!(
+        "|---|---:|---:|{}---:|",
+        "---:|".repeat(labels.len())
+    ));
+    for row in rows {
+        r.line(&row);
     }
     r.line("");
 }

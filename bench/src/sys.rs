@@ -69,12 +69,48 @@ pub fn rss_kib(pid: u32) -> Result<u64> {
 /// User + system CPU time of a process (all its threads), in clock ticks.
 pub fn cpu_ticks(pid: u32) -> Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    Ok(parse_stat(&stat)?.1)
+}
+
+/// A `stat` file's command name and user + system CPU time in clock ticks.
+fn parse_stat(stat: &str) -> Result<(String, u64)> {
+    let bad = "bad /proc/.../stat";
     // The command name may hold spaces: fields are counted after its ')'.
-    let rest = &stat[stat.rfind(')').ok_or("bad /proc/<pid>/stat")? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let close = stat.rfind(')').ok_or(bad)?;
+    let name = stat[stat.find('(').ok_or(bad)? + 1..close].to_owned();
+    let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
     let utime: u64 = fields.get(11).ok_or("short stat")?.parse()?;
     let stime: u64 = fields.get(12).ok_or("short stat")?.parse()?;
-    Ok(utime + stime)
+    Ok((name, utime + stime))
+}
+
+/// What a process has used so far: CPU clock ticks by thread name (threads
+/// of one name, tokio's workers, summed) and bytes handed to `write()`.
+#[derive(Debug, Clone, Default)]
+pub struct Usage {
+    pub ticks_by_thread: std::collections::BTreeMap<String, u64>,
+    pub written_bytes: u64,
+}
+
+impl Usage {
+    pub fn of(pid: u32) -> Result<Self> {
+        let mut usage = Usage::default();
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+            // A thread that ended meanwhile has no stat file any more.
+            let Ok(stat) = std::fs::read_to_string(task?.path().join("stat")) else {
+                continue;
+            };
+            let (name, ticks) = parse_stat(&stat)?;
+            *usage.ticks_by_thread.entry(name).or_default() += ticks;
+        }
+        let io = std::fs::read_to_string(format!("/proc/{pid}/io"))?;
+        usage.written_bytes = io
+            .lines()
+            .find_map(|l| l.strip_prefix("wchar:"))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or("no wchar in /proc/<pid>/io")?;
+        Ok(usage)
+    }
 }
 
 /// How many file descriptors a process holds (its accepted connections among them).
@@ -270,4 +306,27 @@ where
     }
     all.sort_by_key(|(i, _)| *i);
     Ok(all.into_iter().map(|(_, t)| t).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stat_line_gives_the_thread_name_and_its_cpu_even_with_parentheses_in_the_name() {
+        // pid (comm) state ppid … utime (14th field) stime (15th)
+        let stat = "42 (a (b) c) S 1 1 1 0 -1 4194304 10 0 0 0 7 5 0 0 20 0 4 0 100";
+        assert_eq!(parse_stat(stat).unwrap(), ("a (b) c".to_owned(), 12));
+        assert!(parse_stat("42 no parens").is_err());
+    }
+
+    #[test]
+    fn usage_counts_this_process_threads_and_the_bytes_it_writes() {
+        let before = Usage::of(std::process::id()).unwrap();
+        assert!(!before.ticks_by_thread.is_empty(), "a process has a thread");
+        let dir = TempDir::new("usage").unwrap();
+        std::fs::write(dir.path().join("f"), vec![0u8; 64 * 1024]).unwrap();
+        let after = Usage::of(std::process::id()).unwrap();
+        assert!(after.written_bytes - before.written_bytes >= 64 * 1024);
+    }
 }
