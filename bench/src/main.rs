@@ -416,13 +416,7 @@ fn cycle_cost(before: &sys::Usage, after: &sys::Usage, cycles: f64, key: &str, m
     let us_per_tick = 1e6 / sys::clock_ticks_per_second() as f64;
     let mut by_label: BTreeMap<&str, u64> = BTreeMap::new();
     for (thread, ticks) in &after.ticks_by_thread {
-        let spent = ticks
-            - before
-                .ticks_by_thread
-                .get(thread)
-                .copied()
-                .unwrap_or(0)
-                .min(*ticks);
+        let spent = ticks.saturating_sub(before.ticks_by_thread.get(thread).copied().unwrap_or(0));
         *by_label.entry(report::thread_label(thread)).or_default() += spent;
     }
     for (label, ticks) in by_label {

@@ -414,8 +414,7 @@ fn cost_table(r: &mut Report, plan: &Plan) {
     if rows.is_empty() {
         return;
     }
-    r.line("### The broker's cost per cycle (throughput cells; CPU from /proc by thread, the cell's warm-up included)
-");
+    r.line("### The broker's cost per cycle (throughput cells; CPU from /proc by thread, the cell's warm-up included)\n");
     r.line(&format!(
         "| durability | sessions | cycles/s | {} CPU (µs) | KiB handed to write() |",
         labels.join(" CPU (µs) | ")

@@ -86,7 +86,7 @@ fn parse_stat(stat: &str) -> Result<(String, u64)> {
 
 /// What a process has used so far: CPU clock ticks by thread name (threads
 /// of one name, tokio's workers, summed) and bytes handed to `write()`.
-#[derive(Debug, Clone, Default)]
+#[derive(Default)]
 pub struct Usage {
     pub ticks_by_thread: std::collections::BTreeMap<String, u64>,
     pub written_bytes: u64,

@@ -68,7 +68,8 @@ impl OutboxRow {
 
 /// How much a power loss may take: `Full` nothing acknowledged (every commit
 /// is synced to disk before it is answered), `Relaxed` the last commits
-/// (SQLite `synchronous=NORMAL`: synced only at checkpoints; crash-safe).
+/// (SQLite `synchronous=NORMAL`, answered at the commit and synced right
+/// behind it by the writer's flusher; crash-safe).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Durability {
     #[default]

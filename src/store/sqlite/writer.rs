@@ -40,6 +40,21 @@ struct Write<T, F> {
     reply: oneshot::Sender<Result<T>>,
 }
 
+/// A job for `op`, and where its answer arrives.
+fn job<T, F>(op: F) -> (Box<dyn Job>, oneshot::Receiver<Result<T>>)
+where
+    T: Send + 'static,
+    F: FnMut(&Connection) -> Result<T> + Send + 'static,
+{
+    let (reply, answer) = oneshot::channel();
+    let write = Write {
+        op,
+        outcome: None,
+        reply,
+    };
+    (Box::new(write), answer)
+}
+
 impl<T, F> Job for Write<T, F>
 where
     T: Send,
@@ -92,12 +107,7 @@ impl Writer {
         T: Send + 'static,
         F: FnMut(&Connection) -> Result<T> + Send + 'static,
     {
-        let (reply, rx) = oneshot::channel();
-        let job = Box::new(Write {
-            op,
-            outcome: None,
-            reply,
-        });
+        let (job, rx) = job(op);
         let stopped = || Error::store("writing", "the writer has stopped");
         self.jobs.send(job).await.map_err(|_| stopped())?;
         rx.await.map_err(|_| stopped())?
@@ -225,7 +235,8 @@ impl Checkpointer {
     }
 }
 
-/// Makes commits durable off the writer's path (`full` durability). SQLite
+/// Makes commits durable off the writer's path (at `full`, before they are
+/// answered). SQLite
 /// commits with `synchronous=NORMAL`, which writes the WAL but does not sync
 /// it; the flusher then `fdatasync`s the WAL file and only then answers the
 /// batch. A sync that starts after a batch's commit covers that batch and
@@ -398,13 +409,12 @@ mod tests {
 
     /// A job that inserts `id` (unless refused first), then ends as told;
     /// `runs` counts its runs and `answer` receives its answer.
-    fn job(
+    fn ending(
         id: i64,
         end: End,
         runs: std::sync::Arc<std::sync::atomic::AtomicU32>,
     ) -> (Box<dyn Job>, oneshot::Receiver<Result<i64>>) {
-        let (reply, answer) = oneshot::channel();
-        let op = move |conn: &Connection| {
+        job(move |conn: &Connection| {
             runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if end == End::Refused {
                 return Err(Error::invalid("refused"));
@@ -414,13 +424,7 @@ mod tests {
                 End::FailsAfterWriting => Err(Error::store("writing", "failed midway")),
                 _ => Ok(id),
             }
-        };
-        let job = Write {
-            op,
-            outcome: None,
-            reply,
-        };
-        (Box::new(job), answer)
+        })
     }
 
     /// A writer's connection to a new database with one table, `t (id)`.
@@ -458,7 +462,7 @@ mod tests {
         let (mut batch, answers): (Jobs, Vec<_>) = (0..)
             .zip(ends)
             .zip(&runs)
-            .map(|((id, end), runs)| job(id, end, runs.clone()))
+            .map(|((id, end), runs)| ending(id, end, runs.clone()))
             .unzip();
         run_batch(&conn, &mut batch).unwrap();
         assert_eq!(kept_ids(&conn), [1, 3, 6], "only the kept jobs' rows stay");
@@ -484,14 +488,7 @@ mod tests {
             Ok(())
         };
         type Op = Box<dyn FnMut(&Connection) -> Result<()> + Send>;
-        let write = |op: Op| -> Box<dyn Job> {
-            let (reply, _) = oneshot::channel();
-            Box::new(Write {
-                op,
-                outcome: None,
-                reply,
-            })
-        };
+        let write = |op: Op| job(op).0;
         let mut batch: Jobs = vec![
             // Its nested part is refused before it writes: the job's insert stays.
             write(Box::new(move |conn| {
