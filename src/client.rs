@@ -14,8 +14,9 @@ use crate::model::{
 };
 use crate::model::{
     BindPreview, BindRequest, ClaimAnswer, ClaimRequest, CompleteRequest, EnqueueRequest, Enqueued,
-    LarkLink, LarkLinkRequest, ListSessions, ListTurns, Receipt, RegisterAgentThread, Registered,
-    ReleaseRequest, Released, Session, SessionList, Turn, TurnList,
+    LarkConnector, LarkLink, LarkLinkRequest, ListSessions, ListTurns, Receipt,
+    RegisterAgentThread, Registered, ReleaseRequest, Released, Session, SessionList, Turn,
+    TurnList,
 };
 
 /// The default broker URL.
@@ -330,6 +331,12 @@ impl Client {
             None,
         )
         .await
+    }
+
+    /// The Lark connector's state (`GET /v1/connectors/lark`).
+    pub async fn lark_connector(&self) -> Result<TypedReply<LarkConnector>, ClientError> {
+        self.call(Method::GET, "/v1/connectors/lark", NO_BODY, None)
+            .await
     }
 
     pub async fn turns(

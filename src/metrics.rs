@@ -1,6 +1,6 @@
 //! Prometheus metrics: requests by route and status, turn counts, queue depth
 //! and age, parked claims, open SSE streams, claim wake latency and Lark
-//! replies, permission requests by outcome. No label ever carries an id chosen by a client: routes are the
+//! replies, permission requests by outcome, the long connection to Lark. No label ever carries an id chosen by a client: routes are the
 //! matched templates.
 
 use prometheus::{
@@ -25,6 +25,10 @@ pub struct Metrics {
     pub connections: ConnectionMetrics,
     /// `outcome`: created, allowed, denied, expired.
     pub permission_requests: IntCounterVec,
+    /// 1 while the long connection to Lark is open.
+    pub lark_connected: IntGauge,
+    /// Long connections to Lark lost or refused (each is retried).
+    pub lark_reconnects: prometheus::IntCounter,
 }
 
 /// Connections: open now, refused at the cap, and failed accepts. Cheap to
@@ -115,6 +119,16 @@ impl Default for Metrics {
             &["outcome"],
         )
         .expect("valid metric");
+        let lark_connected = IntGauge::new(
+            "lark_connected",
+            "1 while the long connection to Lark is open, else 0.",
+        )
+        .expect("valid metric");
+        let lark_reconnects = prometheus::IntCounter::new(
+            "lark_reconnects_total",
+            "Long connections to Lark lost or refused, each followed by a retry.",
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(turns.clone()),
@@ -128,6 +142,8 @@ impl Default for Metrics {
             Box::new(connections.refused.clone()),
             Box::new(connections.accept_errors.clone()),
             Box::new(permission_requests.clone()),
+            Box::new(lark_connected.clone()),
+            Box::new(lark_reconnects.clone()),
         ] {
             registry
                 .register(collector)
@@ -145,6 +161,8 @@ impl Default for Metrics {
             lark_replies,
             connections,
             permission_requests,
+            lark_connected,
+            lark_reconnects,
         }
     }
 }

@@ -844,3 +844,52 @@ mod tests {
         );
     }
 }
+
+/// How the Lark connector receives events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LarkEvents {
+    /// The connector is not configured.
+    Off,
+    /// Lark posts events to `POST /v1/connectors/lark/events`.
+    Webhook,
+    /// The broker holds a WebSocket to Lark (outbound HTTPS only).
+    LongConnection,
+}
+
+/// The state of the long connection to Lark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LarkConnectionState {
+    /// Asking Lark for an endpoint, or opening the WebSocket.
+    Connecting,
+    /// Connected: events arrive.
+    Connected,
+    /// The connection failed or closed; it is tried again (`reason` says why).
+    Retrying,
+    /// Lark refused the app for good (bad credentials, wrong domain, 403, too
+    /// many connections): the connector stopped, the rest of the broker
+    /// serves on. Fix the configuration and restart.
+    Fatal,
+    /// The broker is shutting down.
+    Stopped,
+}
+
+/// The Lark connector, as the broker sees it now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"events": "long_connection", "state": "retrying", "reason": "Lark closed the connection", "since": "2026-12-02T03:15:50.000Z", "reconnects": 1}))]
+pub struct LarkConnector {
+    pub events: LarkEvents,
+    /// The long connection's state; null unless `events` is `long_connection`.
+    #[schema(required = true)]
+    pub state: Option<LarkConnectionState>,
+    /// Why it is retrying or fatal (never a secret or a message's text).
+    #[schema(required = true)]
+    pub reason: Option<String>,
+    /// When it entered this state (RFC 3339); null unless `events` is
+    /// `long_connection`.
+    #[schema(required = true)]
+    pub since: Option<String>,
+    /// Connections lost or refused since the broker started.
+    pub reconnects: u64,
+}

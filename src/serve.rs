@@ -16,7 +16,8 @@ use crate::broker::Broker;
 use crate::broker::MAX_WAIT_SECONDS;
 use crate::config::{self, DatabaseUrl, Secret, TokenSource};
 use crate::http::{self, AppState, ConnectionLimits, OwnerToken};
-use crate::lark::LarkConfig;
+use crate::lark::long_connection::{ConnectorStatus, LongConnection};
+use crate::lark::{EventMode, LarkConfig};
 use crate::store::postgres::PgStore;
 use crate::store::sqlite::{Durability, SqliteStore};
 use crate::store::{Store, retention};
@@ -48,18 +49,23 @@ pub struct ServeArgs {
     /// is faster.
     #[arg(long, env = "LOOPX_DURABILITY", value_enum, default_value_t = Durability::Full)]
     pub durability: Durability,
-    /// The Lark app's id; with the secret and verification token, turns the
-    /// Lark connector on.
+    /// The Lark app's id; with the secret, turns the Lark connector on.
     #[arg(long, env = "LOOPX_LARK_APP_ID")]
     pub lark_app_id: Option<String>,
     /// The Lark app's secret.
     #[arg(long, env = "LOOPX_LARK_APP_SECRET", hide_env_values = true)]
     pub lark_app_secret: Option<Secret>,
-    /// The Verification Token of the app's event subscription.
+    /// How Lark events reach the broker: `long-connection` (the broker
+    /// connects to Lark; no public address needed) or `webhook` (Lark posts
+    /// to /v1/connectors/lark/events; needs the verification token)
+    /// [default: webhook when a verification token is set, else long-connection].
+    #[arg(long, env = "LOOPX_LARK_EVENTS", value_enum)]
+    pub lark_events: Option<EventMode>,
+    /// The Verification Token of the app's event subscription (webhook only).
     #[arg(long, env = "LOOPX_LARK_VERIFICATION_TOKEN", hide_env_values = true)]
     pub lark_verification_token: Option<Secret>,
-    /// The Encrypt Key of the app's event subscription (events then arrive
-    /// encrypted and signed).
+    /// The Encrypt Key of the app's event subscription (webhook only: events
+    /// then arrive encrypted and signed).
     #[arg(long, env = "LOOPX_LARK_ENCRYPT_KEY", hide_env_values = true)]
     pub lark_encrypt_key: Option<Secret>,
     /// Lark's Open Platform (https://open.larksuite.com outside China).
@@ -143,13 +149,15 @@ impl AppConfig {
 pub struct App {
     state: AppState,
     limits: ConnectionLimits,
-    dispatcher: Option<tokio::task::JoinHandle<()>>,
+    /// The Lark reply dispatcher and the long connection, when on.
+    lark_tasks: Vec<tokio::task::JoinHandle<()>>,
     shutdown: CancellationToken,
 }
 
 impl App {
     /// Wires the broker core and the HTTP state, and starts the background
-    /// loops (Lark replies, retention); `shutdown` stops all of them.
+    /// loops (Lark replies and long connection, retention); `shutdown` stops
+    /// all of them.
     pub fn new(config: AppConfig, shutdown: CancellationToken) -> Self {
         if let Some(days) = config.retain_closed_days {
             tokio::spawn(retention::run(config.store.clone(), days, shutdown.clone()));
@@ -158,20 +166,38 @@ impl App {
             Broker::new(config.store, shutdown.clone())
                 .with_max_wait_seconds(config.max_wait_seconds),
         );
-        let dispatcher = config
+        let mut lark_tasks = Vec::new();
+        let mut lark_connector = None;
+        if let Some(lark) = &config.lark {
+            lark_tasks.push(broker.spawn_lark_dispatcher(lark.clone()));
+        }
+        if let Some(lark) = config
             .lark
             .clone()
-            .map(|lark| broker.spawn_lark_dispatcher(lark));
+            .filter(|lark| lark.events == EventMode::LongConnection)
+        {
+            let status = Arc::new(ConnectorStatus::new(broker.metrics()));
+            let connection = LongConnection::new(
+                lark,
+                broker.clone(),
+                status.clone(),
+                shutdown.clone(),
+                Duration::from_secs(config.limits.shutdown_grace_seconds),
+            );
+            lark_tasks.push(tokio::spawn(connection.run()));
+            lark_connector = Some(status);
+        }
         let state = AppState {
             broker,
             owner_token: Arc::new(OwnerToken::new(config.owner_token)),
             keep_alive: config.keep_alive,
             lark: config.lark.map(Arc::new),
+            lark_connector,
         };
         Self {
             state,
             limits: config.limits,
-            dispatcher,
+            lark_tasks,
             shutdown,
         }
     }
@@ -181,13 +207,15 @@ impl App {
         &self.state.broker
     }
 
-    /// Serves `listener` until shutdown, then lets the Lark dispatcher finish.
+    /// Serves `listener` until shutdown, then lets the Lark dispatcher and
+    /// long connection finish (the connection acknowledges the event it is
+    /// committing, within the grace period, and closes).
     pub async fn serve(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
         let connections = self.state.broker.metrics().connections.clone();
         let router = http::router(self.state);
         http::serve(listener, router, self.shutdown, self.limits, connections).await?;
-        if let Some(dispatcher) = self.dispatcher {
-            let _ = dispatcher.await;
+        for task in self.lark_tasks {
+            let _ = task.await;
         }
         Ok(())
     }
@@ -225,7 +253,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
 
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    let lark_on = lark.is_some();
+    let lark_events = lark.as_ref().map(|lark| lark.events);
     let app = App::new(
         AppConfig {
             keep_alive: Duration::from_secs(args.sse_keep_alive_seconds.max(1)),
@@ -242,7 +270,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         %listen,
         data_dir = %data_dir.display(),
         durability = ?args.durability,
-        lark = lark_on,
+        lark = ?lark_events,
         "loopx broker listening"
     );
     announce_page(listen, &source);
@@ -371,20 +399,39 @@ fn fit_file_limit(mut limits: ConnectionLimits) -> ConnectionLimits {
     limits
 }
 
-/// The Lark connector's configuration: all of app id, secret and verification
-/// token, or none of them (the connector is off).
+/// The Lark connector's configuration, off when no Lark setting is given.
+/// The long connection needs the app id and secret; the webhook (the default
+/// when a verification token is set, so existing deployments keep theirs)
+/// needs the verification token too.
 fn lark_config(args: &ServeArgs) -> Result<Option<LarkConfig>, String> {
-    match (&args.lark_app_id, &args.lark_app_secret, &args.lark_verification_token) {
-        (None, None, None) => Ok(None),
-        (Some(app_id), Some(secret), Some(token)) => Ok(Some(LarkConfig::new(
-            app_id.clone(),
-            secret.0.clone(),
-            token.0.clone(),
+    let token = args.lark_verification_token.as_ref().map(|t| t.0.clone());
+    let events = args.lark_events.unwrap_or(match token {
+        Some(_) => EventMode::Webhook,
+        None => EventMode::LongConnection,
+    });
+    let (app_id, secret) = match (&args.lark_app_id, &args.lark_app_secret) {
+        (None, None) if token.is_none() && args.lark_events.is_none() => return Ok(None),
+        (Some(app_id), Some(secret)) => (app_id.clone(), secret.0.clone()),
+        _ => {
+            return Err(
+                "the Lark connector needs --lark-app-id and --lark-app-secret together".into(),
+            );
+        }
+    };
+    let base_url = args.lark_base_url.clone();
+    match (events, token) {
+        (EventMode::LongConnection, _) => {
+            Ok(Some(LarkConfig::long_connection(app_id, secret, base_url)))
+        }
+        (EventMode::Webhook, Some(token)) => Ok(Some(LarkConfig::new(
+            app_id,
+            secret,
+            token,
             args.lark_encrypt_key.as_ref().map(|k| k.0.clone()),
-            args.lark_base_url.clone(),
+            base_url,
         ))),
-        _ => Err(
-            "the Lark connector needs --lark-app-id, --lark-app-secret and --lark-verification-token together"
+        (EventMode::Webhook, None) => Err(
+            "--lark-events webhook needs --lark-verification-token (or use --lark-events long-connection, which needs no public address)"
                 .into(),
         ),
     }

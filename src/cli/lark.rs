@@ -1,10 +1,11 @@
-//! `loopx lark …`: which Lark chat feeds which session.
+//! `loopx lark …`: which Lark chat feeds which session, and the connector's state.
 
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
 use super::common::{ClientOptions, with_client};
+use crate::model::{LarkConnectionState, LarkConnector, LarkEvents};
 
 /// The Lark connector: which Lark chat feeds which session.
 #[derive(Debug, Args)]
@@ -24,9 +25,22 @@ pub enum LarkCommand {
     /// Unlink the session's Lark chat: its messages are no longer enqueued.
     #[command(after_help = "Example:\n  loopx lark unlink --session-id ses_01JD...")]
     Unlink(LarkSessionArgs),
-    /// Show which Lark chat feeds a session.
-    #[command(after_help = "Example:\n  loopx lark status --session-id ses_01JD...")]
-    Status(LarkSessionArgs),
+    /// Show the connector's state (how events arrive; over the long
+    /// connection, whether it is connected and why not), or with
+    /// --session-id which Lark chat feeds a session.
+    #[command(
+        after_help = "Examples:\n  loopx lark status\n  loopx lark status --session-id ses_01JD..."
+    )]
+    Status(LarkStatusArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LarkStatusArgs {
+    /// The LoopX Chat session (ses_…) whose link to show.
+    #[arg(long)]
+    pub session_id: Option<String>,
+    #[command(flatten)]
+    pub options: ClientOptions,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -72,10 +86,49 @@ pub fn run(args: LarkArgs) -> ExitCode {
             Ok(())
         }),
         LarkCommand::Status(a) => with_client(a.options.clone(), |ctx| async move {
-            let answer = ctx.client.lark_link_status(&a.session_id).await?;
-            ctx.print(&answer.reply, || link_text(&answer.body));
+            match &a.session_id {
+                Some(session_id) => {
+                    let answer = ctx.client.lark_link_status(session_id).await?;
+                    ctx.print(&answer.reply, || link_text(&answer.body));
+                }
+                None => {
+                    let answer = ctx.client.lark_connector().await?;
+                    ctx.print(&answer.reply, || connector_text(&answer.body));
+                }
+            }
             Ok(())
         }),
+    }
+}
+
+fn connector_text(connector: &LarkConnector) -> String {
+    let since = connector.since.as_deref().unwrap_or_default();
+    let reason = connector.reason.as_deref().unwrap_or_default();
+    match (connector.events, connector.state) {
+        (LarkEvents::Off, _) => {
+            "the Lark connector is off (loopx serve --lark-app-id … --lark-app-secret … turns it on)"
+                .into()
+        }
+        (LarkEvents::Webhook, _) => {
+            "the Lark connector receives events by webhook (POST /v1/connectors/lark/events)".into()
+        }
+        (LarkEvents::LongConnection, Some(LarkConnectionState::Connected)) => format!(
+            "Lark long connection: connected since {since} ({} reconnects so far)",
+            connector.reconnects
+        ),
+        (LarkEvents::LongConnection, Some(LarkConnectionState::Retrying)) => {
+            format!("Lark long connection: retrying since {since}: {reason}")
+        }
+        (LarkEvents::LongConnection, Some(LarkConnectionState::Fatal)) => format!(
+            "Lark long connection: stopped for good since {since}: {reason} (the rest of the broker serves on; fix the settings and restart it)"
+        ),
+        (LarkEvents::LongConnection, state) => format!(
+            "Lark long connection: {} since {since}",
+            match state {
+                Some(LarkConnectionState::Stopped) => "stopped",
+                _ => "connecting",
+            }
+        ),
     }
 }
 

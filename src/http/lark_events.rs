@@ -14,7 +14,7 @@ use serde_json::json;
 use super::{AppState, RawBody};
 use crate::error::{Error, ErrorBody, ErrorCode, Result};
 use crate::lark::webhook::{self, Inbound};
-use crate::store::LarkIngest;
+use crate::lark::{EventMode, inbound};
 
 pub fn router() -> axum::Router<AppState> {
     axum::Router::new().route("/v1/connectors/lark/events", post(events))
@@ -33,8 +33,9 @@ pub fn router() -> axum::Router<AppState> {
 /// only after the commit. Redeliveries are deduplicated durably by
 /// `(app_id, event_id)`, with `message_id` as a second guard. Unlinked chats and
 /// non-text messages are acknowledged and not enqueued. Anything unverified is
-/// 401 and stores nothing; with the connector not configured, 404. Texts over
-/// 64 KiB are truncated with a visible note.
+/// 401 and stores nothing; with the connector not configured, or receiving
+/// its events over the long connection instead, 404. Texts over 64 KiB are
+/// truncated with a visible note.
 ///
 /// Permission answers: a text that is `yes <id>` or `no <id>` once its
 /// @mentions are removed (the verb in any case, the id exactly as the request's
@@ -54,7 +55,7 @@ pub fn router() -> axum::Router<AppState> {
     responses(
         (status = 200, description = "Acknowledged (committed); or the challenge answer `{\"challenge\"}`.", body = Object),
         (status = 401, description = "`unauthorized`: the event failed verification.", body = ErrorBody),
-        (status = 404, description = "`not_found`: the connector is not configured.", body = ErrorBody),
+        (status = 404, description = "`not_found`: the connector is not configured, or receives events over the long connection.", body = ErrorBody),
         (status = 413, description = "`payload_too_large`.", body = ErrorBody),
         (status = 429, description = "`queue_full`: Lark will redeliver.", body = ErrorBody),
     ))]
@@ -63,27 +64,22 @@ pub async fn events(
     headers: HeaderMap,
     RawBody(body): RawBody,
 ) -> Result<Response> {
-    let Some(config) = state.lark.clone() else {
+    let Some(config) = state
+        .lark
+        .clone()
+        .filter(|c| c.events == EventMode::Webhook)
+    else {
         return Err(Error::new(
             ErrorCode::NotFound,
-            "The Lark connector is not configured.",
+            "The Lark webhook is off: the connector is not configured, or receives its events over the long connection.",
         ));
     };
-    let event = match webhook::verify(&config, &headers, &body)? {
+    let envelope = match webhook::verify(&config, &headers, &body)? {
         Inbound::Challenge(challenge) => {
             return Ok(Json(json!({ "challenge": challenge })).into_response());
         }
-        Inbound::Event(event) => event,
+        Inbound::Event(envelope) => envelope,
     };
-    match state.broker.lark_event(event).await? {
-        // Per-message lines are for debugging; an unlinked chat is what an
-        // operator looks for when linking one.
-        LarkIngest::Enqueued { .. } => tracing::debug!("lark message enqueued"),
-        LarkIngest::Duplicate => tracing::debug!("lark redelivery acknowledged, not enqueued"),
-        LarkIngest::Unlinked => tracing::info!("lark message from an unlinked chat, not enqueued"),
-        LarkIngest::Unsupported => tracing::debug!("lark event not enqueued: not a text message"),
-        LarkIngest::Answered { .. } => tracing::debug!("lark permission answer taken"),
-        LarkIngest::Ignored => tracing::debug!("lark permission answer ignored"),
-    }
-    Ok(Json(json!({})).into_response())
+    let answer = inbound::take(&state.broker, &config.app_id, envelope).await?;
+    Ok(Json(answer).into_response())
 }

@@ -7,6 +7,7 @@
 pub(crate) mod agent_threads;
 pub(crate) mod claims;
 pub(crate) mod events;
+pub(crate) mod lark_connector;
 pub(crate) mod lark_events;
 pub(crate) mod lark_links;
 pub(crate) mod permissions;
@@ -46,6 +47,8 @@ pub struct AppState {
     pub keep_alive: Duration,
     /// The Lark connector's configuration; `None` turns the webhook off (404).
     pub lark: Option<Arc<crate::lark::LarkConfig>>,
+    /// The long connection's state, when the connector uses it.
+    pub lark_connector: Option<Arc<crate::lark::long_connection::ConnectorStatus>>,
 }
 
 /// The owner token; never printed.
@@ -78,6 +81,7 @@ pub fn router(state: AppState) -> Router {
         .merge(lark_links::router())
         .merge(permissions::router())
         .merge(lark_events::router())
+        .merge(lark_connector::router())
         .merge(turns::router());
     Router::new()
         .merge(v1)

@@ -1,10 +1,15 @@
-//! The Lark (Feishu) connector: a verified webhook that enqueues text messages
-//! from linked chats, and a durable, idempotent reply path (an outbox written
-//! with the completion, sent by one background dispatcher). Wire facts:
+//! The Lark (Feishu) connector: events from linked chats arrive over a long
+//! connection the broker opens to Lark (no public address needed) or through
+//! a verified webhook, and take one ingestion path that enqueues them; a
+//! durable, idempotent reply path (an outbox written with the completion,
+//! sent by one background dispatcher) answers. Wire facts:
 //! `shared/spec/LARK.md`.
 
 pub mod crypto;
 pub mod dispatcher;
+pub mod frame;
+pub mod inbound;
+pub mod long_connection;
 pub mod webhook;
 
 use std::time::Duration;
@@ -12,11 +17,24 @@ use std::time::Duration;
 /// Lark's Open Platform, China region.
 pub const DEFAULT_BASE_URL: &str = "https://open.feishu.cn";
 
+/// How events reach the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EventMode {
+    /// The broker opens a WebSocket to Lark: outbound HTTPS only, no public
+    /// address (the app's subscription mode: long connection).
+    LongConnection,
+    /// Lark posts to `/v1/connectors/lark/events`: the broker must be
+    /// reachable from Lark, and needs the verification token.
+    Webhook,
+}
+
 /// The connector's configuration. Secrets never print in `Debug`.
 #[derive(Clone)]
 pub struct LarkConfig {
     pub app_id: String,
     pub app_secret: String,
+    pub events: EventMode,
+    /// The webhook's; unused by the long connection.
     pub verification_token: String,
     /// When set, events arrive encrypted and signed.
     pub encrypt_key: Option<String>,
@@ -29,9 +47,13 @@ pub struct LarkConfig {
     pub max_attempts: u32,
     /// Events whose timestamp is further than this from now are refused (replays).
     pub freshness: Duration,
+    /// The long connection's settings until Lark sends its own (LARK.md's
+    /// defaults; shorter in tests).
+    pub long_connection: long_connection::ClientConfig,
 }
 
 impl LarkConfig {
+    /// A webhook connector.
     pub fn new(
         app_id: String,
         app_secret: String,
@@ -42,6 +64,7 @@ impl LarkConfig {
         Self {
             app_id,
             app_secret,
+            events: EventMode::Webhook,
             verification_token,
             encrypt_key: encrypt_key.filter(|k| !k.is_empty()),
             base_url: base_url.trim_end_matches('/').to_owned(),
@@ -49,6 +72,16 @@ impl LarkConfig {
             retry_max: Duration::from_secs(300),
             max_attempts: 12,
             freshness: Duration::from_secs(300),
+            long_connection: long_connection::ClientConfig::default(),
+        }
+    }
+
+    /// A connector that receives its events over the long connection: app id
+    /// and secret are all it needs.
+    pub fn long_connection(app_id: String, app_secret: String, base_url: String) -> Self {
+        Self {
+            events: EventMode::LongConnection,
+            ..Self::new(app_id, app_secret, String::new(), None, base_url)
         }
     }
 }
@@ -58,6 +91,7 @@ impl std::fmt::Debug for LarkConfig {
         f.debug_struct("LarkConfig")
             .field("app_id", &self.app_id)
             .field("app_secret", &"<redacted>")
+            .field("events", &self.events)
             .field("verification_token", &"<redacted>")
             .field(
                 "encrypt_key",

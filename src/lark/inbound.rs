@@ -1,0 +1,204 @@
+//! The one ingestion path of Lark events: a schema 2.0 envelope, decoded
+//! from a verified webhook request ([`super::webhook`]) or from a long
+//! connection's data frame ([`super::long_connection`]), is routed here on
+//! its `header.event_type` and taken by the broker (de-duplication by event
+//! id, the linked chat, the enqueue, approvers' answers), which commits
+//! before anything is acknowledged. What [`take`] answers is the JSON the
+//! acknowledgement carries: the webhook's 200 body, the long connection's
+//! base64 `data`. It never verifies (that is the webhook's) and never logs a
+//! message's text.
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::broker::{Broker, MAX_TEXT_BYTES};
+use crate::error::Result;
+use crate::permission::lark_command;
+use crate::store::{LarkEvent, LarkIngest};
+
+/// A text message sent to the bot (or in a chat it is in).
+pub const MESSAGE_RECEIVE: &str = "im.message.receive_v1";
+
+/// A schema 2.0 event, as Lark sends it by either transport.
+#[derive(Deserialize)]
+pub struct Envelope {
+    pub header: EnvelopeHeader,
+    #[serde(default)]
+    pub event: Value,
+}
+
+#[derive(Deserialize)]
+pub struct EnvelopeHeader {
+    pub event_id: String,
+    #[serde(default)]
+    pub event_type: String,
+    /// The verification token (checked by the webhook only).
+    #[serde(default)]
+    pub token: String,
+    #[serde(default)]
+    pub app_id: String,
+}
+
+/// Takes one decoded event for the app `app_id` and answers the JSON to
+/// acknowledge it with, once what it changed is committed; `Err` (the store
+/// failed, the queue is full) is acknowledged as a failure, so Lark redelivers.
+/// Each event type Lark may send has its arm here; every other type is
+/// recorded as seen and acknowledged.
+pub async fn take(broker: &Broker, app_id: &str, envelope: Envelope) -> Result<Value> {
+    let event = match envelope.header.event_type.as_str() {
+        MESSAGE_RECEIVE => message_event(app_id, envelope),
+        _ => bare_event(app_id, envelope.header.event_id),
+    };
+    match broker.lark_event(event).await? {
+        // Per-message lines are for debugging; an unlinked chat is what an
+        // operator looks for when linking one.
+        LarkIngest::Enqueued { .. } => tracing::debug!("lark message enqueued"),
+        LarkIngest::Duplicate => tracing::debug!("lark redelivery acknowledged, not enqueued"),
+        LarkIngest::Unlinked => tracing::info!("lark message from an unlinked chat, not enqueued"),
+        LarkIngest::Unsupported => tracing::debug!("lark event not enqueued: not a text message"),
+        LarkIngest::Answered { .. } => tracing::debug!("lark permission answer taken"),
+        LarkIngest::Ignored => tracing::debug!("lark permission answer ignored"),
+    }
+    Ok(json!({}))
+}
+
+/// An event that holds nothing to enqueue: recorded as seen, acknowledged.
+fn bare_event(app_id: &str, event_id: String) -> LarkEvent {
+    LarkEvent {
+        app_id: app_id.to_owned(),
+        event_id,
+        message_id: None,
+        chat_id: None,
+        text: None,
+        sender: None,
+        command: None,
+    }
+}
+
+#[derive(Deserialize)]
+struct Message {
+    message_id: String,
+    chat_id: String,
+    message_type: String,
+    #[serde(default)]
+    content: String,
+    #[serde(default)]
+    mentions: Vec<Mention>,
+}
+
+#[derive(Deserialize)]
+struct Mention {
+    key: String,
+    #[serde(default)]
+    name: String,
+}
+
+/// An `im.message.receive_v1` event read: its text (when a text message),
+/// chat, message id, sender and permission command.
+fn message_event(app_id: &str, envelope: Envelope) -> LarkEvent {
+    let mut event = bare_event(app_id, envelope.header.event_id);
+    let Ok(message) = serde_json::from_value::<Message>(envelope.event["message"].clone()) else {
+        return event;
+    };
+    event.message_id = Some(message.message_id);
+    event.chat_id = Some(message.chat_id);
+    // Only people answer: an app's messages carry no approver's open id.
+    let sender = &envelope.event["sender"];
+    if sender["sender_type"].as_str() == Some("user") {
+        event.sender = sender["sender_id"]["open_id"].as_str().map(str::to_owned);
+    }
+    if message.message_type == "text" {
+        event.command = raw_text(&message.content).and_then(|raw| {
+            lark_command(&with_mentions(&raw, &message.mentions, |_| String::new()))
+        });
+        event.text = text_of(&message.content, &message.mentions);
+    }
+    event
+}
+
+/// A `text` message's text as Lark sent it (`@_user_N` placeholders in).
+fn raw_text(content: &str) -> Option<String> {
+    let content: Value = serde_json::from_str(content).ok()?;
+    Some(content.get("text")?.as_str()?.to_owned())
+}
+
+/// The text with each mention's placeholder replaced by `with(name)`, longest
+/// keys first, so `@_user_1` never eats into `@_user_10`.
+fn with_mentions(text: &str, mentions: &[Mention], with: impl Fn(&str) -> String) -> String {
+    let mut mentions: Vec<&Mention> = mentions.iter().collect();
+    mentions.sort_by_key(|m| std::cmp::Reverse(m.key.len()));
+    let mut text = text.to_owned();
+    for mention in mentions {
+        text = text.replace(&mention.key, &with(&mention.name));
+    }
+    text
+}
+
+/// The text of a `text` message, `@_user_N` placeholders resolved to `@name`,
+/// truncated to the broker's limit with a visible note.
+fn text_of(content: &str, mentions: &[Mention]) -> Option<String> {
+    let text = with_mentions(&raw_text(content)?, mentions, |name| format!("@{name}"));
+    let text = text.trim().to_owned();
+    if text.is_empty() {
+        return None;
+    }
+    Some(truncate(text, MAX_TEXT_BYTES))
+}
+
+fn truncate(text: String, limit: usize) -> String {
+    const NOTE: &str = "\n[truncated by LoopX: the message was longer than 64 KiB]";
+    if text.len() <= limit {
+        return text;
+    }
+    let mut end = limit - NOTE.len();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{NOTE}", &text[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mentions_resolve_by_key_longest_first() {
+        let mentions = vec![
+            Mention {
+                key: "@_user_1".into(),
+                name: "Tom".into(),
+            },
+            Mention {
+                key: "@_user_10".into(),
+                name: "Ann".into(),
+            },
+        ];
+        let text = text_of(r#"{"text":"@_user_1 hi @_user_10"}"#, &mentions).unwrap();
+        assert_eq!(text, "@Tom hi @Ann");
+        assert_eq!(text_of(r#"{"text":"  "}"#, &[]), None);
+        assert_eq!(text_of("not json", &[]), None);
+    }
+
+    #[test]
+    fn a_command_is_read_with_its_mentions_removed() {
+        let mentions = [Mention {
+            key: "@_user_1".into(),
+            name: "LoopX Bot".into(),
+        }];
+        let raw = raw_text(r#"{"text":"@_user_1  Yes abcde "}"#).unwrap();
+        let command = lark_command(&with_mentions(&raw, &mentions, |_| String::new())).unwrap();
+        assert_eq!(command.request_id, "abcde");
+        // Resolved to `@LoopX Bot`, the same text would not parse.
+        assert_eq!(
+            text_of(r#"{"text":"@_user_1  Yes abcde "}"#, &mentions).unwrap(),
+            "@LoopX Bot  Yes abcde"
+        );
+    }
+
+    #[test]
+    fn long_texts_are_truncated_with_a_note_on_a_char_boundary() {
+        let text = truncate("é".repeat(40_000), MAX_TEXT_BYTES);
+        assert!(text.len() <= MAX_TEXT_BYTES);
+        assert!(text.ends_with("longer than 64 KiB]"));
+    }
+}
