@@ -29,7 +29,7 @@ pub enum LarkCommand {
     /// connection, whether it is connected and why not), or with
     /// --session-id which Lark chat feeds a session.
     #[command(
-        after_help = "Examples:\n  loopx lark status\n  loopx lark status --session-id ses_01JD..."
+        after_help = "Example:\n  loopx lark status\n\nExample (a session's link):\n  loopx lark status --session-id ses_01JD..."
     )]
     Status(LarkStatusArgs),
 }

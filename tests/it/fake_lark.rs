@@ -98,6 +98,8 @@ struct Inner {
 /// The fake Lark server.
 pub struct FakeLark {
     pub url: String,
+    /// The long-connection side (its bootstrap is served on `url`).
+    pub ws: crate::fake_lark_ws::FakeWs,
     inner: Arc<Mutex<Inner>>,
     shutdown: CancellationToken,
     server: JoinHandle<()>,
@@ -119,6 +121,8 @@ impl FakeLark {
             .route("/open-apis/im/v1/messages/{message_id}/reply", post(reply))
             .route("/open-apis/im/v1/messages", post(send_message))
             .with_state(inner.clone());
+        let ws = crate::fake_lark_ws::FakeWs::start(APP_ID, APP_SECRET).await;
+        let app = app.merge(ws.router());
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         let server = tokio::spawn(async move {
@@ -129,6 +133,7 @@ impl FakeLark {
         });
         FakeLark {
             url,
+            ws,
             inner,
             shutdown,
             server,
@@ -147,6 +152,34 @@ impl FakeLark {
         config.retry_base = Duration::from_millis(50);
         config.retry_max = Duration::from_millis(500);
         config
+    }
+
+    /// A long-connection connector for this fake: app id and secret only,
+    /// fast retries, and settings of a second until the fake pushes its own.
+    pub fn long_connection_config(&self) -> LarkConfig {
+        let mut config =
+            LarkConfig::long_connection(APP_ID.into(), APP_SECRET.into(), self.url.clone());
+        config.retry_base = Duration::from_millis(50);
+        config.retry_max = Duration::from_millis(500);
+        config.long_connection = loopx::lark::long_connection::ClientConfig {
+            ping_interval: Duration::from_secs(1),
+            reconnect_interval: Duration::from_secs(1),
+            reconnect_nonce: Duration::ZERO,
+        };
+        config
+    }
+
+    /// The real binary's flags for a long connection to this fake (no
+    /// verification token: the long connection is the default).
+    pub fn long_connection_flags(&self) -> Vec<String> {
+        vec![
+            "--lark-app-id".to_owned(),
+            APP_ID.to_owned(),
+            "--lark-app-secret".to_owned(),
+            APP_SECRET.to_owned(),
+            "--lark-base-url".to_owned(),
+            self.url.clone(),
+        ]
     }
 
     /// The real binary's flags for this fake.
@@ -257,6 +290,7 @@ impl FakeLark {
 
 impl Drop for FakeLark {
     fn drop(&mut self) {
+        self.ws.stop();
         self.shutdown.cancel();
         self.server.abort();
     }

@@ -32,7 +32,7 @@ async fn linked(client: &loopx::client::Client, chat_id: &str) -> Host {
     host
 }
 
-async fn turns(client: &loopx::client::Client, session_id: &str) -> Vec<Turn> {
+pub(crate) async fn turns(client: &loopx::client::Client, session_id: &str) -> Vec<Turn> {
     client
         .turns(session_id, &ListTurns::default())
         .await
