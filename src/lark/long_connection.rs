@@ -103,7 +103,8 @@ pub struct ConnectorStatus {
 }
 
 struct StatusInner {
-    state: LarkConnectionState,
+    /// `None` until the first state is entered (and logged).
+    state: Option<LarkConnectionState>,
     reason: Option<String>,
     since_ms: i64,
 }
@@ -112,7 +113,7 @@ impl ConnectorStatus {
     pub fn new(metrics: &Metrics) -> Self {
         Self {
             inner: Mutex::new(StatusInner {
-                state: LarkConnectionState::Connecting,
+                state: None,
                 reason: None,
                 since_ms: now_ms(),
             }),
@@ -129,7 +130,7 @@ impl ConnectorStatus {
             .expect("the status lock is never poisoned");
         LarkConnector {
             events: LarkEvents::LongConnection,
-            state: Some(inner.state),
+            state: Some(inner.state.unwrap_or(LarkConnectionState::Connecting)),
             reason: inner.reason.clone(),
             since: Some(rfc3339(inner.since_ms)),
             reconnects: self.reconnects.get(),
@@ -142,7 +143,7 @@ impl ConnectorStatus {
             .inner
             .lock()
             .expect("the status lock is never poisoned");
-        if inner.state == state && inner.reason == reason {
+        if inner.state == Some(state) && inner.reason == reason {
             return;
         }
         let why = reason.as_deref().unwrap_or_default();
@@ -160,7 +161,7 @@ impl ConnectorStatus {
         self.connected
             .set(i64::from(state == LarkConnectionState::Connected));
         *inner = StatusInner {
-            state,
+            state: Some(state),
             reason,
             since_ms: now_ms(),
         };
