@@ -253,7 +253,11 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
 
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    let lark_events = lark.as_ref().map(|lark| lark.events);
+    let lark_events = match lark.as_ref().map(|lark| lark.events) {
+        None => "off",
+        Some(EventMode::LongConnection) => "long-connection",
+        Some(EventMode::Webhook) => "webhook",
+    };
     let app = App::new(
         AppConfig {
             keep_alive: Duration::from_secs(args.sse_keep_alive_seconds.max(1)),
@@ -270,7 +274,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         %listen,
         data_dir = %data_dir.display(),
         durability = ?args.durability,
-        lark = ?lark_events,
+        lark = lark_events,
         "loopx broker listening"
     );
     announce_page(listen, &source);
@@ -474,6 +478,38 @@ mod tests {
     use clap::Parser;
 
     use crate::cli::{Cli, Command};
+
+    fn lark_events_of(args: &[&str]) -> Result<Option<crate::lark::EventMode>, String> {
+        let mut argv = vec!["loopx", "serve"];
+        argv.extend(args);
+        let Command::Serve(serve) = Cli::try_parse_from(argv).unwrap().command else {
+            unreachable!()
+        };
+        super::lark_config(&serve).map(|c| c.map(|c| c.events))
+    }
+
+    #[test]
+    fn the_lark_events_default_keeps_webhooks_and_needs_only_id_and_secret_otherwise() {
+        use crate::lark::EventMode::{LongConnection, Webhook};
+        let app = ["--lark-app-id", "cli_1", "--lark-app-secret", "s"];
+        let token = ["--lark-verification-token", "t"];
+        assert_eq!(lark_events_of(&[]), Ok(None));
+        assert_eq!(lark_events_of(&app), Ok(Some(LongConnection)));
+        assert_eq!(
+            lark_events_of(&[&app[..], &token].concat()),
+            Ok(Some(Webhook))
+        );
+        let long = ["--lark-events", "long-connection"];
+        assert_eq!(
+            lark_events_of(&[&app[..], &token, &long].concat()),
+            Ok(Some(LongConnection))
+        );
+        let webhook = ["--lark-events", "webhook"];
+        assert!(lark_events_of(&[&app[..], &webhook].concat()).is_err());
+        assert!(lark_events_of(&["--lark-app-id", "cli_1"]).is_err());
+        assert!(lark_events_of(&long).is_err());
+        assert!(lark_events_of(&token).is_err());
+    }
 
     #[test]
     fn the_serve_and_prune_arguments_debug_print_without_secrets() {

@@ -460,3 +460,51 @@ async fn support_cli(url: &str, data_dir: &std::path::Path) -> String {
     assert!(output.status.success(), "{output:?}");
     String::from_utf8(output.stdout).unwrap()
 }
+
+/// Event → committed turn → acknowledgement, measured at the fake over 200
+/// events one after another; printed (run with `--no-capture`), not asserted
+/// beyond every event acknowledged and queued once.
+#[tokio::test]
+async fn event_to_ack_latency_over_200_events() {
+    let (fake, broker) = connected().await;
+    let chat = unique("oc");
+    let host = linked(&broker.client, &chat).await;
+    let mut latencies = Vec::new();
+    for i in 0..200 {
+        let event = message(
+            &format!("ev-lat-{i}"),
+            &chat,
+            &format!("om-lat-{i}"),
+            "ping",
+        );
+        let sent = Instant::now();
+        let message_id = fake.ws.send_event(&event, 1);
+        let ack = fake.ws.wait_ack(&message_id, Duration::from_secs(5)).await;
+        assert_eq!(ack.code, 200);
+        latencies.push(ack.at - sent);
+    }
+    let last = broker
+        .client
+        .turns(
+            host.session_id(),
+            &loopx::model::ListTurns {
+                before_seq: None,
+                after_seq: Some(199),
+                limit: Some(10),
+            },
+        )
+        .await
+        .unwrap()
+        .body
+        .turns;
+    assert_eq!(last.len(), 1, "200 turns, the last one seq 200: {last:?}");
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
+    eprintln!(
+        "event -> committed -> ack over {} events: p50 {:?}, p99 {:?}, max {:?}",
+        latencies.len(),
+        at(0.50),
+        at(0.99),
+        latencies[latencies.len() - 1]
+    );
+}
