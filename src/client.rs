@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use crate::error::ErrorBody;
 use crate::model::{
     AnswerPermission, Behavior, CreatePermissionRequest, ListPermissions, PermissionList,
-    PermissionRequest, WaitPermission,
+    PermissionRequest, ReportAgentState, WaitPermission, WithdrawPermission,
 };
 use crate::model::{
     BindPreview, BindRequest, ClaimAnswer, ClaimRequest, CompleteRequest, EnqueueRequest, Enqueued,
@@ -384,6 +384,27 @@ impl Client {
         let path = permission_path(session_id, request_id, "/answer");
         let body = AnswerPermission { behavior };
         self.call(Method::POST, &path, Some(&body), None).await
+    }
+
+    /// Withdraws the host's unanswered request.
+    pub async fn withdraw_permission(
+        &self,
+        session_id: &str,
+        request_id: &str,
+        host: &WithdrawPermission,
+    ) -> Result<TypedReply<PermissionRequest>, ClientError> {
+        let path = permission_path(session_id, request_id, "/withdraw");
+        self.call(Method::POST, &path, Some(host), None).await
+    }
+
+    /// Reports the host's agent state (presence).
+    pub async fn report_agent(
+        &self,
+        session_id: &str,
+        report: &ReportAgentState,
+    ) -> Result<TypedReply<Session>, ClientError> {
+        let path = session_path(session_id, "/agent-state");
+        self.call(Method::POST, &path, Some(report), None).await
     }
 
     /// Waits for the answer, with an HTTP timeout above the wait.

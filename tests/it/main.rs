@@ -17,6 +17,7 @@ mod lark_permissions;
 mod metrics;
 mod openapi_drift;
 mod permissions;
+mod presence;
 mod replicas;
 mod retention;
 mod sessions;
