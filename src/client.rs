@@ -87,6 +87,20 @@ impl Client {
         }
     }
 
+    /// The same client with every request bounded by `timeout` (a call that
+    /// passes its own timeout, a parked claim's, keeps that one).
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .pool_idle_timeout(Duration::from_secs(30))
+                .connect_timeout(timeout)
+                .timeout(timeout)
+                .build()
+                .expect("a plain HTTP client builds"),
+            ..self
+        }
+    }
+
     pub fn base_url(&self) -> &str {
         &self.base
     }

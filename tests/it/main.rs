@@ -12,6 +12,7 @@ mod connections;
 mod durability;
 mod events;
 mod fake_lark;
+mod hooks;
 mod lark;
 mod lark_permissions;
 mod metrics;
