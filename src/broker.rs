@@ -17,6 +17,7 @@ use crate::ids::check;
 use crate::lark::LarkConfig;
 use crate::lark::dispatcher::Dispatcher;
 use crate::metrics::{Metrics, Open};
+use crate::model::ReportAgentState;
 use crate::model::{
     BindPreview, BindRequest, Capabilities, ClaimAnswer, ClaimRequest, Claimed, CompleteRequest,
     EnqueueRequest, Enqueued, ListSessions, ListTurns, NotClaimed, Origin, Receipt,
@@ -30,6 +31,9 @@ use crate::wakeup::Wakeups;
 
 /// The longest a claim parks, in seconds; longer waits are capped.
 pub const MAX_WAIT_SECONDS: u64 = 1800;
+/// How often a parked claim re-checks the store anyway, so that its host
+/// counts as heard from (presence) however long it parks.
+const PARKED_HEARD_EVERY: Duration = Duration::from_secs(60);
 /// The longest message text, in bytes.
 pub const MAX_TEXT_BYTES: usize = 64 * 1024;
 /// The longest completion response (serialized JSON), in bytes.
@@ -56,7 +60,7 @@ pub struct Broker {
 pub struct LoggedEvent {
     /// The per-session event number (the SSE `id:`).
     pub id: i64,
-    /// `turn`, `session` or `permission` (the SSE `event:`).
+    /// `turn`, `session`, `permission`, `agent` or `notification` (the SSE `event:`).
     pub name: &'static str,
     /// `{"turn_id", "seq", "state"}`, `{"state": "closed"}` or `{"request_id", "state"}`.
     pub data: serde_json::Value,
@@ -315,6 +319,7 @@ impl Broker {
                 break;
             }
             parked.get_or_insert_with(|| Open::new(&self.metrics.parked_claims));
+            self.heard(session_id, &host).await;
             // Registered after the store said empty: an enqueue committed
             // before this point wakes `woken` instead.
             let mut handoff: Option<Parked> = self.store.hands_off().then(|| {
@@ -329,6 +334,8 @@ impl Broker {
                     None
                 }
                 _ = self.recheck() => None,
+                // A long park is heard from now and then (presence).
+                _ = tokio::time::sleep(PARKED_HEARD_EVERY) => None,
                 _ = tokio::time::sleep_until(deadline) => {
                     ended = true;
                     None
@@ -463,12 +470,7 @@ impl Broker {
         host: ReleaseRequest,
     ) -> Result<Released> {
         check("claim_id", claim_id)?;
-        check("host_surface", &host.host_surface)?;
-        check("host_session_id", &host.host_session_id)?;
-        let host = HostIdentity {
-            host_surface: host.host_surface,
-            host_session_id: host.host_session_id,
-        };
+        let host = checked_host(host.host_surface, host.host_session_id)?;
         let released = self
             .store
             .release(session_id.to_owned(), claim_id.to_owned(), host)
@@ -485,6 +487,43 @@ impl Broker {
         // permission requests see them expired.
         self.changed(session_id);
         Ok(closed.session.projection())
+    }
+
+    /// The host reports its agent's state; answers the session projection.
+    pub async fn report_agent(
+        &self,
+        session_id: &str,
+        report: ReportAgentState,
+    ) -> Result<Session> {
+        let host = checked_host(report.host_surface, report.host_session_id)?;
+        let reported = self
+            .store
+            .report_agent(session_id.to_owned(), host, Some(report.state))
+            .await?;
+        if reported.changed {
+            self.changes.wake(session_id);
+        }
+        Ok(reported.session.projection())
+    }
+
+    /// A parked claim counts as hearing from its host (presence), with no
+    /// state of its own. Read first, so that it costs no write while the
+    /// host was heard from lately; a failure only loses the refresh.
+    async fn heard(&self, session_id: &str, host: &HostIdentity) {
+        let now = crate::time::now_ms();
+        match self.store.session(session_id).await {
+            Ok(Some(row)) if crate::decide::presence::is_news(&row, None, now) => {}
+            _ => return,
+        }
+        match self
+            .store
+            .report_agent(session_id.to_owned(), host.clone(), None)
+            .await
+        {
+            Ok(reported) if reported.changed => self.changes.wake(session_id),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(code = ?e.code, "a parked claim's presence was not recorded"),
+        }
     }
 
     /// Starts the Lark reply dispatcher; it stops with the broker.
@@ -607,6 +646,16 @@ impl Broker {
     }
 }
 
+/// The host identity a host call presents, its two ids checked.
+pub(crate) fn checked_host(host_surface: String, host_session_id: String) -> Result<HostIdentity> {
+    check("host_surface", &host_surface)?;
+    check("host_session_id", &host_session_id)?;
+    Ok(HostIdentity {
+        host_surface,
+        host_session_id,
+    })
+}
+
 /// A parked claim's hand-off, if it has one, once an enqueue has taken it:
 /// its outcome, or `None` when the enqueue failed (the claim re-checks the
 /// store).
@@ -635,6 +684,11 @@ fn logged_event(row: crate::store::EventRow) -> LoggedEvent {
             "permission",
             serde_json::json!({"request_id": request_id, "state": row.state}),
         ),
+        ("agent", ..) => (
+            "agent",
+            serde_json::json!({"state": row.state, "since": rfc3339(row.at)}),
+        ),
+        ("notification", ..) => ("notification", serde_json::json!({"state": row.state})),
         _ => ("session", serde_json::json!({"state": row.state})),
     };
     LoggedEvent {

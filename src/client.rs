@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use crate::error::ErrorBody;
 use crate::model::{
     AnswerPermission, Behavior, CreatePermissionRequest, ListPermissions, PermissionList,
-    PermissionRequest, WaitPermission,
+    PermissionRequest, ReportAgentState, WaitPermission, WithdrawPermission,
 };
 use crate::model::{
     BindPreview, BindRequest, ClaimAnswer, ClaimRequest, CompleteRequest, EnqueueRequest, Enqueued,
@@ -85,6 +85,20 @@ impl Client {
                 .expect("a plain HTTP client builds"),
             base: base.into().trim_end_matches('/').to_owned(),
             token,
+        }
+    }
+
+    /// The same client with every request bounded by `timeout` (a call that
+    /// passes its own timeout, a parked claim's, keeps that one).
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .pool_idle_timeout(Duration::from_secs(30))
+                .connect_timeout(timeout)
+                .timeout(timeout)
+                .build()
+                .expect("a plain HTTP client builds"),
+            ..self
         }
     }
 
@@ -391,6 +405,27 @@ impl Client {
         let path = permission_path(session_id, request_id, "/answer");
         let body = AnswerPermission { behavior };
         self.call(Method::POST, &path, Some(&body), None).await
+    }
+
+    /// Withdraws the host's unanswered request.
+    pub async fn withdraw_permission(
+        &self,
+        session_id: &str,
+        request_id: &str,
+        host: &WithdrawPermission,
+    ) -> Result<TypedReply<PermissionRequest>, ClientError> {
+        let path = permission_path(session_id, request_id, "/withdraw");
+        self.call(Method::POST, &path, Some(host), None).await
+    }
+
+    /// Reports the host's agent state (presence).
+    pub async fn report_agent(
+        &self,
+        session_id: &str,
+        report: &ReportAgentState,
+    ) -> Result<TypedReply<Session>, ClientError> {
+        let path = session_path(session_id, "/agent-state");
+        self.call(Method::POST, &path, Some(report), None).await
     }
 
     /// Waits for the answer, with an HTTP timeout above the wait.

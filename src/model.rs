@@ -87,6 +87,98 @@ pub struct SessionEventData {
     pub state: SessionState,
 }
 
+/// The data of an `event: agent` on the session event stream: the session's
+/// agent presence changed (`working`, `waiting` or `away`), since when.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"state": "working", "since": "2026-11-30T10:00:05.000Z"}))]
+pub struct AgentEventData {
+    pub state: AgentState,
+    pub since: String,
+}
+
+/// The data of an `event: notification` on the session event stream: the
+/// agent waits for someone at its terminal (`idle_prompt`, `permission_prompt`).
+/// The notification's own text is not stored.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"state": "idle_prompt"}))]
+pub struct NotificationEventData {
+    pub state: String,
+}
+
+/// Whether a session's agent is there: `working` while it runs a turn,
+/// `waiting` while it is idle and attached (a parked claim, or between turns),
+/// `away` after its session ended or when no host was heard from for 10 minutes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
+pub enum AgentState {
+    Working,
+    Waiting,
+    Away,
+}
+
+impl AgentState {
+    /// The wire name, as the event log stores it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentState::Working => "working",
+            AgentState::Waiting => "waiting",
+            AgentState::Away => "away",
+        }
+    }
+}
+
+/// A session's agent presence, as the projection shows it (content-free).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+pub struct AgentPresence {
+    pub state: AgentState,
+    /// Since when (RFC 3339): the report that changed it, or, for `away`
+    /// after silence, 10 minutes after the host was last heard from.
+    pub since: String,
+}
+
+/// `POST /v1/sessions/{session_id}/agent-state`, by the host: what its agent is doing.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"host_surface": "claude-code", "host_session_id": "host-abc", "state": "waiting"}))]
+pub struct ReportAgentState {
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub host_surface: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub host_session_id: String,
+    pub state: AgentState,
+}
+
+/// `POST .../permission-requests/{request_id}/withdraw`, by the host: nobody
+/// answered in time, the agent asks at its terminal instead.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"host_surface": "claude-code", "host_session_id": "host-abc"}))]
+pub struct WithdrawPermission {
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub host_surface: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub host_session_id: String,
+}
+
 /// Why a turn was cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
@@ -200,7 +292,7 @@ impl Capabilities {
 
 /// The content-free session projection: these are all its fields.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
-#[schema(example = json!({"session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "goal_id": "g-1", "agent_id": "agent-7", "executor_endpoint_id": "exec-laptop", "host_surface": "codex-cli", "capabilities": {"session_queue": true, "bounded_claim_wait": true, "reply_readback": true, "live_steering": false}, "state": "open", "created_at": "2026-11-30T10:00:00.000Z", "closed_at": null}))]
+#[schema(example = json!({"session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "goal_id": "g-1", "agent_id": "agent-7", "executor_endpoint_id": "exec-laptop", "host_surface": "codex-cli", "capabilities": {"session_queue": true, "bounded_claim_wait": true, "reply_readback": true, "live_steering": false}, "state": "open", "created_at": "2026-11-30T10:00:00.000Z", "closed_at": null, "agent": {"state": "waiting", "since": "2026-11-30T10:00:02.000Z"}}))]
 pub struct Session {
     pub session_id: String,
     pub goal_id: String,
@@ -213,6 +305,8 @@ pub struct Session {
     /// Null while the session is open.
     #[schema(required = true)]
     pub closed_at: Option<String>,
+    /// Whether the session's agent is there.
+    pub agent: AgentPresence,
 }
 
 /// A dry-run bind's preview: the existing session, or what a bind would

@@ -55,6 +55,7 @@ one, and its `data:`, JSON of the schema its `contentSchema` names.",
         http::sessions::read,
         http::sessions::enqueue,
         http::sessions::close,
+        http::sessions::agent_state,
         http::claims::claim,
         http::claims::release,
         http::events::events,
@@ -63,6 +64,7 @@ one, and its `data:`, JSON of the schema its `contentSchema` names.",
         http::permissions::read,
         http::permissions::answer,
         http::permissions::wait,
+        http::permissions::withdraw,
         http::lark_links::link,
         http::lark_links::status,
         http::lark_links::unlink,
@@ -72,7 +74,7 @@ one, and its `data:`, JSON of the schema its `contentSchema` names.",
         http::turns::read,
         http::turns::list,
     ),
-    components(schemas(http::sessions::BindOrPreview, ErrorBody, ErrorDetail, ErrorCode, Origin, Ingress, SessionState, TurnState, CancelReason, PermissionState, Behavior, AnsweredVia, TurnChange, TurnEventData, SessionEventData, PermissionEventData)),
+    components(schemas(http::sessions::BindOrPreview, ErrorBody, ErrorDetail, ErrorCode, Origin, Ingress, SessionState, TurnState, CancelReason, PermissionState, Behavior, AnsweredVia, TurnChange, TurnEventData, SessionEventData, PermissionEventData, AgentState, AgentEventData, NotificationEventData)),
     modifiers(&OwnerTokenAuth, &SharedAnswers),
     security(("owner_token" = [])),
     tags(
@@ -424,6 +426,16 @@ impl PartialSchema for SessionEventStream {
                     true,
                     "A permission request was made, answered or expired.",
                 ),
+                sse_event::<AgentEventData>(
+                    "agent",
+                    true,
+                    "The session's agent presence changed (working, waiting, away).",
+                ),
+                sse_event::<NotificationEventData>(
+                    "notification",
+                    true,
+                    "The agent waits for someone at its terminal (its text is not stored).",
+                ),
                 sse_event::<SessionEventData>(
                     "session",
                     true,
@@ -438,6 +450,8 @@ impl ToSchema for SessionEventStream {
     fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
         register::<TurnEventData>(schemas);
         register::<PermissionEventData>(schemas);
+        register::<AgentEventData>(schemas);
+        register::<NotificationEventData>(schemas);
         register::<SessionEventData>(schemas);
     }
 }

@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Answer, Broker, MAX_TEXT_BYTES};
-use crate::decide::permission::{Decision, answered_state};
+use super::{Answer, Broker, MAX_TEXT_BYTES, checked_host};
+use crate::decide::permission::{Decision, WITHDRAWN, answered_state};
 use crate::error::{Error, Result};
 use crate::ids::check;
 use crate::model::{
     AnsweredVia, Behavior, CreatePermissionRequest, ListPermissions, PermissionList,
-    PermissionRequest, WaitPermission, wire,
+    PermissionRequest, WaitPermission, WithdrawPermission, wire,
 };
 use crate::permission;
 use crate::store::HostIdentity;
@@ -68,6 +68,22 @@ impl Broker {
             .await?;
         let outcome = wire(&answered_state(behavior));
         Ok(self.decided(session_id, decision, &outcome))
+    }
+
+    /// The host withdraws its unanswered request (it becomes `expired`).
+    pub async fn withdraw_permission(
+        &self,
+        session_id: &str,
+        request_id: &str,
+        host: WithdrawPermission,
+    ) -> Result<Answer<PermissionRequest>> {
+        check("request_id", request_id)?;
+        let host = checked_host(host.host_surface, host.host_session_id)?;
+        let decision = self
+            .store
+            .withdraw_permission(session_id.to_owned(), request_id.to_owned(), host)
+            .await?;
+        Ok(self.decided(session_id, decision, WITHDRAWN.as_str()))
     }
 
     /// Counts and announces a written decision; a replay changes nothing.
@@ -128,12 +144,7 @@ impl Broker {
         wait: WaitPermission,
     ) -> Result<PermissionRequest> {
         check("request_id", request_id)?;
-        check("host_surface", &wait.host_surface)?;
-        check("host_session_id", &wait.host_session_id)?;
-        let host = HostIdentity {
-            host_surface: wait.host_surface,
-            host_session_id: wait.host_session_id,
-        };
+        let host = checked_host(wait.host_surface, wait.host_session_id)?;
         let seconds = wait.wait_seconds.min(self.max_wait_seconds);
         let deadline = Instant::now() + Duration::from_secs(seconds);
         let subscription = self.changes.subscribe(session_id);

@@ -13,6 +13,7 @@ use crate::serve::{self, ServeArgs};
 pub mod chat;
 pub mod common;
 pub mod health;
+pub mod hook;
 pub mod lark;
 pub mod mcp;
 pub mod worker_bridge;
@@ -66,6 +67,15 @@ pub enum Command {
     ///
     /// Example: loopx mcp --session-id ses_01JD... --host-surface claude-code
     Mcp(mcp::McpArgs),
+    /// Attach Claude Code or Codex through their hooks: people's messages
+    /// reach the agent at the end of each of its turns (Stop), its tool
+    /// approvals are asked on the Web page and in Lark (PermissionRequest),
+    /// and the session shows whether the agent is there. Reads the agent's
+    /// JSON on stdin; never fails the agent (exit 0, one line on stderr).
+    /// `install` writes the entries into the agent's settings.
+    ///
+    /// Example: loopx hook install --agent claude-code --session-id ses_01JD...
+    Hook(hook::HookArgs),
     /// Check that a broker is up and its store answers (no token needed);
     /// exit 0 when healthy, 1 when not, 3 when nothing answers.
     ///
@@ -98,6 +108,7 @@ pub fn main() -> ExitCode {
         Command::Chat(args) => chat::run(args),
         Command::Lark(args) => lark::run(args),
         Command::Mcp(args) => mcp::run(args),
+        Command::Hook(args) => hook::run(args),
         Command::Health(args) => health::run(args),
     }
 }

@@ -11,6 +11,7 @@
 
 pub mod lark;
 pub mod permission;
+pub mod presence;
 pub mod session;
 pub mod turn;
 
@@ -55,7 +56,7 @@ pub enum Change<T> {
 pub struct NewEvent {
     pub session_id: String,
     pub event_no: i64,
-    /// `turn`, `session` or `permission`.
+    /// `turn`, `session`, `permission`, `agent` or `notification`.
     pub kind: &'static str,
     pub turn_id: Option<String>,
     pub seq: Option<i64>,
@@ -158,6 +159,10 @@ pub enum Subject<'a> {
     Session,
     /// A permission request: its id.
     Permission(&'a str),
+    /// The session's agent presence.
+    Agent,
+    /// The agent's notification (waiting at its terminal).
+    Notification,
 }
 
 impl<'a> Subject<'a> {
@@ -167,6 +172,8 @@ impl<'a> Subject<'a> {
             Subject::Turn(..) => "turn",
             Subject::Session => "session",
             Subject::Permission(_) => "permission",
+            Subject::Agent => "agent",
+            Subject::Notification => "notification",
         }
     }
 
@@ -174,7 +181,7 @@ impl<'a> Subject<'a> {
     pub fn columns(self) -> (Option<&'a str>, Option<i64>, Option<&'a str>) {
         match self {
             Subject::Turn(turn_id, seq) => (Some(turn_id), Some(seq), None),
-            Subject::Session => (None, None, None),
+            Subject::Session | Subject::Agent | Subject::Notification => (None, None, None),
             Subject::Permission(request_id) => (None, None, Some(request_id)),
         }
     }
@@ -284,6 +291,9 @@ pub(crate) mod tests {
             active_claim_id: None,
             next_seq: 4,
             next_event_no: 9,
+            agent_state: crate::model::AgentState::Away,
+            agent_since: None,
+            agent_heard_at: None,
         }
     }
 

@@ -117,6 +117,38 @@ pub fn create(
     })
 }
 
+/// A pending request settled (answered, or withdrawn without `via`): the
+/// request updated and its event logged.
+fn settle(
+    mut session: SessionRow,
+    row: PermissionRow,
+    state: PermissionState,
+    via: Option<AnsweredVia>,
+    now: i64,
+) -> Decided<Decision> {
+    let row = PermissionRow {
+        state,
+        answered_at: Some(now),
+        answered_via: via,
+        ..row
+    };
+    let event = log(
+        &mut session,
+        Subject::Permission(&row.request_id),
+        state.as_str(),
+        now,
+    );
+    Decided {
+        writes: Writes {
+            permission: Some(Change::Update(row.clone())),
+            session: Some(session),
+            event: Some(event),
+            ..Writes::default()
+        },
+        answer: Decision::Write(row),
+    }
+}
+
 /// The state an answer gives a request.
 pub fn answered_state(behavior: Behavior) -> PermissionState {
     match behavior {
@@ -135,35 +167,13 @@ pub fn answer(
     via: AnsweredVia,
     now: i64,
 ) -> Result<Decided<Decision>> {
-    let mut session = existing(rows.session)?;
+    let session = existing(rows.session)?;
     let row = rows
         .existing
         .ok_or_else(|| Error::not_found("permission request"))?;
     let wanted = answered_state(behavior);
     match row.state {
-        PermissionState::Pending => {
-            let row = PermissionRow {
-                state: wanted,
-                answered_at: Some(now),
-                answered_via: Some(via),
-                ..row
-            };
-            let event = log(
-                &mut session,
-                Subject::Permission(&row.request_id),
-                wanted.as_str(),
-                now,
-            );
-            Ok(Decided {
-                writes: Writes {
-                    permission: Some(Change::Update(row.clone())),
-                    session: Some(session),
-                    event: Some(event),
-                    ..Writes::default()
-                },
-                answer: Decision::Write(row),
-            })
-        }
+        PermissionState::Pending => Ok(settle(session, row, wanted, Some(via), now)),
         state if state == wanted => Ok(Decided::nothing(Decision::Replayed(row))),
         state => Err(Error::permission_already_answered(state)),
     }
@@ -171,6 +181,31 @@ pub fn answer(
 
 /// What a session's close does to its pending requests.
 pub const EXPIRED_ON_CLOSE: PermissionState = PermissionState::Expired;
+
+/// What a host's withdrawal makes of a pending request: nobody answered in
+/// time, the agent asks at its terminal, no card stays open.
+pub const WITHDRAWN: PermissionState = PermissionState::Expired;
+
+/// The host withdraws its request, in this order: unknown session or request
+/// 404; another host 403 `host_mismatch`; a pending request becomes
+/// [`WITHDRAWN`] (its event logged); an expired one again is a replay; an
+/// answered one is 409 `permission_already_answered` with its state (the
+/// host then uses that answer after all). Also on a closed session, whose
+/// requests are all expired already.
+pub fn withdraw(rows: AnswerRows, host: &HostIdentity, now: i64) -> Result<Decided<Decision>> {
+    let session = existing(rows.session)?;
+    let row = rows
+        .existing
+        .ok_or_else(|| Error::not_found("permission request"))?;
+    if !session.is_bound_to(host) {
+        return Err(Error::host_mismatch());
+    }
+    match row.state {
+        PermissionState::Pending => Ok(settle(session, row, WITHDRAWN, None, now)),
+        PermissionState::Expired => Ok(Decided::nothing(Decision::Replayed(row))),
+        state => Err(Error::permission_already_answered(state)),
+    }
+}
 
 #[cfg(test)]
 pub(crate) mod tests {
@@ -269,6 +304,36 @@ pub(crate) mod tests {
             ("oc_1", "abcde")
         );
         assert!(message.text.contains("\"yes abcde\""), "{}", message.text);
+    }
+
+    #[test]
+    fn a_withdrawal_expires_a_pending_request_once_and_never_an_answer() {
+        let rows = |existing: Option<PermissionRow>| AnswerRows {
+            session: Some(session(SessionState::Open)),
+            existing,
+        };
+        assert_eq!(
+            code(withdraw(rows(None), &host("h"), 7)),
+            ErrorCode::NotFound
+        );
+        let wrong = withdraw(rows(Some(created())), &host("x"), 7);
+        assert_eq!(code(wrong), ErrorCode::HostMismatch);
+        let first = withdraw(rows(Some(created())), &host("h"), 7).unwrap();
+        let Decision::Write(expired) = first.answer else {
+            panic!("a first withdrawal writes")
+        };
+        assert_eq!((expired.state, expired.answered_at), (WITHDRAWN, Some(7)));
+        let event = first.writes.event.expect("an event");
+        assert_eq!((event.kind, event.state), ("permission", "expired"));
+        let again = withdraw(rows(Some(expired.clone())), &host("h"), 8).unwrap();
+        assert!(matches!(again.answer, Decision::Replayed(ref r) if *r == expired));
+        assert!(again.writes.event.is_none());
+        let allowed = PermissionRow {
+            state: PermissionState::Allowed,
+            ..created()
+        };
+        let late = withdraw(rows(Some(allowed)), &host("h"), 8);
+        assert_eq!(code(late), ErrorCode::PermissionAlreadyAnswered);
     }
 
     fn answered(existing: Option<PermissionRow>, behavior: Behavior) -> Result<Decided<Decision>> {

@@ -5,7 +5,9 @@
 use super::{ClaimRow, NewEvent, Subject, existing, log, no_active_claim};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
-use crate::model::{BindRequest, CancelReason, PermissionState, SessionState, TurnState};
+use crate::model::{
+    AgentState, BindRequest, CancelReason, PermissionState, SessionState, TurnState,
+};
 use crate::store::{Bound, Closed, SessionRow};
 
 /// What a bind decision reads.
@@ -56,6 +58,9 @@ pub fn bind(rows: BindRows, bind: BindRequest, minter: &Minter, now: i64) -> Res
         active_claim_id: None,
         next_seq: 1,
         next_event_no: 1,
+        agent_state: AgentState::Away,
+        agent_since: None,
+        agent_heard_at: None,
     }))
 }
 

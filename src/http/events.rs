@@ -22,7 +22,11 @@ pub fn router() -> axum::Router<AppState> {
 /// Every change to the session, in order, from a durable log written in the
 /// same transaction as the change: `event: turn` with data `{"turn_id", "seq",
 /// "state"}` (state `queued`, `claimed`, `completed`, `released` or
-/// `cancelled`) and `event: session` with `{"state": "closed"}`. Each event
+/// `cancelled`), `event: permission` with `{"request_id", "state"}`, `event:
+/// agent` with `{"state", "since"}` when the agent's presence changes
+/// (`working`, `waiting`, `away`), `event: notification` with `{"state"}`
+/// when the agent waits at its terminal (`idle_prompt`, `permission_prompt`),
+/// and `event: session` with `{"state": "closed"}`. Each event
 /// carries `id:`, the per-session event number 1, 2, 3, …; reconnecting with
 /// `Last-Event-ID: n` replays exactly the events after n, nothing twice, also
 /// across a broker restart. Without `Last-Event-ID` the stream starts from now;

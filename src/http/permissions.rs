@@ -12,7 +12,7 @@ use super::{AppJson, AppPath, AppQuery, AppState, replayed_header};
 use crate::error::{ErrorBody, Result};
 use crate::model::{
     AnswerPermission, AnsweredVia, CreatePermissionRequest, ListPermissions, PermissionList,
-    PermissionRequest, WaitPermission,
+    PermissionRequest, WaitPermission, WithdrawPermission,
 };
 
 pub fn router() -> axum::Router<AppState> {
@@ -33,6 +33,48 @@ pub fn router() -> axum::Router<AppState> {
             "/v1/sessions/{session_id}/permission-requests/{request_id}/wait",
             post(wait),
         )
+        .route(
+            "/v1/sessions/{session_id}/permission-requests/{request_id}/withdraw",
+            post(withdraw),
+        )
+}
+
+/// Withdraw an unanswered request (by the host).
+///
+/// Nobody answered in time: the agent asks at its terminal instead, so no
+/// card stays open. A pending request becomes `expired` (announced as
+/// `event: permission`); 200 with the request. Again: 200 with
+/// `Idempotent-Replayed: true` (also for a request its session's close
+/// expired). Order of checks: 404 (session, then request), 403
+/// `host_mismatch`, then 409 `permission_already_answered` with the request's
+/// `state` inside `error` when it was answered first (the host uses that
+/// answer after all).
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/permission-requests/{request_id}/withdraw", operation_id = "withdrawPermissionRequest", tag = "permissions",
+    params(
+        ("session_id" = String, Path, description = "The session id."),
+        ("request_id" = String, Path, description = "The request id."),
+    ),
+    request_body = WithdrawPermission,
+    responses(
+        (status = 200, description = "The request, expired (`Idempotent-Replayed: true` when it already was).", body = PermissionRequest),
+        (status = 400, description = "`invalid_request`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`host_mismatch`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+        (status = 409, description = "`permission_already_answered`, with `state`.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+    ))]
+pub async fn withdraw(
+    State(state): State<AppState>,
+    AppPath((session_id, request_id)): AppPath<(String, String)>,
+    AppJson(host): AppJson<WithdrawPermission>,
+) -> Result<Response> {
+    let answer = state
+        .broker
+        .withdraw_permission(&session_id, &request_id, host)
+        .await?;
+    Ok((replayed_header(answer.replayed), Json(answer.body)).into_response())
 }
 
 /// Record a permission request (by the host).

@@ -10,8 +10,8 @@ use super::{AppJson, AppPath, AppQuery, AppState, NoInput, replayed_header};
 use crate::broker::BindAnswer;
 use crate::error::{ErrorBody, Result};
 use crate::model::{
-    BindPreview, BindRequest, CloseRequest, EnqueueRequest, Enqueued, ListSessions, Session,
-    SessionList,
+    BindPreview, BindRequest, CloseRequest, EnqueueRequest, Enqueued, ListSessions,
+    ReportAgentState, Session, SessionList,
 };
 
 pub fn router() -> axum::Router<AppState> {
@@ -20,6 +20,38 @@ pub fn router() -> axum::Router<AppState> {
         .route("/v1/sessions/{session_id}", get(read))
         .route("/v1/sessions/{session_id}/messages", post(enqueue))
         .route("/v1/sessions/{session_id}/close", post(close))
+        .route("/v1/sessions/{session_id}/agent-state", post(agent_state))
+}
+
+/// Report the agent's state (by the host).
+///
+/// Presence: `working` while the agent runs a turn, `waiting` while it is
+/// idle and attached, `away` when its session ended. The projection's `agent`
+/// shows the last report and since when (`away` once no host has been heard
+/// from for 10 minutes: a claim parked by the host counts as heard from, a
+/// claim that takes a turn as `working`). Each change is announced on the
+/// event stream as `event: agent`; a report that changes nothing is not. 200
+/// with the session projection. Order of checks: 404, 403 `host_mismatch`,
+/// 409 `session_closed`. Time alone never releases a claimed turn.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/agent-state", operation_id = "reportAgentState", tag = "sessions",
+    params(("session_id" = String, Path, description = "The session id.")),
+    request_body = ReportAgentState,
+    responses(
+        (status = 200, description = "The session, its `agent` as reported.", body = Session),
+        (status = 400, description = "`invalid_request`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`host_mismatch`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+        (status = 409, description = "`session_closed`.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+    ))]
+pub async fn agent_state(
+    State(state): State<AppState>,
+    AppPath(session_id): AppPath<String>,
+    AppJson(report): AppJson<ReportAgentState>,
+) -> Result<Json<Session>> {
+    Ok(Json(state.broker.report_agent(&session_id, report).await?))
 }
 
 /// Bind an attached session.

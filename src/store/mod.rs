@@ -29,7 +29,9 @@ mod sync_sql;
 use async_trait::async_trait;
 
 pub use crate::decide::permission::Decision;
+pub use crate::decide::presence::Reported;
 use crate::error::Result;
+use crate::model::{AgentPresence, AgentState};
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
 use crate::model::{
     BindRequest, CancelReason, Capabilities, ClaimedTurn, CompleteRequest, EnqueueRequest,
@@ -59,11 +61,18 @@ pub struct SessionRow {
     /// the locked row numbers what it appends from them.
     pub next_seq: i64,
     pub next_event_no: i64,
+    /// Presence, as last reported ([`crate::decide::presence`]): the state,
+    /// since when (None: since the session's creation), and when a host was
+    /// last heard from (None: never).
+    pub agent_state: AgentState,
+    pub agent_since: Option<i64>,
+    pub agent_heard_at: Option<i64>,
 }
 
 impl SessionRow {
-    /// The content-free projection.
+    /// The content-free projection, its presence as shown now.
     pub fn projection(&self) -> Session {
+        let (state, since) = crate::decide::presence::shown(self, crate::time::now_ms());
         Session {
             session_id: self.session_id.clone(),
             goal_id: self.goal_id.clone(),
@@ -74,6 +83,10 @@ impl SessionRow {
             state: self.state,
             created_at: rfc3339(self.created_at),
             closed_at: self.closed_at.map(rfc3339),
+            agent: AgentPresence {
+                state,
+                since: rfc3339(since),
+            },
         }
     }
 
@@ -177,6 +190,8 @@ pub struct EventRow {
     pub seq: Option<i64>,
     pub request_id: Option<String>,
     pub state: String,
+    /// When it was logged.
+    pub at: i64,
 }
 
 /// How a page of a session's turns is read: forward (after `after_seq`,
@@ -503,6 +518,21 @@ pub trait Store: Send + Sync + 'static {
         behavior: Behavior,
         via: AnsweredVia,
     ) -> Result<Decision>;
+    /// The host withdraws its request ([`crate::decide::permission::withdraw`]).
+    async fn withdraw_permission(
+        &self,
+        session_id: String,
+        request_id: String,
+        host: HostIdentity,
+    ) -> Result<Decision>;
+    /// The host reports its agent's state, or (None) was heard from by a
+    /// parked claim ([`crate::decide::presence::report`]).
+    async fn report_agent(
+        &self,
+        session_id: String,
+        host: HostIdentity,
+        state: Option<AgentState>,
+    ) -> Result<Reported>;
     /// One request; 404 for an unknown session or request.
     async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow>;
     /// The session's requests (in `state`, if given): pending first, then

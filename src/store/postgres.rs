@@ -106,12 +106,13 @@ mod rows;
 use super::retention::PruneStep;
 use super::{
     Bound, ChangeHook, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent,
-    LarkIngest, Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, TurnRow,
+    LarkIngest, Outbound, PermissionRow, ReplyJob, ReplyUpdate, Reported, SessionRow, Store,
+    TurnRow,
 };
 use crate::decide;
 use crate::error::{Error, Result};
 use crate::ids::Minter;
-use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
+use crate::model::{AgentState, AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
 use crate::model::{
     BindRequest, CompleteRequest, EnqueueRequest, LarkLink, ListSessions, ListTurns, Receipt,
     RegisterAgentThread, Released,
@@ -322,6 +323,36 @@ impl Store for PgStore {
         Ok(decision)
     }
 
+    async fn withdraw_permission(
+        &self,
+        session_id: String,
+        request_id: String,
+        host: HostIdentity,
+    ) -> Result<Decision> {
+        let decision = transaction!(self, "withdrawing a permission request", |conn| {
+            permissions::withdraw(conn, &session_id, &request_id, &host)
+        })?;
+        if let Decision::Write(_) = decision {
+            self.announcer.changed(&session_id);
+        }
+        Ok(decision)
+    }
+
+    async fn report_agent(
+        &self,
+        session_id: String,
+        host: HostIdentity,
+        state: Option<AgentState>,
+    ) -> Result<Reported> {
+        let reported = transaction!(self, "recording the agent's state", |conn| {
+            decisions::report_agent(conn, &session_id, &host, state)
+        })?;
+        if reported.changed {
+            self.announcer.changed(&session_id);
+        }
+        Ok(reported)
+    }
+
     async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow> {
         let session = load_session(&self.pool, session_id).await?;
         let request = load_permission(&self.pool, session_id, request_id).await?;
@@ -447,7 +478,7 @@ impl Store for PgStore {
             return Ok(Vec::new());
         }
         Ok(sqlx::query_as(
-            "select event_no, kind, turn_id, seq, request_id, state from session_events
+            "select event_no, kind, turn_id, seq, request_id, state, at from session_events
              where session_id = $1 and event_no > $2 order by event_no limit $3",
         )
         .bind(session_id)

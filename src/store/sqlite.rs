@@ -22,17 +22,17 @@ mod writer;
 
 use super::retention::{self, PruneStep};
 use super::sync_sql as sql;
-use decisions::{bind, bind_rows, claim, close, complete, enqueue, release};
+use decisions::{bind, bind_rows, claim, close, complete, enqueue, release, report_agent};
 use writer::{Writer, nested};
 
 use super::{
     Bound, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent, LarkIngest,
-    Outbound, PermissionRow, ReplyJob, ReplyUpdate, SessionRow, Store, TurnPage, TurnRow,
+    Outbound, PermissionRow, ReplyJob, ReplyUpdate, Reported, SessionRow, Store, TurnPage, TurnRow,
 };
 use crate::decide;
 use crate::error::{Error, Result};
 use crate::ids::Minter;
-use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
+use crate::model::{AgentState, AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
 use crate::model::{
     BindRequest, CompleteRequest, EnqueueRequest, LarkLink, ListSessions, ListTurns, Receipt,
     RegisterAgentThread, Released,
@@ -191,7 +191,7 @@ macro_rules! session_columns {
     () => {
         "session_id, goal_id, agent_id, host_surface, host_session_id, \
          executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id, \
-         next_seq, next_event_no"
+         next_seq, next_event_no, agent_state, agent_since, agent_heard_at"
     };
 }
 const SESSION_COLUMNS: &str = session_columns!();
@@ -415,6 +415,28 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn withdraw_permission(
+        &self,
+        session_id: String,
+        request_id: String,
+        host: HostIdentity,
+    ) -> Result<Decision> {
+        self.write(move |conn| {
+            permissions::withdraw(conn, session_id.clone(), request_id.clone(), host.clone())
+        })
+        .await
+    }
+
+    async fn report_agent(
+        &self,
+        session_id: String,
+        host: HostIdentity,
+        state: Option<AgentState>,
+    ) -> Result<Reported> {
+        self.write(move |conn| report_agent(conn, session_id.clone(), host.clone(), state))
+            .await
+    }
+
     async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow> {
         let session = read_session(&self.reads, session_id).await?;
         let request = sqlx::query_as(SELECT_PERMISSION)
@@ -531,7 +553,7 @@ impl Store for SqliteStore {
 
     async fn events(&self, session_id: &str, after: i64, limit: u32) -> Result<Vec<EventRow>> {
         Ok(sqlx::query_as(
-            "select event_no, kind, turn_id, seq, request_id, state from session_events
+            "select event_no, kind, turn_id, seq, request_id, state, at from session_events
              where session_id = ? and event_no > ? order by event_no limit ?",
         )
         .bind(session_id)

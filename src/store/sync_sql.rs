@@ -13,7 +13,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params_from_iter};
 use crate::decide::{ClaimRow, ClaimState};
 use crate::error::Result;
 use crate::model::{
-    AnsweredVia, CancelReason, Origin, PermissionState, ReplyState, SessionState, TurnState,
+    AgentState, AnsweredVia, CancelReason, Origin, PermissionState, ReplyState, SessionState,
+    TurnState,
 };
 use crate::permission::PermissionRow;
 use crate::store::{SessionRow, TurnRow};
@@ -84,7 +85,8 @@ text_enum!(
     ReplyState,
     PermissionState,
     AnsweredVia,
-    ClaimState
+    ClaimState,
+    AgentState
 );
 
 /// A row type the writer reads.
@@ -114,6 +116,9 @@ impl FromRow for SessionRow {
             active_claim_id: r.get(10)?,
             next_seq: r.get(11)?,
             next_event_no: r.get(12)?,
+            agent_state: r.get(13)?,
+            agent_since: r.get(14)?,
+            agent_heard_at: r.get(15)?,
         })
     }
 }

@@ -8,7 +8,7 @@ import { openEventStream } from './sse.js';
 import { plainText } from './markdown.js';
 import { attention } from './attention.js';
 import { PermissionCards } from './permissions.js';
-import { capabilityList, duration, el, msSince, sessionFacts, sessionItem, stateBadge, turnItem } from './view.js';
+import { agentBadge, capabilityList, duration, el, msSince, sessionFacts, sessionItem, stateBadge, turnItem } from './view.js';
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -310,6 +310,8 @@ function applySession(c, session) {
   ui.chatState.replaceChildren(
     stateBadge(session.state),
     ' ',
+    agentBadge(session.agent),
+    ' ',
     session.state === 'open' ? 'Messages go to the agent in order.' : 'Read-only.',
   );
   ui.facts.replaceChildren(
@@ -567,6 +569,13 @@ function connectStream(c) {
         refreshTurn(c, data.turn_id);
       } else if (event.event === 'permission' && data && typeof data.request_id === 'string') {
         c.permissions.changed(data.request_id).catch(() => {});
+      } else if (event.event === 'agent') {
+        api
+          .getSession(c.id)
+          .then((session) => {
+            if (!c.disposed) applySession(c, session);
+          })
+          .catch(() => {});
       } else if (event.event === 'session') {
         if (data?.state === 'closed') {
           // The broker ends the stream after `closed`: nothing more will come.

@@ -59,6 +59,26 @@ export function stateBadge(state) {
   return el('span', { class: `badge badge-${state}` }, state);
 }
 
+const AGENT_WORDS = {
+  working: 'agent working',
+  waiting: 'agent waiting',
+  away: 'agent away',
+};
+
+/** Whether the session's agent is there (presence), with since when. */
+export function agentBadge(agent) {
+  if (!agent || !AGENT_WORDS[agent.state]) return el('span', { class: 'badge badge-agent-away' }, 'agent unknown');
+  return el(
+    'span',
+    {
+      class: `badge agent-badge badge-agent-${agent.state}`,
+      dataset: { agentState: agent.state },
+      title: `since ${agent.since}`,
+    },
+    AGENT_WORDS[agent.state],
+  );
+}
+
 /** One entry of the session list: a link that opens the chat. */
 export function sessionItem(session, current) {
   const link = el(
@@ -82,7 +102,15 @@ export function sessionItem(session, current) {
       `${session.host_surface} · executor ${session.executor_endpoint_id}`,
     ),
     el('span', { class: 'session-id muted', text: session.session_id }),
-    el('span', { class: 'session-meta' }, stateBadge(session.state), ' ', time(session.created_at)),
+    el(
+      'span',
+      { class: 'session-meta' },
+      stateBadge(session.state),
+      ' ',
+      agentBadge(session.agent),
+      ' ',
+      time(session.created_at),
+    ),
     capabilityList(session.capabilities, { compact: true }),
   );
   return el('li', { class: 'session-item' }, link);
@@ -94,6 +122,7 @@ export function sessionFacts(session) {
     ['Session', session.session_id],
     ['Host', `${session.host_surface}, executor ${session.executor_endpoint_id}`],
     ['Opened', time(session.created_at)],
+    ['Agent', agentBadge(session.agent)],
   ];
   if (session.closed_at) rows.push(['Closed', time(session.closed_at)]);
   return rows.flatMap(([term, value]) => [el('dt', { text: term }), el('dd', {}, value)]);

@@ -2,7 +2,8 @@
 // real broker: a request the host records appears as a card without a
 // reload, its preview shown as text (never HTML); Allow answers it and the
 // card shows "allowed"; an answer given elsewhere (the API, as Lark would)
-// updates a card live; a reload shows the same cards; axe-core.
+// updates a card live; the agent's presence shows beside the session and
+// changes live; a reload shows the same cards; axe-core.
 //
 //   node tests/browser/permissions.test.mjs
 //
@@ -91,6 +92,16 @@ describe('permission requests on the Web chat page', () => {
     await broker.ok('POST', `/v1/sessions/${session.session_id}/permission-requests/fghij/answer`, { behavior: 'deny' });
     await eventually('the card to show denied', async () => (await card('fghij').getAttribute('data-state')) === 'denied');
     assert.match(await card('fghij').locator('.permission-outcome').innerText(), /by the owner/);
+  });
+
+  step("the agent's presence shows beside the session and changes live", async () => {
+    const badge = page.locator('#chat-state .agent-badge');
+    assert.equal(await badge.getAttribute('data-agent-state'), 'away');
+    for (const state of ['waiting', 'working']) {
+      await broker.ok('POST', `/v1/sessions/${session.session_id}/agent-state`, { ...session.host, state });
+      await eventually(`the badge to show ${state}`, async () => (await badge.getAttribute('data-agent-state')) === state);
+    }
+    assert.equal(await badge.textContent(), 'agent working');
   });
 
   step('a reload shows the same cards', async () => {

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use eventsource_stream::{Event, Eventsource};
 use futures_util::{Stream, StreamExt};
-use loopx::model::{PermissionEventData, ReleaseRequest, SessionEventData, TurnEventData};
+use loopx::model::{
+    AgentEventData, PermissionEventData, ReleaseRequest, SessionEventData, TurnEventData,
+};
 use serde_json::{Value, json};
 
 use crate::support::*;
@@ -53,6 +55,7 @@ pub(crate) async fn take(events: &mut Events, n: usize) -> Vec<(i64, String, Val
             "turn" => drop(serde_json::from_str::<TurnEventData>(&event.data).unwrap()),
             "permission" => drop(serde_json::from_str::<PermissionEventData>(&event.data).unwrap()),
             "session" => drop(serde_json::from_str::<SessionEventData>(&event.data).unwrap()),
+            "agent" => drop(serde_json::from_str::<AgentEventData>(&event.data).unwrap()),
             other => panic!("an undocumented event: {other}"),
         }
         taken.push((

@@ -13,13 +13,13 @@ use crate::fake_lark::*;
 use crate::permissions::{created, request};
 use crate::support::*;
 
-const ANN: &str = "ou_84aad35d084aa403a838cf73ee18467";
+pub(crate) const ANN: &str = "ou_84aad35d084aa403a838cf73ee18467";
 const BOB: &str = "ou_7d8a6e6df7621556ce0d21922b676706";
 const WITHIN: Duration = Duration::from_secs(10);
 
 /// A fake Lark, a broker pointed at it, Lark's event sender, and a bound
 /// session linked to a fresh chat with these approvers.
-async fn linked(approvers: &[&str]) -> (FakeLark, TestBroker, LarkEvents, Host, String) {
+pub(crate) async fn linked(approvers: &[&str]) -> (FakeLark, TestBroker, LarkEvents, Host, String) {
     let fake = FakeLark::start().await;
     let broker = TestBroker::start_lark(fake.config(None)).await;
     let events = LarkEvents::new(&broker.url, None);
@@ -35,7 +35,7 @@ async fn linked(approvers: &[&str]) -> (FakeLark, TestBroker, LarkEvents, Host, 
 }
 
 /// A text message from `sender` in `chat`, with the bot @mentioned first.
-fn said(events: &LarkEvents, chat: &str, sender: &str, text: &str) -> Value {
+pub(crate) fn said(events: &LarkEvents, chat: &str, sender: &str, text: &str) -> Value {
     let content = json!({ "text": format!("@_user_1 {text}") }).to_string();
     let mut event = events.message(&unique("ev"), chat, &unique("om"), "text", &content);
     event["event"]["sender"]["sender_id"]["open_id"] = json!(sender);
@@ -48,7 +48,7 @@ fn said(events: &LarkEvents, chat: &str, sender: &str, text: &str) -> Value {
     event
 }
 
-async fn acked(events: &LarkEvents, event: &Value) {
+pub(crate) async fn acked(events: &LarkEvents, event: &Value) {
     let ack = events.post(event).await;
     assert_eq!(ack.status, 200, "{ack:?}");
     assert_eq!(ack.body, json!({}), "{ack:?}");

@@ -566,6 +566,8 @@ async fn projections_and_lists_never_carry_host_ids_or_message_text() {
             "state",
             "created_at",
             "closed_at",
+            // Presence: a state and a time, content-free (HOOKS.md).
+            "agent",
         ];
         let value: serde_json::Value = serde_json::from_str(&answer).unwrap();
         let sessions = match &value {

@@ -15,7 +15,7 @@ use rmcp::ServiceExt;
 use super::common::{Connection, local_error};
 use crate::model::BindRequest;
 
-mod host;
+pub(crate) mod host;
 mod permissions;
 mod server;
 

@@ -11,10 +11,11 @@ use super::Step;
 use super::apply::{INSERT_EVENT, UPDATE_SESSION, bind_event, bind_session, decided};
 use super::load::{claim_rows, close_rows, complete_rows, enqueue_rows, release_rows};
 use super::rows::{SESSION_COLUMNS, TURN_COLUMNS, session_row, text, turn_row};
+use crate::decide::presence::Reported;
 use crate::decide::session::{BindRows, Close};
 use crate::decide::{self, NewEvent};
 use crate::ids::Minter;
-use crate::model::{BindRequest, CompleteRequest, EnqueueRequest, Receipt, Released};
+use crate::model::{AgentState, BindRequest, CompleteRequest, EnqueueRequest, Receipt, Released};
 use crate::store::{Bound, ClaimOutcome, Closed, Enqueue, HostIdentity, SessionRow, TurnRow};
 use crate::time::now_ms;
 
@@ -224,4 +225,16 @@ pub(super) async fn close(conn: &mut PgConnection, session_id: &str) -> Step<Clo
         cancelled,
         expired,
     })
+}
+
+/// The host reports its agent's state, under the session's row lock.
+pub(super) async fn report_agent(
+    conn: &mut PgConnection,
+    session_id: &str,
+    host: &HostIdentity,
+    state: Option<AgentState>,
+) -> Step<Reported> {
+    let session = super::reads::lock_session(conn, session_id).await?;
+    let decision = decide::presence::report(session, host, state, now_ms())?;
+    decided(conn, decision).await
 }

@@ -96,6 +96,19 @@ pub(super) async fn answer(
     decided(conn, permission::answer(rows, behavior, via, now_ms())?).await
 }
 
+pub(super) async fn withdraw(
+    conn: &mut PgConnection,
+    session_id: &str,
+    request_id: &str,
+    host: &HostIdentity,
+) -> Step<Decision> {
+    let rows = AnswerRows {
+        session: lock_session(conn, session_id).await?,
+        existing: load_permission(&mut *conn, session_id, request_id).await?,
+    };
+    decided(conn, permission::withdraw(rows, host, now_ms())?).await
+}
+
 /// Writes a decision's permission request and its chat message, if any,
 /// under the session's row lock.
 pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<()> {

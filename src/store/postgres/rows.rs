@@ -133,6 +133,9 @@ pub(super) fn session_cols(c: Cols<'_>) -> sqlx::Result<SessionRow> {
         active_claim_id: c.get("active_claim_id")?,
         next_seq: c.get("next_seq")?,
         next_event_no: c.get("next_event_no")?,
+        agent_state: c.enumeration("agent_state")?,
+        agent_since: c.get("agent_since")?,
+        agent_heard_at: c.get("agent_heard_at")?,
     })
 }
 
@@ -207,7 +210,7 @@ pub(super) fn unstorable(id: &str) -> bool {
 
 pub(super) const SESSION_COLUMNS: &str = "session_id, goal_id, agent_id, host_surface, host_session_id, \
      executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id, \
-     next_seq, next_event_no";
+     next_seq, next_event_no, agent_state, agent_since, agent_heard_at";
 
 pub(super) const CLAIM_COLUMNS: &str =
     "claim_id, session_id, turn_id, attempt, state, claimed_at, released_at";

@@ -6,12 +6,15 @@
 use rusqlite::Connection;
 
 use super::{SESSION_COLUMNS, load_session, load_turn, sql};
+use crate::decide::presence::Reported;
 use crate::decide::session::{BindRows, Close, CloseRows};
 use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows};
 use crate::decide::{self, Change, ClaimRow, Decided, NewEvent, Writes};
 use crate::error::Result;
 use crate::ids::Minter;
-use crate::model::{BindRequest, CompleteRequest, EnqueueRequest, Receipt, Released, SessionState};
+use crate::model::{
+    AgentState, BindRequest, CompleteRequest, EnqueueRequest, Receipt, Released, SessionState,
+};
 use crate::store::{Bound, ClaimOutcome, Closed, Enqueue, HostIdentity, SessionRow, TurnRow};
 use crate::time::now_ms;
 
@@ -190,18 +193,22 @@ fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
     let open = s.state == SessionState::Open;
     let mut update = sql::query(if open {
         "update sessions set next_seq = ?1, next_event_no = ?2, queued_count = ?3,
-             active_claim_id = ?4
+             active_claim_id = ?4, agent_state = ?6, agent_since = ?7, agent_heard_at = ?8
          where session_id = ?5"
     } else {
         "update sessions set next_seq = ?1, next_event_no = ?2, queued_count = ?3,
-             active_claim_id = ?4, state = ?6, closed_at = ?7
+             active_claim_id = ?4, agent_state = ?6, agent_since = ?7, agent_heard_at = ?8,
+             state = ?9, closed_at = ?10
          where session_id = ?5"
     })
     .bind(s.next_seq)
     .bind(s.next_event_no)
     .bind(s.queued_count)
     .bind(&s.active_claim_id)
-    .bind(&s.session_id);
+    .bind(&s.session_id)
+    .bind(s.agent_state)
+    .bind(s.agent_since)
+    .bind(s.agent_heard_at);
     if !open {
         update = update.bind(s.state).bind(s.closed_at);
     }
@@ -332,6 +339,19 @@ pub(super) fn release(
         turn,
     };
     decided(conn, decide::turn::release(rows, &host, now_ms())?)
+}
+
+pub(super) fn report_agent(
+    conn: &Connection,
+    session_id: String,
+    host: HostIdentity,
+    state: Option<AgentState>,
+) -> Result<Reported> {
+    let session = load_session(conn, &session_id)?;
+    decided(
+        conn,
+        decide::presence::report(session, &host, state, now_ms())?,
+    )
 }
 
 fn close_rows(conn: &Connection, session_id: &str) -> Result<CloseRows> {

@@ -44,6 +44,19 @@ pub(super) fn answer(
     decided(conn, permission::answer(rows, behavior, via, now_ms())?)
 }
 
+pub(super) fn withdraw(
+    conn: &Connection,
+    session_id: String,
+    request_id: String,
+    host: HostIdentity,
+) -> Result<Decision> {
+    let rows = AnswerRows {
+        session: load_session(conn, &session_id)?,
+        existing: load_permission(conn, &session_id, &request_id)?,
+    };
+    decided(conn, permission::withdraw(rows, &host, now_ms())?)
+}
+
 /// Writes a decision's permission request and its chat message, if any.
 pub(super) fn apply(conn: &Connection, writes: &Writes) -> Result<()> {
     match &writes.permission {

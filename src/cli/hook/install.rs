@@ -1,0 +1,335 @@
+//! `loopx hook install`: writes the hook entries into Claude Code's settings
+//! (JSON, merged: everything else is kept) or Codex's `config.toml` (the
+//! entries appended, the rest of the file untouched), with the absolute path
+//! of the running binary. Idempotent: an entry that is already there is left
+//! alone, an older `loopx hook` entry for the event is replaced. Prints what
+//! it changed; for Codex, that the hooks must be trusted in `/hooks`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, ValueEnum};
+use serde_json::{Value, json};
+
+use super::{Agent, Binding};
+use crate::cli::common::local_error;
+
+/// Where the settings go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scope {
+    /// This project: `.claude/settings.local.json` or `.codex/config.toml`.
+    Project,
+    /// The user: `~/.claude/settings.json` or `~/.codex/config.toml`.
+    User,
+}
+
+#[derive(Debug, Args)]
+pub struct InstallArgs {
+    /// The agent whose settings to write.
+    #[arg(long, value_enum)]
+    pub agent: Agent,
+    #[arg(long, value_enum, default_value_t = Scope::Project)]
+    pub scope: Scope,
+    /// The project directory for --scope project [default: $CLAUDE_PROJECT_DIR, else the current one].
+    #[arg(long, env = "CLAUDE_PROJECT_DIR")]
+    pub project_dir: Option<PathBuf>,
+    /// The broker's URL, written into the commands when given.
+    #[arg(long)]
+    pub broker_url: Option<String>,
+    /// The owner token's file, written into the commands when given.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub binding: Binding,
+}
+
+/// The events installed, with each one's timeout in seconds (None: the
+/// agent's own budget, for SessionEnd), and whether the agent has it.
+const EVENTS: [(&str, &str, Option<u64>); 6] = [
+    ("SessionStart", "session-start", Some(30)),
+    ("UserPromptSubmit", "user-prompt-submit", Some(30)),
+    ("Stop", "stop", Some(60)),
+    ("PermissionRequest", "permission-request", Some(300)),
+    ("Notification", "notification", Some(30)),
+    ("SessionEnd", "session-end", None),
+];
+
+pub fn run(args: InstallArgs) -> ExitCode {
+    match install(&args) {
+        Ok(lines) => {
+            for line in lines {
+                println!("{line}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(message) => local_error(&message),
+    }
+}
+
+fn install(args: &InstallArgs) -> Result<Vec<String>, String> {
+    let exe = std::env::current_exe()
+        .and_then(|p| p.canonicalize())
+        .map_err(|e| format!("cannot find this binary's path: {e}"))?;
+    let path = settings_path(args)?;
+    let commands: Vec<(&str, String, Option<u64>)> = EVENTS
+        .iter()
+        .filter(|(name, ..)| args.agent == Agent::ClaudeCode || *name != "Notification")
+        .map(|(name, event, timeout)| {
+            let timeout = match (*event, args.binding.wait_seconds) {
+                ("stop", Some(wait)) => Some(wait.min(1800) + 30),
+                ("permission-request", Some(wait)) => Some(wait.min(1800) + 30),
+                _ => *timeout,
+            };
+            (*name, command(&exe, event, args), timeout)
+        })
+        .collect();
+    let existing = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    let (text, mut lines) = match args.agent {
+        Agent::ClaudeCode => merge_claude(&existing, &commands)?,
+        Agent::Codex => merge_codex(&existing, &commands),
+    };
+    if text != existing {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        lines.insert(0, format!("wrote {}", path.display()));
+    } else {
+        lines.insert(0, format!("{} already has the hooks", path.display()));
+    }
+    if args.agent == Agent::Codex {
+        lines.push(
+            "Codex runs a hook only once you trust it: start Codex, open /hooks and trust the \
+             LoopX hooks (again after any change to their commands)."
+                .into(),
+        );
+    }
+    Ok(lines)
+}
+
+fn settings_path(args: &InstallArgs) -> Result<PathBuf, String> {
+    let home = || {
+        std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .ok_or_else(|| "HOME is not set".to_owned())
+    };
+    let project = || match &args.project_dir {
+        Some(dir) => Ok(dir.clone()),
+        None => std::env::current_dir().map_err(|e| format!("no current directory: {e}")),
+    };
+    Ok(match (args.agent, args.scope) {
+        (Agent::ClaudeCode, Scope::Project) => project()?.join(".claude/settings.local.json"),
+        (Agent::ClaudeCode, Scope::User) => home()?.join(".claude/settings.json"),
+        (Agent::Codex, Scope::Project) => project()?.join(".codex/config.toml"),
+        (Agent::Codex, Scope::User) => home()?.join(".codex/config.toml"),
+    })
+}
+
+/// The command line an agent runs: the absolute binary, the event, the agent
+/// and the binding flags given to `install`.
+fn command(exe: &Path, event: &str, args: &InstallArgs) -> String {
+    let agent = match args.agent {
+        Agent::ClaudeCode => "claude-code",
+        Agent::Codex => "codex",
+    };
+    let mut words = vec![
+        exe.display().to_string(),
+        "hook".into(),
+        event.into(),
+        "--agent".into(),
+        agent.into(),
+    ];
+    let b = &args.binding;
+    let flags = [
+        ("--session-id", b.session_id.clone()),
+        ("--goal-id", b.goal_id.clone()),
+        ("--agent-id", b.agent_id.clone()),
+        ("--executor-endpoint-id", b.executor_endpoint_id.clone()),
+        ("--host-surface", b.host_surface.clone()),
+        ("--broker-url", args.broker_url.clone()),
+        (
+            "--token-file",
+            args.token_file.as_ref().map(|p| p.display().to_string()),
+        ),
+    ];
+    for (flag, value) in flags {
+        if let Some(value) = value {
+            words.extend([flag.to_owned(), value]);
+        }
+    }
+    if let (Some(wait), "stop" | "permission-request") = (b.wait_seconds, event) {
+        words.extend(["--wait-seconds".into(), wait.to_string()]);
+    }
+    words
+        .iter()
+        .map(|w| shell_word(w))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A word as a POSIX shell reads it back.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./:=@%+,".contains(&b));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+/// Whether a configured command is a `loopx hook <event>` entry.
+fn is_ours(command: &str, event: &str) -> bool {
+    command.contains(&format!(" hook {event} --agent "))
+}
+
+/// Claude Code: `hooks.<Event>` gains one matcher group with the command,
+/// or has its older `loopx hook` command replaced; the rest is kept.
+fn merge_claude(
+    existing: &str,
+    commands: &[(&str, String, Option<u64>)],
+) -> Result<(String, Vec<String>), String> {
+    let mut settings: Value = if existing.trim().is_empty() {
+        json!({})
+    } else {
+        serde_json::from_str(existing).map_err(|e| format!("the settings are not JSON: {e}"))?
+    };
+    let root = settings
+        .as_object_mut()
+        .ok_or("the settings are not a JSON object")?;
+    let hooks = root
+        .entry("hooks")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()
+        .ok_or("`hooks` in the settings is not an object")?;
+    let mut lines = Vec::new();
+    for (name, command, timeout) in commands {
+        let event = kebab(name);
+        let mut entry = json!({"type": "command", "command": command});
+        if let Some(timeout) = timeout {
+            entry["timeout"] = json!(timeout);
+        }
+        let groups = hooks
+            .entry(name.to_string())
+            .or_insert_with(|| json!([]))
+            .as_array_mut()
+            .ok_or_else(|| format!("`hooks.{name}` is not an array"))?;
+        let ours = groups.iter_mut().find_map(|group| {
+            group["hooks"].as_array_mut().and_then(|list| {
+                list.iter_mut()
+                    .find(|h| h["command"].as_str().is_some_and(|c| is_ours(c, &event)))
+            })
+        });
+        match ours {
+            Some(found) if *found == entry => lines.push(format!("{name}: unchanged")),
+            Some(found) => {
+                *found = entry;
+                lines.push(format!("{name}: updated"));
+            }
+            None => {
+                let mut group = json!({"hooks": [entry]});
+                if *name == "PermissionRequest" {
+                    group["matcher"] = json!("*");
+                }
+                groups.push(group);
+                lines.push(format!("{name}: added"));
+            }
+        }
+    }
+    let text = serde_json::to_string_pretty(&settings).map_err(|e| e.to_string())? + "\n";
+    Ok((text, lines))
+}
+
+/// Codex: each event's `[[hooks.<Event>]]` entry appended to `config.toml`,
+/// or the `command = …` line of an older `loopx hook` entry replaced; every
+/// other line is kept as it is.
+fn merge_codex(existing: &str, commands: &[(&str, String, Option<u64>)]) -> (String, Vec<String>) {
+    let mut text = existing.to_owned();
+    let mut lines = Vec::new();
+    for (name, command, timeout) in commands {
+        let event = kebab(name);
+        let wanted = format!("command = {}", toml_string(command));
+        let found = text
+            .lines()
+            .find(|line| line.trim_start().starts_with("command") && is_ours(line, &event))
+            .map(str::to_owned);
+        match found {
+            Some(line) if line.trim() == wanted => lines.push(format!("{name}: unchanged")),
+            Some(line) => {
+                text = text.replacen(&line, &wanted, 1);
+                lines.push(format!("{name}: updated"));
+            }
+            None => {
+                if !text.is_empty() && !text.ends_with("\n\n") {
+                    text.push_str(if text.ends_with('\n') { "\n" } else { "\n\n" });
+                }
+                text.push_str(&format!(
+                    "[[hooks.{name}]]\n[[hooks.{name}.hooks]]\ntype = \"command\"\n{wanted}\n"
+                ));
+                if let Some(timeout) = timeout {
+                    text.push_str(&format!("timeout = {timeout}\n"));
+                }
+                lines.push(format!("{name}: added"));
+            }
+        }
+    }
+    (text, lines)
+}
+
+/// A TOML basic string.
+fn toml_string(value: &str) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+/// `PermissionRequest` → `permission-request`.
+fn kebab(name: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push('-');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn commands() -> Vec<(&'static str, String, Option<u64>)> {
+        vec![
+            (
+                "Stop",
+                "/opt/loopx hook stop --agent codex".into(),
+                Some(60),
+            ),
+            (
+                "SessionEnd",
+                "/opt/loopx hook session-end --agent codex".into(),
+                None,
+            ),
+        ]
+    }
+
+    #[test]
+    fn codex_entries_are_appended_once_and_other_lines_kept() {
+        let mine = "# my settings\nmodel = \"o4\"\n";
+        let (once, lines) = merge_codex(mine, &commands());
+        assert!(once.starts_with(mine), "{once}");
+        assert!(once.contains("[[hooks.Stop]]\n[[hooks.Stop.hooks]]\ntype = \"command\"\ncommand = \"/opt/loopx hook stop --agent codex\"\ntimeout = 60\n"), "{once}");
+        assert_eq!(lines, ["Stop: added", "SessionEnd: added"]);
+        let (twice, lines) = merge_codex(&once, &commands());
+        assert_eq!(twice, once);
+        assert_eq!(lines, ["Stop: unchanged", "SessionEnd: unchanged"]);
+        assert_eq!(kebab("UserPromptSubmit"), "user-prompt-submit");
+        assert_eq!(shell_word("/a b/loopx"), "'/a b/loopx'");
+    }
+}

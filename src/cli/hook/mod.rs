@@ -1,0 +1,280 @@
+//! `loopx hook`: Claude Code and Codex attached through their hooks
+//! (contract: shared/spec/HOOKS.md). The agent runs `loopx hook <event>` at
+//! fixed points of its session with a JSON document on stdin; the host
+//! session is that document's `session_id`, so `loopx mcp` and `loopx hook`
+//! in one Claude Code session are one host. `stop` answers the turn it
+//! delivered and delivers the next one, `permission-request` asks the Web
+//! page and Lark, the rest report presence.
+//!
+//! It never fails the agent: bad stdin, a broker down, any refusal ends with
+//! exit 0, nothing on stdout and one line on stderr. stdout carries nothing
+//! but the contract's JSON (Codex discards outputs with keys it does not
+//! know). No message text, preview or host id is ever written to stderr.
+
+use std::io::Read;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand, ValueEnum};
+use serde_json::Value;
+
+use super::common::Connection;
+use super::mcp::host::{Host, Problem, Target};
+use crate::client::Client;
+use crate::model::{AgentState, BindRequest, ReportAgentState};
+
+mod approval;
+mod install;
+mod turns;
+
+/// Each broker request's timeout (a parked wait gets its wait on top).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// `session-end` finishes within this (Codex gives it 1 s, Claude Code 1.5 s).
+const SESSION_END_BUDGET: Duration = Duration::from_millis(900);
+/// The most stdin a hook reads.
+const MAX_STDIN: u64 = 16 * 1024 * 1024;
+
+/// `loopx hook`'s subcommands: one per hook event, and `install`.
+#[derive(Debug, Args)]
+pub struct HookArgs {
+    #[command(subcommand)]
+    pub command: HookCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HookCommand {
+    /// SessionStart: the agent is there (presence `waiting`).
+    SessionStart(HookOptions),
+    /// UserPromptSubmit: the agent works on a prompt (presence `working`).
+    UserPromptSubmit(HookOptions),
+    /// Stop: answers the turn the last stop delivered with the agent's last
+    /// message, then delivers the oldest queued message by blocking.
+    Stop(HookOptions),
+    /// PermissionRequest: the approval asked on the Web page and in Lark;
+    /// the verdict printed, or nothing (the agent asks at its terminal).
+    PermissionRequest(HookOptions),
+    /// Notification (Claude Code): an idle prompt keeps the agent `waiting`.
+    Notification(HookOptions),
+    /// SessionEnd: hands back an unanswered delivered turn; presence `away`.
+    SessionEnd(HookOptions),
+    /// Writes the hook entries into Claude Code's or Codex's settings.
+    Install(install::InstallArgs),
+}
+
+/// Which agent runs the hook: its input shape and its default host surface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Agent {
+    ClaudeCode,
+    Codex,
+}
+
+impl Agent {
+    pub fn host_surface(self) -> &'static str {
+        match self {
+            Agent::ClaudeCode => "claude-code",
+            Agent::Codex => "codex-cli",
+        }
+    }
+}
+
+/// Where the hook attaches: a session, or the bind flags (register and bind
+/// the first time, reusing the open session).
+#[derive(Debug, Clone, Args)]
+pub struct Binding {
+    /// The LoopX Chat session to attach to (ses_…); or the bind flags.
+    #[arg(long, env = "LOOPX_SESSION_ID")]
+    pub session_id: Option<String>,
+    /// Bind: the goal the agent works on.
+    #[arg(long, requires_all = ["agent_id", "executor_endpoint_id"], conflicts_with = "session_id")]
+    pub goal_id: Option<String>,
+    /// Bind: the registered LoopX agent.
+    #[arg(long, requires = "goal_id")]
+    pub agent_id: Option<String>,
+    /// Bind: the label of the executor that runs the agent.
+    #[arg(long, requires = "goal_id")]
+    pub executor_endpoint_id: Option<String>,
+    /// The host surface [default: claude-code, or codex-cli for Codex].
+    #[arg(long)]
+    pub host_surface: Option<String>,
+    /// stop: seconds to wait parked for a message when none is queued (at
+    /// most 1800, default 0); permission-request: for the answer (default 120).
+    #[arg(long)]
+    pub wait_seconds: Option<u64>,
+}
+
+/// The flags of every hook event.
+#[derive(Debug, Clone, Args)]
+pub struct HookOptions {
+    /// The agent running the hook.
+    #[arg(long, value_enum)]
+    pub agent: Agent,
+    #[command(flatten)]
+    pub binding: Binding,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+/// One hook run: the agent, its stdin, the host bridge to the broker.
+pub struct Hook {
+    pub agent: Agent,
+    pub input: Value,
+    pub host: Host,
+    pub client: Client,
+    pub host_surface: String,
+    pub host_session_id: String,
+    pub wait_seconds: Option<u64>,
+}
+
+/// Why a hook did nothing, in one line (never a message text or a host id).
+pub type Failure = String;
+
+impl From<Problem> for Failure {
+    fn from(problem: Problem) -> Self {
+        problem.log_line()
+    }
+}
+
+/// Runs `loopx hook …`.
+pub fn run(args: HookArgs) -> ExitCode {
+    let (event, options) = match args.command {
+        HookCommand::Install(args) => return install::run(args),
+        HookCommand::SessionStart(o) => ("session-start", o),
+        HookCommand::UserPromptSubmit(o) => ("user-prompt-submit", o),
+        HookCommand::Stop(o) => ("stop", o),
+        HookCommand::PermissionRequest(o) => ("permission-request", o),
+        HookCommand::Notification(o) => ("notification", o),
+        HookCommand::SessionEnd(o) => ("session-end", o),
+    };
+    match run_event(event, options) {
+        Ok(Some(output)) => println!("{output}"),
+        Ok(None) => {}
+        Err(why) => eprintln!("loopx hook {event}: {why}"),
+    }
+    ExitCode::SUCCESS
+}
+
+/// The event's JSON for stdout, if any.
+fn run_event(event: &str, options: HookOptions) -> Result<Option<String>, Failure> {
+    let input = read_stdin(event)?;
+    let hook = Hook::new(options, input)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    runtime.block_on(async {
+        match event {
+            "stop" => turns::stop(&hook).await,
+            "session-end" => tokio::time::timeout(SESSION_END_BUDGET, turns::session_end(&hook))
+                .await
+                .unwrap_or_else(|_| Err("the broker did not answer within 1 s".into())),
+            "permission-request" => approval::permission_request(&hook).await,
+            "session-start" => hook.report(AgentState::Waiting).await.map(|_| None),
+            "user-prompt-submit" => hook.report(AgentState::Working).await.map(|_| None),
+            _ => notification(&hook).await,
+        }
+    })
+}
+
+/// The agent's JSON document: an object with a non-empty `session_id`, of
+/// the event this command handles.
+fn read_stdin(event: &str) -> Result<Value, Failure> {
+    let mut text = String::new();
+    std::io::stdin()
+        .take(MAX_STDIN)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read stdin: {e}"))?;
+    let input: Value = serde_json::from_str(&text)
+        .map_err(|_| "stdin is not the agent's JSON document".to_owned())?;
+    let named = input.get("hook_event_name").and_then(Value::as_str);
+    let expected: String = event.split('-').map(capitalized).collect();
+    match named {
+        Some(name) if name != expected => Err(format!("stdin is a {name} event, not {expected}")),
+        _ if !input.is_object() => Err("stdin is not a JSON object".into()),
+        _ => Ok(input),
+    }
+}
+
+fn capitalized(word: &str) -> String {
+    let mut chars = word.chars();
+    chars.next().map_or_else(String::new, |first| {
+        first.to_ascii_uppercase().to_string() + chars.as_str()
+    })
+}
+
+impl Hook {
+    fn new(options: HookOptions, input: Value) -> Result<Self, Failure> {
+        let host_session_id = input
+            .get("session_id")
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty())
+            .ok_or("stdin has no session_id")?
+            .to_owned();
+        let (client, _) = options.connection.client()?;
+        let client = client.with_timeout(REQUEST_TIMEOUT);
+        let binding = options.binding;
+        let host_surface = binding
+            .host_surface
+            .unwrap_or_else(|| options.agent.host_surface().to_owned());
+        let target = match (binding.session_id, binding.goal_id) {
+            (Some(session_id), _) => Target::Session(session_id),
+            (None, Some(goal_id)) => Target::Bind(BindRequest {
+                goal_id,
+                agent_id: binding.agent_id.unwrap_or_default(),
+                host_surface: host_surface.clone(),
+                host_session_id: host_session_id.clone(),
+                executor_endpoint_id: binding.executor_endpoint_id.unwrap_or_default(),
+                dry_run: false,
+            }),
+            (None, None) => {
+                return Err(
+                    "no session: give --session-id (or LOOPX_SESSION_ID) or the bind \
+                     flags --goal-id, --agent-id, --executor-endpoint-id"
+                        .into(),
+                );
+            }
+        };
+        Ok(Hook {
+            agent: options.agent,
+            host: Host::new(
+                client.clone(),
+                host_surface.clone(),
+                host_session_id.clone(),
+                target,
+            ),
+            input,
+            client,
+            host_surface,
+            host_session_id,
+            wait_seconds: binding.wait_seconds,
+        })
+    }
+
+    /// A string field of the agent's document.
+    pub fn field(&self, name: &str) -> Option<&str> {
+        self.input.get(name).and_then(Value::as_str)
+    }
+
+    /// Reports the agent's presence.
+    pub async fn report(&self, state: AgentState) -> Result<(), Failure> {
+        let session_id = self.host.session_id().await?;
+        let report = ReportAgentState {
+            host_surface: self.host_surface.clone(),
+            host_session_id: self.host_session_id.clone(),
+            state,
+        };
+        self.client
+            .report_agent(&session_id, &report)
+            .await
+            .map_err(Problem::from)?;
+        Ok(())
+    }
+}
+
+/// Claude Code's `idle_prompt`: the agent waits at its terminal (presence
+/// `waiting`). Its text is neither stored nor logged.
+async fn notification(hook: &Hook) -> Result<Option<String>, Failure> {
+    match hook.field("notification_type") {
+        Some("idle_prompt") => hook.report(AgentState::Waiting).await.map(|_| None),
+        _ => Ok(None),
+    }
+}

@@ -1,0 +1,223 @@
+//! `stop` and `session-end`: people's messages at the end of each turn.
+//!
+//! Which turn a previous `stop` delivered is the broker's to say, not a local
+//! file's: it is the active claim this host identity holds, which only the
+//! same host identity can see (a claim answers 409 `claim_active` with its
+//! id, and claiming with that id again replays its turn). A hook's claim ids
+//! start with `hook-` and end with a fingerprint of the agent's last message
+//! when the turn was delivered, so a `stop` repeated with the same input
+//! delivers the same turn again instead of answering it with the answer to
+//! the turn before.
+
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+
+use super::{Failure, Hook};
+use crate::client::ClientError;
+use crate::model::{
+    AgentState, ClaimAnswer, ClaimRequest, Claimed, CompleteRequest, Origin, ReleaseRequest,
+    TurnState,
+};
+
+/// The longest parked wait for a message (the broker's cap).
+const MAX_WAIT_SECONDS: u64 = 1800;
+const CLAIM_PREFIX: &str = "hook-";
+
+/// What this host identity holds on the session.
+enum Holding {
+    /// A turn a hook delivered (its claim replayed).
+    Delivered(Claimed),
+    /// A turn someone else of this host holds (a `loopx mcp` bridge).
+    Other,
+    /// Nothing: a fresh turn was claimed by the probe, or nothing is queued.
+    Nothing(Option<Claimed>),
+}
+
+/// The Stop hook (HOOKS.md "stop").
+pub async fn stop(hook: &Hook) -> Result<Option<String>, Failure> {
+    let last = hook.field("last_assistant_message").unwrap_or_default();
+    let fingerprint = fingerprint(last);
+    let claimed = match holding(hook, &fingerprint, 0).await? {
+        Holding::Other => return Err("another bridge of this host holds a turn".into()),
+        Holding::Nothing(claimed) => claimed,
+        Holding::Delivered(held) if claim_fingerprint(&held.claim_id) == fingerprint => {
+            // This stop ran before (the same last message): the same turn again.
+            Some(held)
+        }
+        Holding::Delivered(held) => {
+            hand_back(hook, &held, last).await?;
+            match holding(hook, &fingerprint, 0).await? {
+                Holding::Nothing(claimed) => claimed,
+                _ => return Err("the session still holds a turn".into()),
+            }
+        }
+    };
+    let claimed = match claimed {
+        Some(claimed) => Some(claimed),
+        None => wait(hook, &fingerprint).await?,
+    };
+    match claimed {
+        Some(claimed) => {
+            hook.report(AgentState::Working).await?;
+            Ok(Some(block(&claimed)))
+        }
+        None => {
+            hook.report(AgentState::Waiting).await?;
+            Ok(None)
+        }
+    }
+}
+
+/// Nothing queued: parked up to `--wait-seconds` (default 0) for a message.
+async fn wait(hook: &Hook, fingerprint: &str) -> Result<Option<Claimed>, Failure> {
+    let seconds = hook.wait_seconds.unwrap_or(0).min(MAX_WAIT_SECONDS);
+    if seconds == 0 {
+        return Ok(None);
+    }
+    hook.report(AgentState::Waiting).await?;
+    match holding(hook, fingerprint, seconds).await? {
+        Holding::Nothing(claimed) => Ok(claimed),
+        _ => Err("another claim took the session meanwhile".into()),
+    }
+}
+
+/// The SessionEnd hook: a delivered turn not answered goes back to the
+/// front of the queue; the agent is away.
+pub async fn session_end(hook: &Hook) -> Result<Option<String>, Failure> {
+    let session_id = hook.host.session_id().await?;
+    if let Some(active) = active_claim(hook, &session_id).await?
+        && active.starts_with(CLAIM_PREFIX)
+    {
+        release(hook, &session_id, &active).await?;
+    }
+    hook.report(AgentState::Away).await?;
+    Ok(None)
+}
+
+/// Looks at what the host holds by claiming with a fresh hook claim id
+/// (parked up to `wait_seconds`): a fresh turn, nothing, or the held claim.
+async fn holding(hook: &Hook, fingerprint: &str, wait_seconds: u64) -> Result<Holding, Failure> {
+    let session_id = hook.host.session_id().await?;
+    let claim_id = format!("{CLAIM_PREFIX}{}-{fingerprint}", ulid::Ulid::new());
+    match claim(hook, &session_id, &claim_id, wait_seconds).await {
+        Ok(ClaimAnswer::Claimed(c)) if c.turn_state == TurnState::Claimed => {
+            Ok(Holding::Nothing(Some(c)))
+        }
+        Ok(_) => Ok(Holding::Nothing(None)),
+        Err(ClientError::Refused { error, .. }) if error.error.active_claim_id.is_some() => {
+            let active = error.error.active_claim_id.unwrap_or_default();
+            if !active.starts_with(CLAIM_PREFIX) {
+                return Ok(Holding::Other);
+            }
+            match claim(hook, &session_id, &active, 0)
+                .await
+                .map_err(problem)?
+            {
+                ClaimAnswer::Claimed(c) if c.turn_state == TurnState::Claimed => {
+                    Ok(Holding::Delivered(c))
+                }
+                _ => Ok(Holding::Nothing(None)),
+            }
+        }
+        Err(e) => Err(problem(e)),
+    }
+}
+
+/// The claim id this host holds on the session, if any (the claim it would
+/// be refused with).
+async fn active_claim(hook: &Hook, session_id: &str) -> Result<Option<String>, Failure> {
+    // A claim id of its own: a turn it takes is handed straight back.
+    let probe = format!("{CLAIM_PREFIX}{}-end", ulid::Ulid::new());
+    match claim(hook, session_id, &probe, 0).await {
+        Ok(ClaimAnswer::Claimed(_)) => {
+            release(hook, session_id, &probe).await?;
+            Ok(None)
+        }
+        Ok(ClaimAnswer::NotClaimed(_)) => Ok(None),
+        Err(ClientError::Refused { error, .. }) if error.error.active_claim_id.is_some() => {
+            Ok(error.error.active_claim_id)
+        }
+        Err(e) => Err(problem(e)),
+    }
+}
+
+/// Answers the held turn with the agent's last message (the completion id
+/// derived from the turn: a repeat is a replay); an empty last message
+/// releases it instead.
+async fn hand_back(hook: &Hook, held: &Claimed, last: &str) -> Result<(), Failure> {
+    if last.trim().is_empty() {
+        return release(hook, &held.session_id, &held.claim_id).await;
+    }
+    let mut response = Map::new();
+    response.insert("message".into(), Value::String(last.to_owned()));
+    let completion = CompleteRequest {
+        host_surface: hook.host_surface.clone(),
+        host_session_id: hook.host_session_id.clone(),
+        claim_id: held.claim_id.clone(),
+        completion_id: format!("hook-stop-{}", held.turn.turn_id),
+        response,
+    };
+    hook.client
+        .complete(&held.session_id, &held.turn.turn_id, &completion)
+        .await
+        .map_err(problem)?;
+    Ok(())
+}
+
+async fn release(hook: &Hook, session_id: &str, claim_id: &str) -> Result<(), Failure> {
+    let host = ReleaseRequest {
+        host_surface: hook.host_surface.clone(),
+        host_session_id: hook.host_session_id.clone(),
+    };
+    hook.client
+        .release(session_id, claim_id, &host)
+        .await
+        .map_err(problem)?;
+    Ok(())
+}
+
+async fn claim(
+    hook: &Hook,
+    session_id: &str,
+    claim_id: &str,
+    wait_seconds: u64,
+) -> Result<ClaimAnswer, ClientError> {
+    let request = ClaimRequest {
+        host_surface: hook.host_surface.clone(),
+        host_session_id: hook.host_session_id.clone(),
+        claim_id: claim_id.to_owned(),
+        wait_seconds,
+    };
+    Ok(hook.client.claim(session_id, &request).await?.body)
+}
+
+fn problem(error: ClientError) -> Failure {
+    super::Problem::from(error).log_line()
+}
+
+/// The Stop hook's block: the message as the model's next instruction, who
+/// wrote it, and that this turn's final message goes back to them.
+pub fn block(claimed: &Claimed) -> String {
+    let who = match claimed.turn.origin {
+        Origin::Web => "a person on the LoopX Web page",
+        Origin::Lark => "a person in Lark",
+    };
+    let reason = format!(
+        "New message from {who} (LoopX session {session}, message {seq}):\n\n{text}\n\n\
+         Work on it now. The final message of this turn is sent back to them as your answer.",
+        session = claimed.session_id,
+        seq = claimed.turn.seq,
+        text = claimed.turn.text,
+    );
+    json!({"decision": "block", "reason": reason}).to_string()
+}
+
+/// A short fingerprint of the agent's last message.
+fn fingerprint(last: &str) -> String {
+    hex::encode(&Sha256::digest(last.as_bytes())[..6])
+}
+
+/// The fingerprint a hook claim id carries.
+fn claim_fingerprint(claim_id: &str) -> &str {
+    claim_id.rsplit('-').next().unwrap_or_default()
+}

@@ -1,0 +1,167 @@
+//! Presence: whether a session's agent is there (HOOKS.md). A host reports
+//! `working`, `waiting` or `away` (its hooks, its MCP bridge); a claim it
+//! keeps parked counts as hearing from it, with no state of its own; the
+//! projection shows the last report, and `away` once no host has been heard
+//! from for [`AWAY_AFTER_MS`]. Each change is numbered in the
+//! session's log as an `agent` event; a repeated report only refreshes when
+//! the host was heard from, at most once per [`HEARD_REFRESH_MS`], so a host
+//! that reports often writes little. Time alone never touches a claim.
+
+use super::{Decided, Subject, Writes, hosted, log, open};
+use crate::error::Result;
+use crate::model::AgentState;
+use crate::store::{HostIdentity, SessionRow};
+
+/// Silence after which the agent is shown `away`.
+pub const AWAY_AFTER_MS: i64 = 10 * 60 * 1000;
+/// How stale the last "heard from" may get before a same-state report is
+/// written again.
+pub const HEARD_REFRESH_MS: i64 = 60 * 1000;
+
+/// The presence shown at `now`: the reported state and since when, or `away`
+/// since [`AWAY_AFTER_MS`] after the host was last heard from.
+pub fn shown(session: &SessionRow, now: i64) -> (AgentState, i64) {
+    let since = session.agent_since.unwrap_or(session.created_at);
+    match (session.agent_state, session.agent_heard_at) {
+        (AgentState::Away, _) => (AgentState::Away, since),
+        (state, Some(heard)) if now - heard < AWAY_AFTER_MS => (state, since),
+        (_, heard) => (
+            AgentState::Away,
+            heard.map_or(since, |h| (h + AWAY_AFTER_MS).max(since)),
+        ),
+    }
+}
+
+/// Whether a report of `state` (None: the host was only heard from, its
+/// last state stands) at `now` would write anything: a change of the shown
+/// state, or a stale "heard from" for an attached agent.
+pub fn is_news(session: &SessionRow, state: Option<AgentState>, now: i64) -> bool {
+    let wanted = state.unwrap_or(session.agent_state);
+    let stale = session
+        .agent_heard_at
+        .is_none_or(|heard| now - heard >= HEARD_REFRESH_MS);
+    shown(session, now).0 != wanted || (wanted != AgentState::Away && stale)
+}
+
+/// What a report did: the session after it, and whether its shown state
+/// changed (an `agent` event was logged).
+#[derive(Debug)]
+pub struct Reported {
+    pub session: SessionRow,
+    pub changed: bool,
+}
+
+/// The host reports its agent's state (None: a parked claim, heard from
+/// only), in this order: unknown session 404; another host 403
+/// `host_mismatch`; closed 409 `session_closed`. Nothing new (the same state,
+/// heard from lately): nothing written. A change of the shown state (an
+/// `away` after silence ending too) is logged as an `agent` event.
+pub fn report(
+    session: Option<SessionRow>,
+    host: &HostIdentity,
+    state: Option<AgentState>,
+    now: i64,
+) -> Result<Decided<Reported>> {
+    let mut session = hosted(session, host)?;
+    open(&session)?;
+    if !is_news(&session, state, now) {
+        return Ok(Decided::nothing(Reported {
+            session,
+            changed: false,
+        }));
+    }
+    let wanted = state.unwrap_or(session.agent_state);
+    let changed = shown(&session, now).0 != wanted;
+    session.agent_heard_at = Some(now);
+    let event = changed.then(|| {
+        session.agent_state = wanted;
+        session.agent_since = Some(now);
+        log(&mut session, Subject::Agent, wanted.as_str(), now)
+    });
+    Ok(Decided {
+        writes: Writes {
+            session: Some(session.clone()),
+            event,
+            ..Writes::default()
+        },
+        answer: Reported { session, changed },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::tests::{host, session};
+    use crate::error::ErrorCode;
+    use crate::model::SessionState;
+
+    fn reported(row: SessionRow, state: AgentState, now: i64) -> Decided<Reported> {
+        report(Some(row), &host("h"), Some(state), now).expect("a report")
+    }
+
+    #[test]
+    fn a_parked_claim_only_keeps_an_attached_agent_heard_from() {
+        let heard = |row: &SessionRow, now| report(Some(row.clone()), &host("h"), None, now);
+        let fresh = session(SessionState::Open);
+        assert!(
+            heard(&fresh, 5).unwrap().writes.session.is_none(),
+            "away stays away"
+        );
+        let waiting = reported(fresh, AgentState::Waiting, 1_000).answer.session;
+        assert!(heard(&waiting, 2_000).unwrap().writes.session.is_none());
+        let refreshed = heard(&waiting, 1_000 + HEARD_REFRESH_MS).unwrap();
+        assert!(!refreshed.answer.changed && refreshed.writes.event.is_none());
+        let back = heard(&waiting, 1_000 + AWAY_AFTER_MS + 1).unwrap();
+        assert!(back.answer.changed);
+        assert_eq!(back.writes.event.expect("an event").state, "waiting");
+    }
+
+    #[test]
+    fn a_change_is_logged_a_repeat_only_refreshes_and_silence_shows_away() {
+        let fresh = session(SessionState::Open);
+        assert_eq!(shown(&fresh, 100), (AgentState::Away, 0));
+        let first = reported(fresh, AgentState::Waiting, 1_000);
+        assert!(first.answer.changed);
+        let event = first.writes.event.expect("an agent event");
+        assert_eq!(
+            (event.kind, event.state, event.event_no),
+            ("agent", "waiting", 9)
+        );
+        let row = first.answer.session;
+        assert_eq!(shown(&row, 2_000), (AgentState::Waiting, 1_000));
+        let again = reported(row.clone(), AgentState::Waiting, 2_000);
+        assert!(!again.answer.changed && again.writes.session.is_none());
+        let later = reported(row.clone(), AgentState::Waiting, 1_000 + HEARD_REFRESH_MS);
+        assert!(!later.answer.changed && later.writes.event.is_none());
+        assert_eq!(
+            later.writes.session.expect("a refresh").agent_heard_at,
+            Some(61_000)
+        );
+        let silent = 1_000 + AWAY_AFTER_MS;
+        assert_eq!(shown(&row, silent), (AgentState::Away, silent));
+        let back = reported(row, AgentState::Working, silent + 5);
+        assert!(back.answer.changed);
+        assert_eq!(
+            shown(&back.answer.session, silent + 6),
+            (AgentState::Working, silent + 5)
+        );
+    }
+
+    #[test]
+    fn only_the_bound_host_reports_on_an_open_session() {
+        let refused = |row: Option<SessionRow>, id: &str| {
+            report(row, &host(id), Some(AgentState::Working), 1)
+                .expect_err("a refusal")
+                .code
+        };
+        assert_eq!(refused(None, "h"), ErrorCode::NotFound);
+        assert_eq!(
+            refused(Some(session(SessionState::Open)), "x"),
+            ErrorCode::HostMismatch
+        );
+        assert_eq!(
+            refused(Some(session(SessionState::Closed)), "h"),
+            ErrorCode::SessionClosed
+        );
+    }
+}
