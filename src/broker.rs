@@ -426,14 +426,7 @@ impl Broker {
         check("host_session_id", &completion.host_session_id)?;
         check("claim_id", &completion.claim_id)?;
         check("completion_id", &completion.completion_id)?;
-        match completion.response.get("message") {
-            Some(serde_json::Value::String(m)) if !m.is_empty() => {}
-            _ => {
-                return Err(Error::invalid(
-                    "`response` must have a non-empty string `message`.",
-                ));
-            }
-        }
+        crate::decide::turn::answer_text(completion.response.get("message"))?;
         let size = serde_json::to_vec(&completion.response).map_or(usize::MAX, |v| v.len());
         if size > MAX_RESPONSE_BYTES {
             return Err(Error::invalid(format!(

@@ -490,10 +490,12 @@ fn read_response(path: &Path) -> Result<Map<String, Value>, String> {
         ));
     };
     match response.get("message") {
-        Some(Value::String(m)) if !m.is_empty() => Ok(response),
-        Some(Value::String(_)) => Err(format!(
-            "the response file {shown} has an empty \"message\"; it must be a non-empty string"
-        )),
+        Some(Value::String(_)) => match crate::decide::turn::answer_text(response.get("message")) {
+            Ok(_) => Ok(response),
+            Err(_) => Err(format!(
+                "the response file {shown} has an empty \"message\" (blank: only whitespace); it must be a non-empty string"
+            )),
+        },
         Some(other) => Err(format!(
             "the response file {shown} has a \"message\" that is {}, not a non-empty string",
             kind(other)

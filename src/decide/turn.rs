@@ -211,6 +211,19 @@ pub fn claim(
     })
 }
 
+/// An answer's text (a completion's `response.message`, a bridge's `reply`, a
+/// hook's last message): a string with more than whitespace in it, since an
+/// answer is final and a blank one would tell the sender nothing. Else 400
+/// `invalid_request`.
+pub fn answer_text(message: Option<&serde_json::Value>) -> Result<&str> {
+    match message {
+        Some(serde_json::Value::String(text)) if !text.trim().is_empty() => Ok(text),
+        _ => Err(Error::invalid(
+            "The answer (`response.message`) must be a string that is not blank: an answer is final, and whitespace alone says nothing.",
+        )),
+    }
+}
+
 /// What a completion decision reads.
 #[derive(Debug, Default)]
 pub struct CompleteRows {
@@ -624,6 +637,16 @@ mod tests {
         };
         let early = complete(rows(&queued, false), completion("c1", "d1", "ok"), 10);
         assert_eq!(code(early), ErrorCode::NotClaimed);
+    }
+
+    #[test]
+    fn an_answer_needs_text_that_is_not_blank() {
+        use serde_json::json;
+        assert_eq!(answer_text(Some(&json!(" ok "))).unwrap(), " ok ");
+        for blank in [json!(""), json!("  \n\t "), json!(5), json!(null)] {
+            assert_eq!(code(answer_text(Some(&blank))), ErrorCode::InvalidRequest);
+        }
+        assert_eq!(code(answer_text(None)), ErrorCode::InvalidRequest);
     }
 
     #[test]

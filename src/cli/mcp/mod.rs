@@ -12,12 +12,13 @@ use std::time::Duration;
 use clap::Args;
 use rmcp::ServiceExt;
 
-use super::common::{Connection, local_error};
+use super::common::{Connection, Format, local_error};
 use crate::model::BindRequest;
 
 mod host;
 mod permissions;
 mod server;
+mod stdio;
 
 use host::{Host, Target};
 use server::{Mode, Server};
@@ -53,6 +54,10 @@ pub struct McpArgs {
     /// The server's name, as the host's MCP configuration calls it.
     #[arg(long, default_value = "loopx")]
     pub name: String,
+    /// Taken as by every client command; stdout carries MCP's JSON-RPC
+    /// messages whatever it says, and logs go to stderr as text.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
     #[command(flatten)]
     pub connection: Connection,
 }
@@ -101,9 +106,15 @@ pub fn run(args: McpArgs) -> ExitCode {
     code
 }
 
+/// How long answers still being worked out get once stdin has closed: the
+/// process exits within this (the contract's bound is 5 s).
+const CLOSING_GRACE: Duration = Duration::from_secs(1);
+
 async fn serve(server: Server) -> ExitCode {
     tracing::info!(broker = %server.broker_url(), "loopx mcp: serving MCP on stdio");
-    let running = match server.serve(rmcp::transport::stdio()).await {
+    let front = stdio::start();
+    let mut stdin_closed = front.stdin_closed;
+    let running = match server.serve(front.transport).await {
         Ok(running) => running,
         Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => {
             tracing::info!("stdin closed before initialize");
@@ -114,9 +125,21 @@ async fn serve(server: Server) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match running.waiting().await {
-        Ok(reason) => tracing::info!("loopx mcp: stdin closed ({reason:?}); exiting"),
-        Err(e) => tracing::warn!("loopx mcp: the MCP service ended badly: {e}"),
+    // rmcp waits up to 5 s for calls in flight once its input ends (a parked
+    // wait_for_message among them): the client is gone, so they get a short
+    // grace and the process exits.
+    let waiting = running.waiting();
+    tokio::pin!(waiting);
+    let ended = tokio::select! {
+        ended = &mut waiting => Some(ended),
+        _ = stdin_closed.wait_for(|closed| *closed) => {
+            tokio::time::timeout(CLOSING_GRACE, &mut waiting).await.ok()
+        }
+    };
+    match ended {
+        Some(Ok(reason)) => tracing::info!("loopx mcp: stdin closed ({reason:?}); exiting"),
+        Some(Err(e)) => tracing::warn!("loopx mcp: the MCP service ended badly: {e}"),
+        None => tracing::info!("loopx mcp: stdin closed with a call in flight; exiting"),
     }
     ExitCode::SUCCESS
 }

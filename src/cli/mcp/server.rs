@@ -108,13 +108,14 @@ impl Server {
         tools
     }
 
-    async fn call(&self, name: &str, arguments: JsonObject) -> Result<CallToolResult, Problem> {
+    async fn call(&self, name: &str, arguments: JsonObject) -> Result<CallToolResult, ToolError> {
         match (name, self.mode) {
             ("reply", _) => {
                 let a: ReplyArgs = arguments_of(arguments)?;
-                if a.text.is_empty() {
-                    return Err(Problem::Local("text must not be empty".into()));
-                }
+                // The broker's own rule, checked before anything is sent.
+                crate::decide::turn::answer_text(Some(&Value::String(a.text.clone()))).map_err(
+                    |e| Problem::Local(format!("the reply was not sent: {}", e.message)),
+                )?;
                 // A replay answers the same: the sender got the answer once.
                 self.host
                     .reply(&a.chat_id, a.turn_id.as_deref(), &a.text)
@@ -126,7 +127,7 @@ impl Server {
                 let a: WaitArgs = arguments_of(arguments)?;
                 let wait = a.wait_seconds.unwrap_or(DEFAULT_WAIT_SECONDS);
                 if wait > MAX_WAIT_SECONDS {
-                    return Err(Problem::Local(format!(
+                    return Err(ToolError::Invalid(format!(
                         "wait_seconds must be 0 to {MAX_WAIT_SECONDS}, not {wait}"
                     )));
                 }
@@ -145,7 +146,7 @@ impl Server {
                     released.turn_id
                 )))
             }
-            (other, _) => Err(Problem::Local(format!("no tool named {other}"))),
+            (other, _) => Err(ToolError::Invalid(format!("no tool named {other}"))),
         }
     }
 
@@ -227,7 +228,13 @@ impl ServerHandler for Server {
         let arguments = request.arguments.unwrap_or_default();
         let result = match self.call(&request.name, arguments).await {
             Ok(result) => result,
-            Err(problem) => {
+            // Arguments that do not fit the tool's schema, an unknown tool:
+            // JSON-RPC's invalid params, as for any other request.
+            Err(ToolError::Invalid(message)) => {
+                tracing::warn!(tool = %request.name, "refused a tool call with invalid arguments");
+                return Err(ErrorData::invalid_params(message, None));
+            }
+            Err(ToolError::Problem(problem)) => {
                 tracing::warn!(tool = %request.name, "the tool call failed: {}", problem.log_line());
                 CallToolResult::error(vec![ContentBlock::text(problem.to_string())])
             }
@@ -327,9 +334,22 @@ struct ReleaseArgs {
     turn_id: String,
 }
 
-fn arguments_of<T: serde::de::DeserializeOwned>(arguments: JsonObject) -> Result<T, Problem> {
+/// Why a tool call failed: arguments that do not fit (a protocol error), or
+/// the call itself (a tool error the model reads).
+enum ToolError {
+    Invalid(String),
+    Problem(Problem),
+}
+
+impl From<Problem> for ToolError {
+    fn from(problem: Problem) -> Self {
+        ToolError::Problem(problem)
+    }
+}
+
+fn arguments_of<T: serde::de::DeserializeOwned>(arguments: JsonObject) -> Result<T, ToolError> {
     serde_json::from_value(Value::Object(arguments))
-        .map_err(|e| Problem::Local(format!("invalid arguments: {e}")))
+        .map_err(|e| ToolError::Invalid(format!("invalid arguments: {e}")))
 }
 
 fn schema(value: Value) -> Arc<JsonObject> {
