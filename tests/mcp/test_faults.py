@@ -115,3 +115,45 @@ async def test_a_blank_reply_is_refused_and_the_turn_stays_to_be_answered(broker
         done = await m.call("reply", chat_id=session_id, text="Something.")
         assert not done.is_error, text_of(done)
     assert broker.turn(session_id, sent["turn_id"])["response"] == {"message": "Something."}
+
+
+def bind_args(goal: str, surface: str = "codex-cli") -> list[str]:
+    return ["--goal-id", goal, "--agent-id", "agent-b", "--executor-endpoint-id", "exec-b", "--host-surface", surface]
+
+
+async def test_tools_only_bind_mode_is_in_the_list_right_after_initialize(broker, tmp_path):
+    goal = unique("g-codex")
+    args = ["--tools-only", *bind_args(goal)]
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *args, host_session_id=unique("codex")) as m:
+        (session,) = broker.ok("GET", f"/v1/sessions?goal_id={goal}&state=open")["sessions"]
+        assert session["host_surface"] == "codex-cli"
+        assert session["session_id"] in m.init.instructions, "the model is told its chat id"
+        broker.send(session["session_id"], "found you")
+        got = (await m.call("wait_for_message", wait_seconds=5)).structured_content
+        assert got["text"] == "found you"
+        assert not (await m.call("reply", chat_id=session["session_id"], text="hi")).is_error
+    # A session that had a message stays open after the bridge exits.
+    assert len(broker.ok("GET", f"/v1/sessions?goal_id={goal}&state=open")["sessions"]) == 1
+
+
+def test_health_checks_leave_no_open_session_behind(broker):
+    goal = unique("g-check")
+    for check in range(2):  # `claude mcp list`: start, initialize, exit; a new host id each time
+        raw = Raw(broker, *bind_args(goal, "claude-code"), host=unique(f"check-{check}"))
+        raw.initialize()
+        raw.send({"id": "tools", "method": "tools/list"})
+        raw.answer(lambda m: m.get("id") == "tools")
+        raw.process.stdin.close()
+        assert raw.process.wait(timeout=5) == 0
+    sessions = broker.ok("GET", f"/v1/sessions?goal_id={goal}")["sessions"]
+    assert len(sessions) == 2 and all(s["state"] == "closed" for s in sessions), sessions
+    # A bridge that reused an open session never closes it.
+    host = unique("kept")
+    thread = {"goal_id": goal, "agent_id": "agent-b", "host_surface": "claude-code", "host_session_id": host}
+    broker.ok("POST", "/v1/agent-threads", thread)
+    kept = broker.ok("POST", "/v1/sessions", {**thread, "executor_endpoint_id": "exec-b"})["session_id"]
+    raw = Raw(broker, *bind_args(goal, "claude-code"), host=host)
+    raw.initialize()
+    raw.process.stdin.close()
+    assert raw.process.wait(timeout=5) == 0
+    assert broker.ok("GET", f"/v1/sessions/{kept}")["state"] == "open"

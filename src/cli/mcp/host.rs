@@ -6,6 +6,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Map, Value};
 use tokio::sync::{Notify, OnceCell};
@@ -13,8 +14,8 @@ use tokio::sync::{Notify, OnceCell};
 use crate::client::{Client, ClientError};
 use crate::model::{
     BindRequest, ClaimAnswer, ClaimRequest, Claimed, ClaimedTurn, CompleteRequest,
-    CreatePermissionRequest, ListPermissions, PermissionRequest, PermissionState, Receipt,
-    RegisterAgentThread, ReleaseRequest, Released, TurnState, WaitPermission,
+    CreatePermissionRequest, ListPermissions, ListTurns, PermissionRequest, PermissionState,
+    Receipt, RegisterAgentThread, ReleaseRequest, Released, TurnState, WaitPermission,
 };
 
 /// How many recently claimed turns a bridge remembers, so that a `reply`
@@ -121,6 +122,8 @@ pub struct Host {
     host_session_id: String,
     target: Target,
     session: OnceCell<String>,
+    /// Whether this run's bind made the session (201), not reused an open one.
+    created: AtomicBool,
     recent: Mutex<VecDeque<Held>>,
     answered: Notify,
 }
@@ -138,6 +141,7 @@ impl Host {
             host_session_id,
             target,
             session: OnceCell::new(),
+            created: AtomicBool::new(false),
             recent: Mutex::new(VecDeque::new()),
             answered: Notify::new(),
         }
@@ -178,9 +182,39 @@ impl Host {
             host_session_id: bind.host_session_id.clone(),
         };
         self.client.register(&thread).await?;
-        let session = self.client.bind(bind).await?.body;
-        tracing::info!(session_id = %session.session_id, "bound the host session");
+        let bound = self.client.bind(bind).await?;
+        let created = bound.reply.status == 201;
+        self.created.store(created, Ordering::SeqCst);
+        let session = bound.body;
+        tracing::info!(session_id = %session.session_id, created, "bound the host session");
         Ok(session.session_id)
+    }
+
+    /// At exit, in bind mode: a session this run bound anew that never got a
+    /// message is closed, so a host's health check (start, `initialize`,
+    /// exit: `claude mcp list`) leaves no open session behind. A session that
+    /// was reused, or that has a message, stays open.
+    pub async fn leave(&self) {
+        let Some(session_id) = self.session.get() else {
+            return;
+        };
+        if !self.created.load(Ordering::SeqCst) {
+            return;
+        }
+        let first = ListTurns {
+            limit: Some(1),
+            ..ListTurns::default()
+        };
+        match self.client.turns(session_id, &first).await {
+            Ok(page) if page.body.turns.is_empty() => {}
+            _ => return,
+        }
+        match self.client.close(session_id).await {
+            Ok(_) => {
+                tracing::info!(%session_id, "closed the session this run bound: no message came")
+            }
+            Err(e) => tracing::info!(%session_id, "left the session open: {}", Problem::from(e)),
+        }
     }
 
     /// Claims the oldest queued turn, parking up to `wait_seconds`, with a

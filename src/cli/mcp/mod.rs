@@ -114,10 +114,13 @@ async fn serve(server: Server) -> ExitCode {
     tracing::info!(broker = %server.broker_url(), "loopx mcp: serving MCP on stdio");
     let front = stdio::start();
     let mut stdin_closed = front.stdin_closed;
+    server.bind_at_start();
+    let host = server.host();
     let running = match server.serve(front.transport).await {
         Ok(running) => running,
         Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => {
             tracing::info!("stdin closed before initialize");
+            let _ = tokio::time::timeout(CLOSING_GRACE, host.leave()).await;
             return ExitCode::SUCCESS;
         }
         Err(e) => {
@@ -141,6 +144,7 @@ async fn serve(server: Server) -> ExitCode {
         Some(Err(e)) => tracing::warn!("loopx mcp: the MCP service ended badly: {e}"),
         None => tracing::info!("loopx mcp: stdin closed with a call in flight; exiting"),
     }
+    let _ = tokio::time::timeout(CLOSING_GRACE, host.leave()).await;
     ExitCode::SUCCESS
 }
 

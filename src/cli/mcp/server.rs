@@ -9,16 +9,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomNotification,
-    Implementation, InitializeResult, JsonObject, ListToolsResult, PaginatedRequestParams,
-    ProtocolVersion, ServerCapabilities, ServerConfig, ServerNotification, Tool, ToolsCapability,
+    Implementation, InitializeRequestParams, InitializeResult, JsonObject, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, ServerNotification,
+    Tool, ToolsCapability,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, Peer, RoleServer, ServerHandler};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio::sync::watch;
 
 use super::host::{Held, Host, Problem};
 use super::permissions::{self, PermissionRequestParams, Relay};
@@ -31,6 +33,9 @@ const PROTOCOL_VERSIONS: &[ProtocolVersion] =
 /// The channel capability and notification method of Claude Code.
 const CHANNEL: &str = "claude/channel";
 const CHANNEL_EVENT: &str = "notifications/claude/channel";
+/// How long `initialize` waits for the first bind attempt (a broker that
+/// does not answer must not hold up the host's start; Codex allows 10 s).
+const FIRST_BIND: Duration = Duration::from_secs(2);
 /// The parked claim of channel mode: the broker's 30-minute cap.
 const PARK_SECONDS: u64 = 1800;
 /// `wait_for_message` stays inside Codex's 60 s tool timeout.
@@ -52,6 +57,8 @@ pub struct Server {
     name: String,
     channel_started: Arc<AtomicBool>,
     relay: Relay,
+    /// True once the first bind attempt at start is over.
+    first_bind: Arc<watch::Sender<bool>>,
 }
 
 impl Server {
@@ -62,7 +69,38 @@ impl Server {
             name,
             channel_started: Arc::new(AtomicBool::new(false)),
             relay: Relay::default(),
+            first_bind: Arc::new(watch::Sender::new(false)),
         }
+    }
+
+    pub fn host(&self) -> Arc<Host> {
+        self.host.clone()
+    }
+
+    /// Binds at start, in both modes (bind mode registers and binds, reusing
+    /// the open session), retrying with backoff while the broker is away, so
+    /// the session is in the list by the time `initialize` is answered.
+    pub fn bind_at_start(&self) {
+        let (host, first_bind) = (self.host.clone(), self.first_bind.clone());
+        tokio::spawn(async move {
+            let mut delays = backoff().build();
+            loop {
+                let bound = host.session_id().await;
+                first_bind.send_replace(true);
+                match bound {
+                    Ok(_) => return,
+                    Err(problem) if !problem.is_transient() => {
+                        tracing::warn!("cannot bind: {}", problem.log_line());
+                        return;
+                    }
+                    Err(problem) => {
+                        let delay = delays.next().unwrap_or(Duration::from_secs(30));
+                        log_problem(&problem, delay);
+                        tokio::time::sleep(delay).await;
+                    }
+                }
+            }
+        });
     }
 
     pub fn broker_url(&self) -> &str {
@@ -206,6 +244,17 @@ impl ServerHandler for Server {
         info.protocol_version = ProtocolVersion::V_2025_11_25;
         info.server_info = Implementation::new(self.name.clone(), env!("CARGO_PKG_VERSION"));
         info
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        context.peer.set_peer_info(request.clone());
+        let mut first_bind = self.first_bind.subscribe();
+        let _ = tokio::time::timeout(FIRST_BIND, first_bind.wait_for(|done| *done)).await;
+        self.negotiate_initialize(&request)
     }
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
