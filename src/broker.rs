@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::decide::turn::Releaser;
 use crate::error::{Error, ErrorCode, Result};
 use crate::handoff::{Delivery, Handoffs, Parked};
 use crate::ids::check;
@@ -18,10 +19,10 @@ use crate::lark::LarkConfig;
 use crate::lark::dispatcher::Dispatcher;
 use crate::metrics::{Metrics, Open};
 use crate::model::{
-    BindPreview, BindRequest, Capabilities, ClaimAnswer, ClaimRequest, Claimed, CompleteRequest,
-    EnqueueRequest, Enqueued, ListSessions, ListTurns, NotClaimed, Origin, Receipt,
-    RegisterAgentThread, Registered, ReleaseRequest, Released, Session, SessionList,
-    SessionPreview, SessionState, Turn, TurnList,
+    BindPreview, BindRequest, Capabilities, ClaimAnswer, ClaimRequest, Claimed, CloseRequest,
+    CompleteRequest, EnqueueRequest, Enqueued, ListSessions, ListTurns, NotClaimed, Origin,
+    Receipt, RegisterAgentThread, Registered, ReleaseRequest, Released, ReleasedBy, Session,
+    SessionList, SessionPreview, SessionState, Turn, TurnList,
 };
 use crate::model::{LarkLink, LarkLinkRequest};
 use crate::store::{Bound, ClaimOutcome, HostIdentity, LarkEvent, LarkIngest, Store};
@@ -453,25 +454,38 @@ impl Broker {
         &self,
         session_id: &str,
         claim_id: &str,
-        host: ReleaseRequest,
+        by: ReleaseRequest,
     ) -> Result<Released> {
         check("claim_id", claim_id)?;
-        check("host_surface", &host.host_surface)?;
-        check("host_session_id", &host.host_session_id)?;
-        let host = HostIdentity {
-            host_surface: host.host_surface,
-            host_session_id: host.host_session_id,
+        let by = match (by.by, by.host_surface, by.host_session_id) {
+            (Some(ReleasedBy::Owner), None, None) => Releaser::Owner,
+            (None, Some(host_surface), Some(host_session_id)) => {
+                check("host_surface", &host_surface)?;
+                check("host_session_id", &host_session_id)?;
+                Releaser::Host(HostIdentity {
+                    host_surface,
+                    host_session_id,
+                })
+            }
+            _ => {
+                return Err(Error::invalid(
+                    "Give the host identity (`host_surface` and `host_session_id`), or `\"by\": \"owner\"` alone.",
+                ));
+            }
         };
         let released = self
             .store
-            .release(session_id.to_owned(), claim_id.to_owned(), host)
+            .release(session_id.to_owned(), claim_id.to_owned(), by)
             .await?;
         self.changed(session_id);
         Ok(released)
     }
 
-    pub async fn close(&self, session_id: &str) -> Result<Session> {
-        let closed = self.store.close(session_id.to_owned()).await?;
+    pub async fn close(&self, session_id: &str, close: CloseRequest) -> Result<Session> {
+        let closed = self
+            .store
+            .close(session_id.to_owned(), close.release_active_claim)
+            .await?;
         self.metrics.turn("cancelled", closed.cancelled);
         self.metrics.permission("expired", closed.expired);
         // Parked claims re-check and answer 409 session_closed; waits on

@@ -13,9 +13,10 @@ use crate::model::{
     PermissionRequest, WaitPermission,
 };
 use crate::model::{
-    BindPreview, BindRequest, ClaimAnswer, ClaimRequest, CompleteRequest, EnqueueRequest, Enqueued,
-    LarkLink, LarkLinkRequest, ListSessions, ListTurns, Receipt, RegisterAgentThread, Registered,
-    ReleaseRequest, Released, Session, SessionList, Turn, TurnList,
+    BindPreview, BindRequest, ClaimAnswer, ClaimRequest, CloseRequest, CompleteRequest,
+    EnqueueRequest, Enqueued, LarkLink, LarkLinkRequest, ListSessions, ListTurns, Receipt,
+    RegisterAgentThread, Registered, ReleaseRequest, Released, Session, SessionList, Turn,
+    TurnList,
 };
 
 /// The default broker URL.
@@ -268,6 +269,16 @@ impl Client {
             None,
         )
         .await
+    }
+
+    /// A close with a body (`release_active_claim`).
+    pub async fn close_with(
+        &self,
+        session_id: &str,
+        close: &CloseRequest,
+    ) -> Result<TypedReply<Session>, ClientError> {
+        let path = session_path(session_id, "/close");
+        self.call(Method::POST, &path, Some(close), None).await
     }
 
     pub async fn turn(

@@ -16,6 +16,7 @@ mod lark;
 mod lark_permissions;
 mod metrics;
 mod openapi_drift;
+mod owner_close;
 mod permissions;
 mod replicas;
 mod retention;

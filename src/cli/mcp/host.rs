@@ -328,10 +328,7 @@ impl Host {
     pub async fn release(&self, turn_id: Option<&str>) -> Result<Released, Problem> {
         let session_id = self.session_id().await?;
         let held = self.find(turn_id)?;
-        let host = ReleaseRequest {
-            host_surface: self.host_surface.clone(),
-            host_session_id: self.host_session_id.clone(),
-        };
+        let host = ReleaseRequest::host(self.host_surface.clone(), self.host_session_id.clone());
         let released = self
             .client
             .release(&session_id, &held.claim_id, &host)
