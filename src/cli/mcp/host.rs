@@ -227,6 +227,14 @@ impl Host {
         match self.claim_as(&session_id, &claim_id, wait_seconds).await {
             Err(ClientError::Refused { error, .. }) if error.error.active_claim_id.is_some() => {
                 let active = error.error.active_claim_id.unwrap_or_default();
+                // This run's own claim, still unanswered: never delivered twice.
+                if let Some(held) = self.unanswered().filter(|h| h.claim_id == active) {
+                    return Err(Problem::Local(format!(
+                        "message {} (seq {}) was delivered earlier and is not answered yet: reply to \
+                         it (or release it) before waiting for the next",
+                        held.turn.turn_id, held.turn.seq
+                    )));
+                }
                 tracing::info!("taking over the claim an earlier run left active");
                 match self.claim_as(&session_id, &active, 0).await? {
                     ClaimAnswer::Claimed(c) => Ok(self.hold(c)),
@@ -315,13 +323,47 @@ impl Host {
             completion_id: completion_id(&held.turn.turn_id),
             response,
         };
-        let receipt = self
+        let receipt = match self
             .client
             .complete(&session_id, &held.turn.turn_id, &request)
-            .await?
-            .body;
+            .await
+        {
+            Ok(receipt) => receipt.body,
+            Err(error) => {
+                let problem = Problem::from(error);
+                // The turn is no longer this bridge's to answer (answered
+                // elsewhere, released by the owner, cancelled): stop waiting
+                // for it, so a refused reply never wedges the bridge.
+                if is_settled(&problem) {
+                    self.mark_answered(&held.turn.turn_id);
+                }
+                return Err(problem);
+            }
+        };
         self.mark_answered(&held.turn.turn_id);
         Ok(receipt)
+    }
+
+    /// The latest delivered turn not answered yet.
+    pub fn unanswered(&self) -> Option<Held> {
+        let recent = self.recent.lock().expect("recent turns");
+        recent.iter().rev().find(|h| !h.answered).cloned()
+    }
+
+    /// Whether the turn is still claimed by this bridge's claim: `false` once
+    /// it was answered, released (by the owner too) or cancelled. A broker
+    /// that cannot tell counts as still held.
+    pub async fn still_held(&self, held: &Held) -> bool {
+        match self.claim_as(&held.session_id, &held.claim_id, 0).await {
+            Ok(ClaimAnswer::Claimed(c)) => c.turn_state == TurnState::Claimed,
+            Ok(ClaimAnswer::NotClaimed(_)) => true,
+            Err(error) => !is_settled(&Problem::from(error)),
+        }
+    }
+
+    /// Stops waiting for a turn's answer: it is not this bridge's any more.
+    pub fn give_up(&self, turn_id: &str) {
+        self.mark_answered(turn_id);
     }
 
     /// Hands a delivered turn back to the head of the queue.
@@ -335,6 +377,7 @@ impl Host {
             .await?
             .body;
         tracing::info!(turn_id = %released.turn_id, "released a turn");
+        self.mark_answered(&released.turn_id);
         Ok(released)
     }
 
@@ -429,6 +472,22 @@ impl Host {
             .body
             .permission_requests)
     }
+}
+
+/// Whether a refusal means the turn is settled without this bridge: answered
+/// (by another completion), released, its claim spent, or its session closed.
+fn is_settled(problem: &Problem) -> bool {
+    matches!(
+        problem.code(),
+        Some(
+            "already_completed"
+                | "idempotency_key_reused"
+                | "not_claimed"
+                | "claim_mismatch"
+                | "claim_released"
+                | "session_closed"
+        )
+    )
 }
 
 /// The completion id of a bridge's answer to a turn.

@@ -16,6 +16,7 @@ use super::common::{Connection, Format, local_error};
 use crate::model::BindRequest;
 
 mod host;
+mod lock;
 mod permissions;
 mod server;
 mod stdio;
@@ -66,6 +67,23 @@ pub struct McpArgs {
 pub fn run(args: McpArgs) -> ExitCode {
     let (client, _) = match args.connection.client() {
         Ok(found) => found,
+        Err(message) => return local_error(&message),
+    };
+    // One bridge per host identity, before any MCP traffic.
+    let locks = args
+        .connection
+        .data_dir
+        .clone()
+        .unwrap_or_else(crate::config::default_data_dir)
+        .join("mcp");
+    let lock_file = lock::path(
+        &locks,
+        client.base_url(),
+        &args.host_surface,
+        &args.host_session_id,
+    );
+    let _lock = match lock::take(&lock_file, lock::WAIT_FOR_HOLDER) {
+        Ok(lock) => lock,
         Err(message) => return local_error(&message),
     };
     init_logging();

@@ -36,6 +36,8 @@ const CHANNEL_EVENT: &str = "notifications/claude/channel";
 /// How long `initialize` waits for the first bind attempt (a broker that
 /// does not answer must not hold up the host's start; Codex allows 10 s).
 const FIRST_BIND: Duration = Duration::from_secs(2);
+/// How often channel mode checks that the turn it pushed is still its own.
+const HELD_CHECK: Duration = Duration::from_secs(15);
 /// The parked claim of channel mode: the broker's 30-minute cap.
 const PARK_SECONDS: u64 = 1800;
 /// `wait_for_message` stays inside Codex's 60 s tool timeout.
@@ -59,6 +61,8 @@ pub struct Server {
     relay: Relay,
     /// True once the first bind attempt at start is over.
     first_bind: Arc<watch::Sender<bool>>,
+    /// One `wait_for_message` at a time: concurrent calls take turns.
+    waiting: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Server {
@@ -70,6 +74,7 @@ impl Server {
             channel_started: Arc::new(AtomicBool::new(false)),
             relay: Relay::default(),
             first_bind: Arc::new(watch::Sender::new(false)),
+            waiting: Arc::default(),
         }
     }
 
@@ -169,6 +174,24 @@ impl Server {
                         "wait_seconds must be 0 to {MAX_WAIT_SECONDS}, not {wait}"
                     )));
                 }
+                let _one_at_a_time = self.waiting.lock().await;
+                // A message delivered and not answered yet: wait for its
+                // answer first (the queue hands out one at a time), and never
+                // deliver it twice.
+                if let Some(held) = self.host.unanswered() {
+                    let answered = self.host.answered(&held.turn.turn_id);
+                    if tokio::time::timeout(Duration::from_secs(wait), answered)
+                        .await
+                        .is_err()
+                    {
+                        return Err(Problem::Local(format!(
+                            "message {} (seq {}) was delivered earlier and is not answered yet: \
+                             reply to it (or release it) before waiting for the next",
+                            held.turn.turn_id, held.turn.seq
+                        ))
+                        .into());
+                    }
+                }
                 let held = self.host.claim(wait).await?;
                 let session_id = self.host.session_id().await?;
                 Ok(CallToolResult::structured(message_json(
@@ -209,7 +232,24 @@ impl Server {
                 tracing::info!("the MCP client is gone ({e}); stopping");
                 return;
             }
-            self.host.answered(&held.turn.turn_id).await;
+            self.settled(&held).await;
+        }
+    }
+
+    /// Waits until the pushed turn is answered through `reply`, or is no
+    /// longer this bridge's (the owner released it, or it was answered or
+    /// cancelled elsewhere), checked every [`HELD_CHECK`].
+    async fn settled(&self, held: &Held) {
+        loop {
+            let answered = self.host.answered(&held.turn.turn_id);
+            if tokio::time::timeout(HELD_CHECK, answered).await.is_ok() {
+                return;
+            }
+            if !self.host.still_held(held).await {
+                tracing::info!(turn_id = %held.turn.turn_id, "the delivered turn is no longer held by this bridge (released or settled elsewhere); claiming the next");
+                self.host.give_up(&held.turn.turn_id);
+                return;
+            }
         }
     }
 }
