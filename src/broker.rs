@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::decide::turn::Releaser;
 use crate::error::{Error, ErrorCode, Result};
 use crate::handoff::{Delivery, Handoffs, Parked};
 use crate::ids::check;
@@ -19,10 +20,10 @@ use crate::lark::dispatcher::Dispatcher;
 use crate::metrics::{Metrics, Open};
 use crate::model::ReportAgentState;
 use crate::model::{
-    BindPreview, BindRequest, Capabilities, ClaimAnswer, ClaimRequest, Claimed, CompleteRequest,
-    EnqueueRequest, Enqueued, ListSessions, ListTurns, NotClaimed, Origin, Receipt,
-    RegisterAgentThread, Registered, ReleaseRequest, Released, Session, SessionList,
-    SessionPreview, SessionState, Turn, TurnList,
+    BindPreview, BindRequest, Capabilities, ClaimAnswer, ClaimRequest, Claimed, CloseRequest,
+    CompleteRequest, EnqueueRequest, Enqueued, ListSessions, ListTurns, NotClaimed, Origin,
+    Receipt, RegisterAgentThread, Registered, ReleaseRequest, Released, ReleasedBy, Session,
+    SessionList, SessionPreview, SessionState, Turn, TurnList,
 };
 use crate::model::{LarkLink, LarkLinkRequest};
 use crate::store::{Bound, ClaimOutcome, HostIdentity, LarkEvent, LarkIngest, Store};
@@ -433,14 +434,7 @@ impl Broker {
         check("host_session_id", &completion.host_session_id)?;
         check("claim_id", &completion.claim_id)?;
         check("completion_id", &completion.completion_id)?;
-        match completion.response.get("message") {
-            Some(serde_json::Value::String(m)) if !m.is_empty() => {}
-            _ => {
-                return Err(Error::invalid(
-                    "`response` must have a non-empty string `message`.",
-                ));
-            }
-        }
+        crate::decide::turn::answer_text(completion.response.get("message"))?;
         let size = serde_json::to_vec(&completion.response).map_or(usize::MAX, |v| v.len());
         if size > MAX_RESPONSE_BYTES {
             return Err(Error::invalid(format!(
@@ -467,20 +461,33 @@ impl Broker {
         &self,
         session_id: &str,
         claim_id: &str,
-        host: ReleaseRequest,
+        by: ReleaseRequest,
     ) -> Result<Released> {
         check("claim_id", claim_id)?;
-        let host = checked_host(host.host_surface, host.host_session_id)?;
+        let by = match (by.by, by.host_surface, by.host_session_id) {
+            (Some(ReleasedBy::Owner), None, None) => Releaser::Owner,
+            (None, Some(host_surface), Some(host_session_id)) => {
+                Releaser::Host(checked_host(host_surface, host_session_id)?)
+            }
+            _ => {
+                return Err(Error::invalid(
+                    "Give the host identity (`host_surface` and `host_session_id`), or `\"by\": \"owner\"` alone.",
+                ));
+            }
+        };
         let released = self
             .store
-            .release(session_id.to_owned(), claim_id.to_owned(), host)
+            .release(session_id.to_owned(), claim_id.to_owned(), by)
             .await?;
         self.changed(session_id);
         Ok(released)
     }
 
-    pub async fn close(&self, session_id: &str) -> Result<Session> {
-        let closed = self.store.close(session_id.to_owned()).await?;
+    pub async fn close(&self, session_id: &str, close: CloseRequest) -> Result<Session> {
+        let closed = self
+            .store
+            .close(session_id.to_owned(), close.release_active_claim)
+            .await?;
         self.metrics.turn("cancelled", closed.cancelled);
         self.metrics.permission("expired", closed.expired);
         // Parked claims re-check and answer 409 session_closed; waits on

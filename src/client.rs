@@ -13,8 +13,9 @@ use crate::model::{
     PermissionRequest, ReportAgentState, WaitPermission, WithdrawPermission,
 };
 use crate::model::{
-    BindPreview, BindRequest, ClaimAnswer, ClaimRequest, CompleteRequest, EnqueueRequest, Enqueued,
-    LarkConnector, LarkLink, LarkLinkRequest, ListSessions, ListTurns, Receipt,
+    BindPreview, BindRequest, ClaimAnswer, ClaimRequest, CloseRequest, CompleteRequest,
+    EnqueueRequest, Enqueued, LarkConnector, LarkLink, LarkLinkRequest, ListSessions, ListTurns,
+    Receipt,
     RegisterAgentThread, Registered, ReleaseRequest, Released, Session, SessionList, Turn,
     TurnList,
 };
@@ -283,6 +284,16 @@ impl Client {
             None,
         )
         .await
+    }
+
+    /// A close with a body (`release_active_claim`).
+    pub async fn close_with(
+        &self,
+        session_id: &str,
+        close: &CloseRequest,
+    ) -> Result<TypedReply<Session>, ClientError> {
+        let path = session_path(session_id, "/close");
+        self.call(Method::POST, &path, Some(close), None).await
     }
 
     pub async fn turn(

@@ -554,23 +554,58 @@ pub struct Receipt {
     pub replayed: bool,
 }
 
-/// `POST /v1/sessions/{session_id}/claims/{claim_id}/release`.
-#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+/// `POST /v1/sessions/{session_id}/claims/{claim_id}/release`: by the host
+/// (`host_surface` and `host_session_id`), or by the owner (`"by": "owner"`
+/// alone), who can always free a session whose agent is gone.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"host_surface": "codex-cli", "host_session_id": "host-abc"}))]
 pub struct ReleaseRequest {
+    /// The host's surface (with `host_session_id`); not with `by`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(
         min_length = 1,
         max_length = 256,
         pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
     )]
-    pub host_surface: String,
+    pub host_surface: Option<String>,
+    /// The host session's id (with `host_surface`); not with `by`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(
         min_length = 1,
         max_length = 256,
         pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
     )]
-    pub host_session_id: String,
+    pub host_session_id: Option<String>,
+    /// `owner`: the owner releases, with no host identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<ReleasedBy>,
+}
+
+impl ReleaseRequest {
+    /// A release by the host.
+    pub fn host(host_surface: impl Into<String>, host_session_id: impl Into<String>) -> Self {
+        ReleaseRequest {
+            host_surface: Some(host_surface.into()),
+            host_session_id: Some(host_session_id.into()),
+            by: None,
+        }
+    }
+
+    /// A release by the owner.
+    pub fn owner() -> Self {
+        ReleaseRequest {
+            by: Some(ReleasedBy::Owner),
+            ..ReleaseRequest::default()
+        }
+    }
+}
+
+/// Who releases without a host identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ReleasedBy {
+    Owner,
 }
 
 /// The released turn is back at the head of the queue.
@@ -636,11 +671,17 @@ pub struct TurnList {
     pub has_more: bool,
 }
 
-/// `POST /v1/sessions/{session_id}/close`: nothing to say; an empty body works too.
+/// `POST /v1/sessions/{session_id}/close`: an empty body, `{}`, or
+/// `{"release_active_claim": true}`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({}))]
-pub struct CloseRequest {}
+#[schema(example = json!({"release_active_claim": true}))]
+pub struct CloseRequest {
+    /// Release the session's active claim first (its turn is then cancelled
+    /// with the queued ones) instead of refusing with 409 `claim_active`.
+    #[serde(default)]
+    pub release_active_claim: bool,
+}
 
 /// `GET /healthz`.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]

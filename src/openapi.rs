@@ -278,7 +278,7 @@ impl PartialSchema for TurnResponse {
         ObjectBuilder::new()
             .schema_type(Type::Object)
             .description(Some(
-                "The host's response: a JSON object with at least a non-empty string `message`; \
+                "The host's response: a JSON object with at least a string `message` that is not blank (not empty, not only whitespace: 400 `invalid_request`); \
                  other fields are kept and read back exactly as given.",
             ))
             .property(
@@ -286,7 +286,8 @@ impl PartialSchema for TurnResponse {
                 ObjectBuilder::new()
                     .schema_type(Type::String)
                     .min_length(Some(1))
-                    .description(Some("The answer for the people in the chat.")),
+                    .pattern(Some(r"\S"))
+                    .description(Some("The answer for the people in the chat: not blank.")),
             )
             .required("message")
             .additional_properties(Some(AdditionalProperties::FreeForm(true)))

@@ -12,8 +12,8 @@ use serde_json::{Map, Value};
 use super::common::{ClientOptions, Ctx, Format, local_error, with_client};
 use crate::client::ClientError;
 use crate::model::{
-    BindRequest, ClaimAnswer, ClaimRequest, CompleteRequest, ListSessions, RegisterAgentThread,
-    ReleaseRequest, Session, SessionState,
+    BindRequest, ClaimAnswer, ClaimRequest, CloseRequest, CompleteRequest, ListSessions,
+    RegisterAgentThread, ReleaseRequest, Session, SessionState,
 };
 use crate::model::{HostIdentity, wire};
 
@@ -182,6 +182,10 @@ pub struct AttachedSessionCloseArgs {
     /// The LoopX Chat session (ses_…).
     #[arg(long)]
     pub session_id: String,
+    /// Release the active claim first (a turn delivered to an agent that
+    /// will not answer): it is cancelled with the queued turns.
+    #[arg(long)]
+    pub release_active_claim: bool,
     #[command(flatten)]
     pub options: ClientOptions,
 }
@@ -380,10 +384,7 @@ async fn complete(
 }
 
 async fn release(ctx: Ctx, a: AttachedSessionReleaseArgs) -> Result<(), ClientError> {
-    let host = ReleaseRequest {
-        host_surface: a.host.host_surface,
-        host_session_id: a.host.host_session_id,
-    };
+    let host = ReleaseRequest::host(a.host.host_surface, a.host.host_session_id);
     let answer = ctx
         .client
         .release(&a.session_id, &a.claim_id, &host)
@@ -398,7 +399,10 @@ async fn release(ctx: Ctx, a: AttachedSessionReleaseArgs) -> Result<(), ClientEr
 }
 
 async fn close(ctx: Ctx, a: AttachedSessionCloseArgs) -> Result<(), ClientError> {
-    let answer = ctx.client.close(&a.session_id).await?;
+    let request = CloseRequest {
+        release_active_claim: a.release_active_claim,
+    };
+    let answer = ctx.client.close_with(&a.session_id, &request).await?;
     let s = &answer.body;
     ctx.print(&answer.reply, || {
         format!(
@@ -490,10 +494,12 @@ fn read_response(path: &Path) -> Result<Map<String, Value>, String> {
         ));
     };
     match response.get("message") {
-        Some(Value::String(m)) if !m.is_empty() => Ok(response),
-        Some(Value::String(_)) => Err(format!(
-            "the response file {shown} has an empty \"message\"; it must be a non-empty string"
-        )),
+        Some(Value::String(_)) => match crate::decide::turn::answer_text(response.get("message")) {
+            Ok(_) => Ok(response),
+            Err(_) => Err(format!(
+                "the response file {shown} has an empty \"message\" (blank: only whitespace); it must be a non-empty string"
+            )),
+        },
         Some(other) => Err(format!(
             "the response file {shown} has a \"message\" that is {}, not a non-empty string",
             kind(other)

@@ -2,13 +2,13 @@
 //! tuple, same executor answered again) and close (refused while a claim is
 //! active; what it cancels and expires).
 
-use super::{ClaimRow, NewEvent, Subject, existing, log, no_active_claim};
+use super::{ClaimRow, NewEvent, Subject, Writes, existing, log, no_active_claim};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
 use crate::model::{
     AgentState, BindRequest, CancelReason, PermissionState, SessionState, TurnState,
 };
-use crate::store::{Bound, Closed, SessionRow};
+use crate::store::{Bound, Closed, SessionRow, TurnRow};
 
 /// What a bind decision reads.
 #[derive(Debug, Default)]
@@ -65,11 +65,13 @@ pub fn bind(rows: BindRows, bind: BindRequest, minter: &Minter, now: i64) -> Res
 }
 
 /// What a close decision reads.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct CloseRows {
     pub session: Option<SessionRow>,
     /// The session's active claim, if it has one.
     pub active: Option<ClaimRow>,
+    /// That claim's turn.
+    pub active_turn: Option<TurnRow>,
     /// How many of its turns are queued.
     pub queued: i64,
     /// How many of its permission requests are pending.
@@ -84,13 +86,17 @@ pub enum Close {
     Close(Closing),
 }
 
-/// The writes of a close: every queued turn becomes `cancelled` with
+/// The writes of a close: first, when the close releases the active claim,
+/// that release (`released`: its turn back in the queue, the claim spent, its
+/// `released` event); then every queued turn becomes `cancelled` with
 /// `cancel_reason`, one event each, numbered from
 /// `cancelled_from` in seq order; every pending permission request becomes
 /// `expired`, one `permission` event each, numbered from `expired_from` in
 /// creation order; then the session's own `closed` event. Its Lark link goes.
 #[derive(Debug)]
 pub struct Closing {
+    /// The release of the active claim, applied before the rest.
+    pub released: Option<Box<Writes>>,
     /// The session after the close (closed, nothing queued, its event
     /// counter past the close's events).
     pub session: SessionRow,
@@ -103,8 +109,11 @@ pub struct Closing {
 }
 
 /// A close, in this order: unknown session 404; closed already answers
-/// again; an active claim 409 `claim_active`.
-pub fn close(rows: CloseRows, now: i64) -> Result<Close> {
+/// again; an active claim 409 `claim_active`, unless the owner asked to
+/// release it (`release_active_claim`): then its turn goes back to the queue
+/// (its attempt counted, a late completion fenced) and is cancelled with the
+/// others, in one step.
+pub fn close(rows: CloseRows, release_active_claim: bool, now: i64) -> Result<Close> {
     let mut session = existing(rows.session)?;
     if session.state == SessionState::Closed {
         return Ok(Close::Replayed(Closed {
@@ -113,15 +122,37 @@ pub fn close(rows: CloseRows, now: i64) -> Result<Close> {
             expired: 0,
         }));
     }
-    no_active_claim(&session, rows.active.as_ref())?;
+    let mut queued = rows.queued;
+    let released = match (release_active_claim, &session.active_claim_id) {
+        (true, Some(_)) => {
+            let (Some(claim), Some(turn)) = (rows.active, rows.active_turn) else {
+                return Err(Error::store(
+                    "closing",
+                    "the session's active claim or its turn is missing",
+                ));
+            };
+            let mut release = super::turn::requeue(session, claim, turn, now).writes;
+            session = release
+                .session
+                .take()
+                .ok_or_else(|| Error::store("closing", "a release wrote no session"))?;
+            queued += 1;
+            Some(Box::new(release))
+        }
+        _ => {
+            no_active_claim(&session, rows.active.as_ref())?;
+            None
+        }
+    };
     let cancelled_from = session.next_event_no;
-    let expired_from = cancelled_from + rows.queued;
+    let expired_from = cancelled_from + queued;
     session.next_event_no = expired_from + rows.pending;
     session.state = SessionState::Closed;
     session.closed_at = Some(now);
     session.queued_count = 0;
     let event = log(&mut session, Subject::Session, "closed", now);
     Ok(Close::Close(Closing {
+        released,
         session,
         cancelled: TurnState::Cancelled,
         cancel_reason: CancelReason::SessionClosed,
@@ -135,8 +166,8 @@ pub fn close(rows: CloseRows, now: i64) -> Result<Close> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::ClaimState;
     use crate::decide::tests::session;
+    use crate::decide::{Change, ClaimState};
 
     fn request(executor: &str) -> BindRequest {
         BindRequest {
@@ -184,7 +215,7 @@ mod tests {
             session: Some(session(SessionState::Closed)),
             ..CloseRows::default()
         };
-        assert!(matches!(close(closed, 5), Ok(Close::Replayed(_))));
+        assert!(matches!(close(closed, false, 5), Ok(Close::Replayed(_))));
         let held = ClaimRow {
             claim_id: "c1".into(),
             session_id: "ses_1".into(),
@@ -202,17 +233,53 @@ mod tests {
             active: Some(held),
             ..CloseRows::default()
         };
-        assert_eq!(
-            close(busy, 5).expect_err("a refusal").code,
-            ErrorCode::ClaimActive
+        let turn = crate::decide::turn::enqueue(
+            Some(session(SessionState::Open)),
+            None,
+            crate::model::EnqueueRequest {
+                origin: crate::model::Origin::Web,
+                text: "hi".into(),
+                client_message_id: None,
+                ingress: crate::model::Ingress::SessionQueue,
+                lark: None,
+            },
+            &Minter::default(),
+            3,
+        )
+        .unwrap()
+        .answer
+        .turn;
+        let busy = CloseRows {
+            active_turn: Some(TurnRow {
+                state: TurnState::Claimed,
+                ..turn
+            }),
+            ..busy
+        };
+        let refused = close(busy.clone(), false, 5);
+        assert_eq!(refused.expect_err("a refusal").code, ErrorCode::ClaimActive);
+        // The owner's close with release_active_claim: released, then cancelled with the rest.
+        let Ok(Close::Close(closing)) = close(busy, true, 5) else {
+            panic!("a close that releases the active claim closes")
+        };
+        let released = closing.released.expect("the release's writes");
+        assert!(
+            matches!(released.turn, Some(Change::Update(ref t)) if t.state == TurnState::Queued)
         );
+        assert!(
+            matches!(released.claim, Some(Change::Update(ref c)) if c.state == ClaimState::Released)
+        );
+        let before = session(SessionState::Open);
+        assert_eq!(released.event.unwrap().event_no, before.next_event_no);
+        assert_eq!(closing.cancelled_from, before.next_event_no + 1);
+        assert_eq!(closing.session.active_claim_id, None);
         let open = CloseRows {
             session: Some(session(SessionState::Open)),
             queued: 3,
             pending: 2,
             ..CloseRows::default()
         };
-        let Ok(Close::Close(closing)) = close(open, 5) else {
+        let Ok(Close::Close(closing)) = close(open, false, 5) else {
             panic!("an open session without a claim closes")
         };
         let before = session(SessionState::Open);
@@ -229,7 +296,7 @@ mod tests {
             (after.state, after.closed_at, after.queued_count),
             (SessionState::Closed, Some(5), 0)
         );
-        let unknown = close(CloseRows::default(), 5).expect_err("a refusal");
+        let unknown = close(CloseRows::default(), true, 5).expect_err("a refusal");
         assert_eq!(unknown.code, ErrorCode::NotFound);
     }
 }

@@ -211,6 +211,19 @@ pub fn claim(
     })
 }
 
+/// An answer's text (a completion's `response.message`, a bridge's `reply`, a
+/// hook's last message): a string with more than whitespace in it, since an
+/// answer is final and a blank one would tell the sender nothing. Else 400
+/// `invalid_request`.
+pub fn answer_text(message: Option<&serde_json::Value>) -> Result<&str> {
+    match message {
+        Some(serde_json::Value::String(text)) if !text.trim().is_empty() => Ok(text),
+        _ => Err(Error::invalid(
+            "The answer (`response.message`) must be a string that is not blank: an answer is final, and whitespace alone says nothing.",
+        )),
+    }
+}
+
 /// What a completion decision reads.
 #[derive(Debug, Default)]
 pub struct CompleteRows {
@@ -350,57 +363,84 @@ pub struct ReleaseRows {
     pub turn: Option<TurnRow>,
 }
 
-/// A release, in this order: unknown session 404; another host 403; no such
-/// claim on the session 404; completed 409 `already_completed`; released
-/// already: answered again; else the turn goes back to the head of the queue.
-pub fn release(rows: ReleaseRows, host: &HostIdentity, now: i64) -> Result<Decided<Released>> {
-    let mut session = hosted(rows.session, host)?;
+/// Who releases a claim: its host (the exact host identity), or the owner
+/// (the bearer token alone), who can always free a session whose agent is
+/// gone.
+#[derive(Debug, Clone)]
+pub enum Releaser {
+    Host(HostIdentity),
+    Owner,
+}
+
+/// A release, in this order: unknown session 404; a host other than the
+/// session's 403 (the owner needs no host identity); no such claim on the
+/// session 404; completed 409 `already_completed`; released already:
+/// answered again; else the turn goes back to the head of the queue.
+pub fn release(rows: ReleaseRows, by: &Releaser, now: i64) -> Result<Decided<Released>> {
+    let session = match by {
+        Releaser::Host(host) => hosted(rows.session, host)?,
+        Releaser::Owner => existing(rows.session)?,
+    };
     let claim = rows
         .claim
         .ok_or_else(|| Error::not_found("claim on this session"))?;
-    let released = Released {
-        released: true,
-        turn_id: claim.turn_id.clone(),
-    };
     match claim.state {
         ClaimState::Completed => Err(Error::new(
             ErrorCode::AlreadyCompleted,
             "The claimed turn is already completed; there is nothing to release.",
         )),
-        ClaimState::Released => Ok(Decided::nothing(released)),
+        ClaimState::Released => Ok(Decided::nothing(Released {
+            released: true,
+            turn_id: claim.turn_id,
+        })),
         ClaimState::Active => {
             let turn = rows
                 .turn
                 .ok_or_else(|| Error::store("releasing a claim", "the claimed turn is missing"))?;
-            let turn = TurnRow {
-                state: TurnState::Queued,
-                claimed_at: None,
-                current_claim_id: None,
-                ..turn
-            };
-            session.active_claim_id = None;
-            session.queued_count += 1;
-            let event = log(
-                &mut session,
-                Subject::Turn(&turn.turn_id, turn.seq),
-                "released",
-                now,
-            );
-            Ok(Decided {
-                answer: released,
-                writes: Writes {
-                    turn: Some(Change::Update(turn)),
-                    claim: Some(Change::Update(ClaimRow {
-                        state: ClaimState::Released,
-                        released_at: Some(now),
-                        ..claim
-                    })),
-                    session: Some(session),
-                    event: Some(event),
-                    ..Writes::default()
-                },
-            })
+            Ok(requeue(session, claim, turn, now))
         }
+    }
+}
+
+/// An active claim's turn back to the head of the queue (its `seq` kept, its
+/// attempt still counted: the next claim is attempt + 1); the claim is spent,
+/// so a late completion from it is fenced.
+pub(crate) fn requeue(
+    mut session: SessionRow,
+    claim: ClaimRow,
+    turn: TurnRow,
+    now: i64,
+) -> Decided<Released> {
+    let turn = TurnRow {
+        state: TurnState::Queued,
+        claimed_at: None,
+        current_claim_id: None,
+        ..turn
+    };
+    session.active_claim_id = None;
+    session.queued_count += 1;
+    let event = log(
+        &mut session,
+        Subject::Turn(&turn.turn_id, turn.seq),
+        "released",
+        now,
+    );
+    Decided {
+        answer: Released {
+            released: true,
+            turn_id: turn.turn_id.clone(),
+        },
+        writes: Writes {
+            turn: Some(Change::Update(turn)),
+            claim: Some(Change::Update(ClaimRow {
+                state: ClaimState::Released,
+                released_at: Some(now),
+                ..claim
+            })),
+            session: Some(session),
+            event: Some(event),
+            ..Writes::default()
+        },
     }
 }
 
@@ -627,6 +667,16 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_needs_text_that_is_not_blank() {
+        use serde_json::json;
+        assert_eq!(answer_text(Some(&json!(" ok "))).unwrap(), " ok ");
+        for blank in [json!(""), json!("  \n\t "), json!(5), json!(null)] {
+            assert_eq!(code(answer_text(Some(&blank))), ErrorCode::InvalidRequest);
+        }
+        assert_eq!(code(answer_text(None)), ErrorCode::InvalidRequest);
+    }
+
+    #[test]
     fn a_release_requeues_once_and_never_a_completed_turn() {
         let (turn, held, busy) = claimed(&session(SessionState::Open));
         let rows = |claim: &ClaimRow| ReleaseRows {
@@ -634,7 +684,7 @@ mod tests {
             claim: Some(claim.clone()),
             turn: Some(turn.clone()),
         };
-        let done = release(rows(&held), &host("h"), 12).unwrap();
+        let done = release(rows(&held), &Releaser::Host(host("h")), 12).unwrap();
         let after = done.writes.session.unwrap();
         assert_eq!(
             (after.active_claim_id, after.queued_count),
@@ -647,20 +697,31 @@ mod tests {
         let Some(Change::Update(spent)) = done.writes.claim else {
             panic!("a release updates the claim")
         };
-        let again = release(rows(&spent), &host("h"), 13).unwrap();
+        let again = release(rows(&spent), &Releaser::Host(host("h")), 13).unwrap();
         assert!(again.writes.turn.is_none());
+        // The owner releases without a host identity; another host cannot.
+        let by_owner = release(rows(&held), &Releaser::Owner, 12).unwrap();
+        assert_eq!(by_owner.answer.turn_id, turn.turn_id);
+        assert!(by_owner.writes.turn.is_some());
+        assert_eq!(
+            code(release(rows(&held), &Releaser::Host(host("x")), 12)),
+            ErrorCode::HostMismatch
+        );
         let completed = ClaimRow {
             state: ClaimState::Completed,
             ..held
         };
         assert_eq!(
-            code(release(rows(&completed), &host("h"), 13)),
+            code(release(rows(&completed), &Releaser::Host(host("h")), 13)),
             ErrorCode::AlreadyCompleted
         );
         let none = ReleaseRows {
             claim: None,
             ..rows(&spent)
         };
-        assert_eq!(code(release(none, &host("h"), 13)), ErrorCode::NotFound);
+        assert_eq!(
+            code(release(none, &Releaser::Owner, 13)),
+            ErrorCode::NotFound
+        );
     }
 }

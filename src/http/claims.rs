@@ -136,12 +136,17 @@ fn claim_event(answer: Result<Answer<ClaimAnswer>, Error>) -> Event {
 
 /// Release a claim.
 ///
-/// Returns a claimed, uncompleted turn to the head of the queue (same `seq`),
-/// so a host that cannot answer never strands it. The released claim id is
-/// spent: a late completion from it is refused (409 `not_claimed` or
-/// `claim_mismatch`). Idempotent: releasing a released claim answers the same.
-/// 409 `already_completed` for a completed turn; 404 for a claim id unknown on
-/// this session.
+/// Returns a claimed, uncompleted turn to the head of the queue (same `seq`,
+/// its attempt counted: the next claim is attempt + 1), so a host that cannot
+/// answer never strands it. By the host (`host_surface` and
+/// `host_session_id`, else 403 `host_mismatch`), or by the owner with
+/// `{"by": "owner"}` and no host identity, so the owner can always free a
+/// session whose agent is gone (find the claim id in a `claim_active`
+/// refusal). Anything else (both, neither, half a host identity) is 400
+/// `invalid_request`. The released claim id is spent: a late completion from
+/// it is refused (409 `not_claimed` or `claim_mismatch`). Idempotent:
+/// releasing a released claim answers the same. 409 `already_completed` for a
+/// completed turn; 404 for a claim id unknown on this session.
 #[utoipa::path(post, path = "/v1/sessions/{session_id}/claims/{claim_id}/release", operation_id = "releaseClaim", tag = "turns",
     params(
         ("session_id" = String, Path, description = "The session id."),
@@ -161,9 +166,9 @@ fn claim_event(answer: Result<Answer<ClaimAnswer>, Error>) -> Event {
 pub async fn release(
     State(state): State<AppState>,
     AppPath((session_id, claim_id)): AppPath<(String, String)>,
-    AppJson(host): AppJson<ReleaseRequest>,
+    AppJson(by): AppJson<ReleaseRequest>,
 ) -> Result<Json<Released>> {
     Ok(Json(
-        state.broker.release(&session_id, &claim_id, host).await?,
+        state.broker.release(&session_id, &claim_id, by).await?,
     ))
 }

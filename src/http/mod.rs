@@ -315,18 +315,19 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
     }
 }
 
-/// For routes that take no input: an empty body, or a JSON `{}`.
-pub struct NoInput;
+/// An optional JSON body: empty means `T::default()`; otherwise as
+/// [`AppJson`].
+pub struct OptionalJson<T>(pub T);
 
-impl<S: Send + Sync> FromRequest<S> for NoInput {
+impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJson<T> {
     type Rejection = Error;
 
     async fn from_request(request: Request, state: &S) -> Result<Self> {
         let (headers, bytes) = read_body(request, state).await?;
-        if !bytes.is_empty() {
-            parse::<crate::model::CloseRequest>(&headers, &bytes)?;
+        if bytes.is_empty() {
+            return Ok(OptionalJson(T::default()));
         }
-        Ok(NoInput)
+        parse(&headers, &bytes).map(OptionalJson)
     }
 }
 

@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use super::{AppJson, AppPath, AppQuery, AppState, NoInput, replayed_header};
+use super::{AppJson, AppPath, AppQuery, AppState, OptionalJson, replayed_header};
 use crate::broker::BindAnswer;
 use crate::error::{ErrorBody, Result};
 use crate::model::{
@@ -179,12 +179,17 @@ pub async fn enqueue(
 /// Queued turns become `cancelled` (`cancel_reason: "session_closed"`); claims
 /// parked on the session answer 409 `session_closed`; enqueue and claim then
 /// answer 409 `session_closed`, and reads still work. A session with an active
-/// claim cannot be closed: 409 `claim_active` (complete or release it first).
-/// Closing a closed session answers the same projection. Takes an empty body
-/// or `{}`.
+/// claim cannot be closed: 409 `claim_active` with `active_claim_id` and
+/// `claimed_at` (complete or release it first; the owner can release it with
+/// `{"by": "owner"}`). Or close in one step with `{"release_active_claim":
+/// true}`: the active claim is released (its turn back in the queue, its
+/// attempt counted, a late completion from its host fenced with 409
+/// `claim_mismatch` or `not_claimed`) and its turn cancelled with the queued
+/// ones, in one transaction. Closing a closed session answers the same
+/// projection. Takes an empty body, `{}`, or `{"release_active_claim": true}`.
 #[utoipa::path(post, path = "/v1/sessions/{session_id}/close", operation_id = "closeSession", tag = "sessions",
     params(("session_id" = String, Path, description = "The session id.")),
-    request_body(content = CloseRequest, description = "Optional: empty, or `{}`.", content_type = "application/json"),
+    request_body(content = CloseRequest, description = "Optional: empty, `{}`, or `{\"release_active_claim\": true}`.", content_type = "application/json"),
     responses(
         (status = 200, description = "The closed session.", body = Session),
         (status = 400, description = "`invalid_request`.", body = ErrorBody),
@@ -197,7 +202,7 @@ pub async fn enqueue(
 pub async fn close(
     State(state): State<AppState>,
     AppPath(session_id): AppPath<String>,
-    _: NoInput,
+    OptionalJson(request): OptionalJson<CloseRequest>,
 ) -> Result<Json<Session>> {
-    Ok(Json(state.broker.close(&session_id).await?))
+    Ok(Json(state.broker.close(&session_id, request).await?))
 }

@@ -498,11 +498,13 @@ pub trait Store: Send + Sync + 'static {
         &self,
         session_id: String,
         claim_id: String,
-        host: HostIdentity,
+        by: crate::decide::turn::Releaser,
     ) -> Result<Released>;
     /// Closes the session, cancelling its queued turns and expiring its
     /// pending permission requests in the same transaction.
-    async fn close(&self, session_id: String) -> Result<Closed>;
+    /// With `release_active_claim`, an active claim is released first, in the
+    /// same transaction, instead of refusing the close.
+    async fn close(&self, session_id: String, release_active_claim: bool) -> Result<Closed>;
     /// Records a permission request by the host ([`crate::decide::permission::create`]).
     async fn create_permission(
         &self,

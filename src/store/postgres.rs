@@ -274,20 +274,24 @@ impl Store for PgStore {
         &self,
         session_id: String,
         claim_id: String,
-        host: HostIdentity,
+        by: crate::decide::turn::Releaser,
     ) -> Result<Released> {
         let released = transaction!(self, "releasing", |conn| release(
             conn,
             &session_id,
             &claim_id,
-            &host
+            &by
         ))?;
         self.announcer.changed(&session_id);
         Ok(released)
     }
 
-    async fn close(&self, session_id: String) -> Result<Closed> {
-        let closed = transaction!(self, "closing", |conn| close(conn, &session_id))?;
+    async fn close(&self, session_id: String, release_active_claim: bool) -> Result<Closed> {
+        let closed = transaction!(self, "closing", |conn| close(
+            conn,
+            &session_id,
+            release_active_claim
+        ))?;
         self.announcer.changed(&session_id);
         Ok(closed)
     }

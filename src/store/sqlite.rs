@@ -374,14 +374,14 @@ impl Store for SqliteStore {
         &self,
         session_id: String,
         claim_id: String,
-        host: HostIdentity,
+        by: crate::decide::turn::Releaser,
     ) -> Result<Released> {
-        self.write(move |conn| release(conn, session_id.clone(), claim_id.clone(), host.clone()))
+        self.write(move |conn| release(conn, session_id.clone(), claim_id.clone(), &by))
             .await
     }
 
-    async fn close(&self, session_id: String) -> Result<Closed> {
-        self.write(move |conn| close(conn, session_id.clone()))
+    async fn close(&self, session_id: String, release_active_claim: bool) -> Result<Closed> {
+        self.write(move |conn| close(conn, session_id.clone(), release_active_claim))
             .await
     }
 

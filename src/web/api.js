@@ -149,6 +149,13 @@ export function newUuid() {
   return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
 }
 
+/** Closes the session. With releaseActiveClaim, a message delivered to the
+ * agent and not answered is released first and cancelled with the rest. */
+export async function closeSession(sessionId, releaseActiveClaim = false) {
+  const body = releaseActiveClaim ? { release_active_claim: true } : {};
+  return (await request('POST', `/v1/sessions/${enc(sessionId)}/close`, body)).data;
+}
+
 /** The session's permission requests: pending first, then newest first. */
 export async function listPermissions(sessionId) {
   return (await request('GET', `/v1/sessions/${enc(sessionId)}/permission-requests`)).data.permission_requests;

@@ -36,6 +36,13 @@ const ui = {
   transcript: $('transcript'),
   transcriptEmpty: $('transcript-empty'),
   closedNote: $('closed-note'),
+  closeSession: $('close-session'),
+  closePanel: $('close-panel'),
+  closeProblem: $('close-problem'),
+  closeConfirm: $('close-confirm'),
+  closeRelease: $('close-release'),
+  closeCancel: $('close-cancel'),
+  closeError: $('close-error'),
   composer: $('composer'),
   text: $('composer-text'),
   send: $('send'),
@@ -267,6 +274,8 @@ function openChat(sessionId) {
   ui.text.value = draft.text;
   // Nothing can be sent until the session is known to be open.
   show(ui.closedNote, false);
+  show(ui.closeSession, false);
+  show(ui.closePanel, false);
   ui.text.disabled = true;
   ui.send.disabled = true;
   ui.composer.classList.remove('composer-closed');
@@ -323,6 +332,8 @@ function applySession(c, session) {
   ui.capabilities.replaceChildren(capabilityList(session.capabilities, { compact: true }));
   const closed = session.state !== 'open';
   show(ui.closedNote, closed);
+  show(ui.closeSession, !closed && ui.closePanel.hidden);
+  if (closed) show(ui.closePanel, false);
   ui.text.disabled = closed;
   ui.send.disabled = closed || c.sending;
   ui.composer.classList.toggle('composer-closed', closed);
@@ -334,6 +345,65 @@ function applySession(c, session) {
   }
   updateListedSession(session);
 }
+
+// --- closing the session ---
+
+function openClosePanel() {
+  show(ui.closeProblem, false);
+  show(ui.closeRelease, false);
+  show(ui.closeConfirm, true);
+  showError(ui.closeError, '');
+  show(ui.closeSession, false);
+  show(ui.closePanel, true);
+  ui.closeConfirm.focus();
+}
+
+function hideClosePanel() {
+  show(ui.closePanel, false);
+  show(ui.closeSession, chat?.session?.state === 'open');
+  ui.closeSession.focus();
+}
+
+/** Closes the open chat's session. Refused with `claim_active` (the agent
+ * holds a message it has not answered), it says so and offers to release
+ * that message and close in one step. */
+async function closeSession(releaseActiveClaim) {
+  const c = chat;
+  if (!c) return;
+  ui.closeConfirm.disabled = true;
+  ui.closeRelease.disabled = true;
+  try {
+    const session = await api.closeSession(c.id, releaseActiveClaim);
+    if (c.disposed) return;
+    show(ui.closePanel, false);
+    applySession(c, session);
+    announce('The session is closed.');
+  } catch (error) {
+    if (c.disposed || error.status === 401) return;
+    if (error.code === 'claim_active') {
+      const at = error.body?.error?.claimed_at;
+      const since = at ? ` at ${new Date(at).toLocaleTimeString()}` : '';
+      ui.closeProblem.textContent =
+        `The agent holds a message it has not answered yet (delivered${since}), so the session cannot simply ` +
+        'be closed: the agent may still be working on it. If the agent is gone or stuck, release that message ' +
+        'and close: it is cancelled with any message still waiting, and a late answer from the agent is refused.';
+      show(ui.closeProblem, true);
+      show(ui.closeConfirm, false);
+      show(ui.closeRelease, true);
+      ui.closeRelease.focus();
+    } else {
+      showError(ui.closeError, `Could not close the session: ${error.message}`);
+    }
+  } finally {
+    ui.closeConfirm.disabled = false;
+    ui.closeRelease.disabled = false;
+  }
+}
+
+ui.closeSession.addEventListener('click', openClosePanel);
+ui.closeCancel.addEventListener('click', hideClosePanel);
+ui.closeConfirm.addEventListener('click', () => closeSession(false));
+ui.closeRelease.addEventListener('click', () => closeSession(true));
 
 // --- the transcript ---
 

@@ -11,14 +11,10 @@
 
 import assert from 'node:assert/strict';
 import fs from 'node:fs/promises';
-import { createRequire } from 'node:module';
 import { after, before, describe } from 'node:test';
 
-import { chromium } from 'playwright-core';
+import { ARTIFACTS, bindSession, brokerForThisProcess, eventually, launchPage, openChat, seriousAxeProblems, stepper } from './support.mjs';
 
-import { ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, bindSession, brokerForThisProcess, eventually, openChat, stepper } from './support.mjs';
-
-const axeSource = createRequire(import.meta.url)('axe-core').source;
 const HOSTILE_PREVIEW = '<img src=x onerror="window.__pwned=1"><b>bold?</b>\nrm -rf build';
 
 const broker = brokerForThisProcess();
@@ -49,11 +45,7 @@ describe('permission requests on the Web chat page', () => {
     await fs.mkdir(ARTIFACTS, { recursive: true });
     await broker.start();
     session = await bindSession(broker, 'host-session-permissions');
-    browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: CHROMIUM_ARGS });
-    const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
-    page = await context.newPage();
-    page.setDefaultTimeout(15000);
-    page.on('pageerror', (error) => pageErrors.push(error));
+    ({ browser, page } = await launchPage(pageErrors));
     await openChat(page, broker, session.session_id);
   });
 
@@ -114,14 +106,7 @@ describe('permission requests on the Web chat page', () => {
   step('axe-core finds no serious or critical accessibility violation with a pending card', async () => {
     await requestPermission('pqrst', 'Bash', 'Run the tests', 'cargo test');
     await card('pqrst').waitFor();
-    await page.evaluate(axeSource);
-    const result = await page.evaluate(() =>
-      window.axe.run(document, { runOnly: { type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa', 'best-practice'] } }),
-    );
-    const problems = result.violations
-      .filter((v) => v.impact === 'serious' || v.impact === 'critical')
-      .map((v) => `${v.id}: ${v.help}: ${v.nodes.map((n) => n.target.join(' ')).join(', ')}`);
-    assert.deepEqual(problems, []);
+    assert.deepEqual(await seriousAxeProblems(page), []);
   });
 
   step('threw nothing', async () => {

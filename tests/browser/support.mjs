@@ -11,8 +11,11 @@ import fs from 'node:fs/promises';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
+import { createRequire } from 'node:module';
 import { it } from 'node:test';
 import { fileURLToPath } from 'node:url';
+
+import { chromium } from 'playwright-core';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const repo = path.resolve(here, '../..');
@@ -29,6 +32,29 @@ export const CHROMIUM_ARGS = [
   '--disable-component-update',
   '--disable-sync',
 ];
+
+/** Headless Chromium with one 1280×900 page whose errors land in `pageErrors`. */
+export async function launchPage(pageErrors) {
+  const browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: CHROMIUM_ARGS });
+  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const page = await context.newPage();
+  page.setDefaultTimeout(15000);
+  page.on('pageerror', (error) => pageErrors.push(error));
+  return { browser, page };
+}
+
+const axeSource = createRequire(import.meta.url)('axe-core').source;
+
+/** axe-core's serious and critical violations on the page (WCAG 2.1 AA and best practice). */
+export async function seriousAxeProblems(page) {
+  await page.evaluate(axeSource);
+  const result = await page.evaluate(() =>
+    window.axe.run(document, { runOnly: { type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa', 'best-practice'] } }),
+  );
+  return result.violations
+    .filter((v) => v.impact === 'serious' || v.impact === 'critical')
+    .map((v) => `${v.id}: ${v.help}: ${v.nodes.map((n) => n.target.join(' ')).join(', ')}`);
+}
 
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 

@@ -398,10 +398,7 @@ async fn host_identity_is_exact_on_claim_complete_and_release() {
         ),
         (403, "host_mismatch".into())
     );
-    let release = loopx::model::ReleaseRequest {
-        host_surface: HOST_SURFACE.into(),
-        host_session_id: "someone-else".into(),
-    };
+    let release = loopx::model::ReleaseRequest::host(HOST_SURFACE, "someone-else");
     assert_eq!(
         code(c.release(host.session_id(), "c1", &release).await),
         (403, "host_mismatch".into())
@@ -414,10 +411,7 @@ async fn host_identity_is_exact_on_claim_complete_and_release() {
 }
 
 fn release_body(host: &Host) -> loopx::model::ReleaseRequest {
-    loopx::model::ReleaseRequest {
-        host_surface: HOST_SURFACE.into(),
-        host_session_id: host.host_session_id.clone(),
-    }
+    loopx::model::ReleaseRequest::host(HOST_SURFACE, host.host_session_id.clone())
 }
 
 #[tokio::test]

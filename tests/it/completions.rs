@@ -148,7 +148,7 @@ async fn completions_are_fenced_by_the_claim() {
 }
 
 #[tokio::test]
-async fn the_response_needs_a_message_and_fits_in_1_mib() {
+async fn the_response_needs_a_message_that_is_not_blank_and_fits_in_1_mib() {
     let broker = TestBroker::start().await;
     let c = &broker.client;
     let host = bound_host(c).await;
@@ -166,6 +166,7 @@ async fn the_response_needs_a_message_and_fits_in_1_mib() {
     for bad in [
         json!({}),
         json!({"message": ""}),
+        json!({"message": "  \n\t "}),
         json!({"message": 5}),
         json!("just a string"),
         json!({"message": "x".repeat(1024 * 1024)}),

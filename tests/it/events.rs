@@ -87,10 +87,7 @@ async fn every_change_is_an_event_in_order_and_a_new_stream_starts_from_now() {
     c.release(
         host.session_id(),
         "c1",
-        &ReleaseRequest {
-            host_surface: HOST_SURFACE.into(),
-            host_session_id: host.host_session_id.clone(),
-        },
+        &ReleaseRequest::host(HOST_SURFACE, host.host_session_id.clone()),
     )
     .await
     .unwrap();

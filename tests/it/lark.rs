@@ -1102,10 +1102,7 @@ async fn a_released_and_reclaimed_lark_turn_replies_once_with_the_final_answer()
     c.release(
         host.session_id(),
         "c1",
-        &loopx::model::ReleaseRequest {
-            host_surface: HOST_SURFACE.into(),
-            host_session_id: host.host_session_id.clone(),
-        },
+        &loopx::model::ReleaseRequest::host(HOST_SURFACE, host.host_session_id.clone()),
     )
     .await
     .unwrap();

@@ -19,6 +19,7 @@ mod lark_permissions;
 mod lark_ws;
 mod metrics;
 mod openapi_drift;
+mod owner_close;
 mod permissions;
 mod presence;
 mod replicas;

@@ -11,6 +11,7 @@ import time
 
 import anyio
 import pytest
+from mcp.shared.exceptions import MCPError
 
 from conftest import (
     HOST_SURFACE,
@@ -185,8 +186,10 @@ async def test_tools_only_wait_for_message_is_bounded_and_returns_a_turn(broker,
         assert json.loads(text_of(nothing)) == {"claimed": False}
         assert 0.9 < time.monotonic() - started < 5
 
-        too_long = await m.call("wait_for_message", wait_seconds=51)
-        assert too_long.is_error and "50" in text_of(too_long)
+        # Arguments outside the tool's schema are JSON-RPC's invalid params.
+        with pytest.raises(MCPError) as too_long:
+            await m.call("wait_for_message", wait_seconds=51)
+        assert too_long.value.code == -32602 and "50" in too_long.value.message
 
         timer = threading.Timer(0.5, broker.send, (session_id, "Codex, are you there?"))
         timer.start()
@@ -300,12 +303,13 @@ def test_stdout_is_only_json_rpc_and_stderr_has_no_text_or_host_id(broker, tmp_p
     send({"id": 3, "method": "tools/call", "params": {"name": "reply",
                                                       "arguments": {"chat_id": session_id, "text": secret_answer}}})
     assert wait_for(lambda m: m.get("id") == 3)["result"]["isError"] is False
+    # An unknown tool and arguments of the wrong type are invalid params.
     send({"id": 4, "method": "tools/call", "params": {"name": "nope", "arguments": {}}})
-    assert wait_for(lambda m: m.get("id") == 4)["result"]["isError"] is True
+    assert wait_for(lambda m: m.get("id") == 4)["error"]["code"] == -32602
     # Arguments the bridge refuses itself are not quoted in the log either.
     send({"id": 5, "method": "tools/call", "params": {"name": "reply", "arguments": {
         "chat_id": session_id, "text": 7, "turn_id": secret_answer}}})
-    assert wait_for(lambda m: m.get("id") == 5)["result"]["isError"] is True
+    assert wait_for(lambda m: m.get("id") == 5)["error"]["code"] == -32602
     send({"id": 6, "method": "tools/call", "params": {"name": "reply", "arguments": {
         "chat_id": secret_question, "text": secret_answer}}})
     refused = wait_for(lambda m: m.get("id") == 6)["result"]

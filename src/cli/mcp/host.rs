@@ -6,6 +6,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Map, Value};
 use tokio::sync::{Notify, OnceCell};
@@ -13,8 +14,8 @@ use tokio::sync::{Notify, OnceCell};
 use crate::client::{Client, ClientError};
 use crate::model::{
     BindRequest, ClaimAnswer, ClaimRequest, Claimed, ClaimedTurn, CompleteRequest,
-    CreatePermissionRequest, ListPermissions, PermissionRequest, PermissionState, Receipt,
-    RegisterAgentThread, ReleaseRequest, Released, TurnState, WaitPermission,
+    CreatePermissionRequest, ListPermissions, ListTurns, PermissionRequest, PermissionState,
+    Receipt, RegisterAgentThread, ReleaseRequest, Released, TurnState, WaitPermission,
 };
 
 /// How many recently claimed turns a bridge remembers, so that a `reply`
@@ -121,6 +122,8 @@ pub struct Host {
     host_session_id: String,
     target: Target,
     session: OnceCell<String>,
+    /// Whether this run's bind made the session (201), not reused an open one.
+    created: AtomicBool,
     recent: Mutex<VecDeque<Held>>,
     answered: Notify,
 }
@@ -138,6 +141,7 @@ impl Host {
             host_session_id,
             target,
             session: OnceCell::new(),
+            created: AtomicBool::new(false),
             recent: Mutex::new(VecDeque::new()),
             answered: Notify::new(),
         }
@@ -178,9 +182,39 @@ impl Host {
             host_session_id: bind.host_session_id.clone(),
         };
         self.client.register(&thread).await?;
-        let session = self.client.bind(bind).await?.body;
-        tracing::info!(session_id = %session.session_id, "bound the host session");
+        let bound = self.client.bind(bind).await?;
+        let created = bound.reply.status == 201;
+        self.created.store(created, Ordering::SeqCst);
+        let session = bound.body;
+        tracing::info!(session_id = %session.session_id, created, "bound the host session");
         Ok(session.session_id)
+    }
+
+    /// At exit, in bind mode: a session this run bound anew that never got a
+    /// message is closed, so a host's health check (start, `initialize`,
+    /// exit: `claude mcp list`) leaves no open session behind. A session that
+    /// was reused, or that has a message, stays open.
+    pub async fn leave(&self) {
+        let Some(session_id) = self.session.get() else {
+            return;
+        };
+        if !self.created.load(Ordering::SeqCst) {
+            return;
+        }
+        let first = ListTurns {
+            limit: Some(1),
+            ..ListTurns::default()
+        };
+        match self.client.turns(session_id, &first).await {
+            Ok(page) if page.body.turns.is_empty() => {}
+            _ => return,
+        }
+        match self.client.close(session_id).await {
+            Ok(_) => {
+                tracing::info!(%session_id, "closed the session this run bound: no message came")
+            }
+            Err(e) => tracing::info!(%session_id, "left the session open: {}", Problem::from(e)),
+        }
     }
 
     /// Claims the oldest queued turn, parking up to `wait_seconds`, with a
@@ -193,6 +227,14 @@ impl Host {
         match self.claim_as(&session_id, &claim_id, wait_seconds).await {
             Err(ClientError::Refused { error, .. }) if error.error.active_claim_id.is_some() => {
                 let active = error.error.active_claim_id.unwrap_or_default();
+                // This run's own claim, still unanswered: never delivered twice.
+                if let Some(held) = self.unanswered().filter(|h| h.claim_id == active) {
+                    return Err(Problem::Local(format!(
+                        "message {} (seq {}) was delivered earlier and is not answered yet: reply to \
+                         it (or release it) before waiting for the next",
+                        held.turn.turn_id, held.turn.seq
+                    )));
+                }
                 tracing::info!("taking over the claim an earlier run left active");
                 match self.claim_as(&session_id, &active, 0).await? {
                     ClaimAnswer::Claimed(c) => Ok(self.hold(c)),
@@ -281,29 +323,61 @@ impl Host {
             completion_id: completion_id(&held.turn.turn_id),
             response,
         };
-        let receipt = self
+        let receipt = match self
             .client
             .complete(&session_id, &held.turn.turn_id, &request)
-            .await?
-            .body;
+            .await
+        {
+            Ok(receipt) => receipt.body,
+            Err(error) => {
+                let problem = Problem::from(error);
+                // The turn is no longer this bridge's to answer (answered
+                // elsewhere, released by the owner, cancelled): stop waiting
+                // for it, so a refused reply never wedges the bridge.
+                if is_settled(&problem) {
+                    self.mark_answered(&held.turn.turn_id);
+                }
+                return Err(problem);
+            }
+        };
         self.mark_answered(&held.turn.turn_id);
         Ok(receipt)
+    }
+
+    /// The latest delivered turn not answered yet.
+    pub fn unanswered(&self) -> Option<Held> {
+        let recent = self.recent.lock().expect("recent turns");
+        recent.iter().rev().find(|h| !h.answered).cloned()
+    }
+
+    /// Whether the turn is still claimed by this bridge's claim: `false` once
+    /// it was answered, released (by the owner too) or cancelled. A broker
+    /// that cannot tell counts as still held.
+    pub async fn still_held(&self, held: &Held) -> bool {
+        match self.claim_as(&held.session_id, &held.claim_id, 0).await {
+            Ok(ClaimAnswer::Claimed(c)) => c.turn_state == TurnState::Claimed,
+            Ok(ClaimAnswer::NotClaimed(_)) => true,
+            Err(error) => !is_settled(&Problem::from(error)),
+        }
+    }
+
+    /// Stops waiting for a turn's answer: it is not this bridge's any more.
+    pub fn give_up(&self, turn_id: &str) {
+        self.mark_answered(turn_id);
     }
 
     /// Hands a delivered turn back to the head of the queue.
     pub async fn release(&self, turn_id: Option<&str>) -> Result<Released, Problem> {
         let session_id = self.session_id().await?;
         let held = self.find(turn_id)?;
-        let host = ReleaseRequest {
-            host_surface: self.host_surface.clone(),
-            host_session_id: self.host_session_id.clone(),
-        };
+        let host = ReleaseRequest::host(self.host_surface.clone(), self.host_session_id.clone());
         let released = self
             .client
             .release(&session_id, &held.claim_id, &host)
             .await?
             .body;
         tracing::info!(turn_id = %released.turn_id, "released a turn");
+        self.mark_answered(&released.turn_id);
         Ok(released)
     }
 
@@ -398,6 +472,22 @@ impl Host {
             .body
             .permission_requests)
     }
+}
+
+/// Whether a refusal means the turn is settled without this bridge: answered
+/// (by another completion), released, its claim spent, or its session closed.
+fn is_settled(problem: &Problem) -> bool {
+    matches!(
+        problem.code(),
+        Some(
+            "already_completed"
+                | "idempotency_key_reused"
+                | "not_claimed"
+                | "claim_mismatch"
+                | "claim_released"
+                | "session_closed"
+        )
+    )
 }
 
 /// The completion id of a bridge's answer to a turn.

@@ -12,12 +12,14 @@ use std::time::Duration;
 use clap::Args;
 use rmcp::ServiceExt;
 
-use super::common::{Connection, local_error};
+use super::common::{Connection, Format, local_error};
 use crate::model::BindRequest;
 
 pub(crate) mod host;
+mod lock;
 mod permissions;
 mod server;
+mod stdio;
 
 use host::{Host, Target};
 use server::{Mode, Server};
@@ -53,6 +55,10 @@ pub struct McpArgs {
     /// The server's name, as the host's MCP configuration calls it.
     #[arg(long, default_value = "loopx")]
     pub name: String,
+    /// Taken as by every client command; stdout carries MCP's JSON-RPC
+    /// messages whatever it says, and logs go to stderr as text.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
     #[command(flatten)]
     pub connection: Connection,
 }
@@ -61,6 +67,23 @@ pub struct McpArgs {
 pub fn run(args: McpArgs) -> ExitCode {
     let (client, _) = match args.connection.client() {
         Ok(found) => found,
+        Err(message) => return local_error(&message),
+    };
+    // One bridge per host identity, before any MCP traffic.
+    let locks = args
+        .connection
+        .data_dir
+        .clone()
+        .unwrap_or_else(crate::config::default_data_dir)
+        .join("mcp");
+    let lock_file = lock::path(
+        &locks,
+        client.base_url(),
+        &args.host_surface,
+        &args.host_session_id,
+    );
+    let _lock = match lock::take(&lock_file, lock::WAIT_FOR_HOLDER) {
+        Ok(lock) => lock,
         Err(message) => return local_error(&message),
     };
     init_logging();
@@ -101,12 +124,21 @@ pub fn run(args: McpArgs) -> ExitCode {
     code
 }
 
+/// How long answers still being worked out get once stdin has closed: the
+/// process exits within this (the contract's bound is 5 s).
+const CLOSING_GRACE: Duration = Duration::from_secs(1);
+
 async fn serve(server: Server) -> ExitCode {
     tracing::info!(broker = %server.broker_url(), "loopx mcp: serving MCP on stdio");
-    let running = match server.serve(rmcp::transport::stdio()).await {
+    let front = stdio::start();
+    let mut stdin_closed = front.stdin_closed;
+    server.bind_at_start();
+    let host = server.host();
+    let running = match server.serve(front.transport).await {
         Ok(running) => running,
         Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => {
             tracing::info!("stdin closed before initialize");
+            let _ = tokio::time::timeout(CLOSING_GRACE, host.leave()).await;
             return ExitCode::SUCCESS;
         }
         Err(e) => {
@@ -114,10 +146,23 @@ async fn serve(server: Server) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match running.waiting().await {
-        Ok(reason) => tracing::info!("loopx mcp: stdin closed ({reason:?}); exiting"),
-        Err(e) => tracing::warn!("loopx mcp: the MCP service ended badly: {e}"),
+    // rmcp waits up to 5 s for calls in flight once its input ends (a parked
+    // wait_for_message among them): the client is gone, so they get a short
+    // grace and the process exits.
+    let waiting = running.waiting();
+    tokio::pin!(waiting);
+    let ended = tokio::select! {
+        ended = &mut waiting => Some(ended),
+        _ = stdin_closed.wait_for(|closed| *closed) => {
+            tokio::time::timeout(CLOSING_GRACE, &mut waiting).await.ok()
+        }
+    };
+    match ended {
+        Some(Ok(reason)) => tracing::info!("loopx mcp: stdin closed ({reason:?}); exiting"),
+        Some(Err(e)) => tracing::warn!("loopx mcp: the MCP service ended badly: {e}"),
+        None => tracing::info!("loopx mcp: stdin closed with a call in flight; exiting"),
     }
+    let _ = tokio::time::timeout(CLOSING_GRACE, host.leave()).await;
     ExitCode::SUCCESS
 }
 

@@ -9,16 +9,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomNotification,
-    Implementation, InitializeResult, JsonObject, ListToolsResult, PaginatedRequestParams,
-    ProtocolVersion, ServerCapabilities, ServerConfig, ServerNotification, Tool, ToolsCapability,
+    Implementation, InitializeRequestParams, InitializeResult, JsonObject, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, ServerNotification,
+    Tool, ToolsCapability,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, Peer, RoleServer, ServerHandler};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio::sync::watch;
 
 use super::host::{Held, Host, Problem};
 use super::permissions::{self, PermissionRequestParams, Relay};
@@ -31,6 +33,11 @@ const PROTOCOL_VERSIONS: &[ProtocolVersion] =
 /// The channel capability and notification method of Claude Code.
 const CHANNEL: &str = "claude/channel";
 const CHANNEL_EVENT: &str = "notifications/claude/channel";
+/// How long `initialize` waits for the first bind attempt (a broker that
+/// does not answer must not hold up the host's start; Codex allows 10 s).
+const FIRST_BIND: Duration = Duration::from_secs(2);
+/// How often channel mode checks that the turn it pushed is still its own.
+const HELD_CHECK: Duration = Duration::from_secs(15);
 /// The parked claim of channel mode: the broker's 30-minute cap.
 const PARK_SECONDS: u64 = 1800;
 /// `wait_for_message` stays inside Codex's 60 s tool timeout.
@@ -52,6 +59,10 @@ pub struct Server {
     name: String,
     channel_started: Arc<AtomicBool>,
     relay: Relay,
+    /// True once the first bind attempt at start is over.
+    first_bind: Arc<watch::Sender<bool>>,
+    /// One `wait_for_message` at a time: concurrent calls take turns.
+    waiting: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Server {
@@ -62,7 +73,39 @@ impl Server {
             name,
             channel_started: Arc::new(AtomicBool::new(false)),
             relay: Relay::default(),
+            first_bind: Arc::new(watch::Sender::new(false)),
+            waiting: Arc::default(),
         }
+    }
+
+    pub fn host(&self) -> Arc<Host> {
+        self.host.clone()
+    }
+
+    /// Binds at start, in both modes (bind mode registers and binds, reusing
+    /// the open session), retrying with backoff while the broker is away, so
+    /// the session is in the list by the time `initialize` is answered.
+    pub fn bind_at_start(&self) {
+        let (host, first_bind) = (self.host.clone(), self.first_bind.clone());
+        tokio::spawn(async move {
+            let mut delays = backoff().build();
+            loop {
+                let bound = host.session_id().await;
+                first_bind.send_replace(true);
+                match bound {
+                    Ok(_) => return,
+                    Err(problem) if !problem.is_transient() => {
+                        tracing::warn!("cannot bind: {}", problem.log_line());
+                        return;
+                    }
+                    Err(problem) => {
+                        let delay = delays.next().unwrap_or(Duration::from_secs(30));
+                        log_problem(&problem, delay);
+                        tokio::time::sleep(delay).await;
+                    }
+                }
+            }
+        });
     }
 
     pub fn broker_url(&self) -> &str {
@@ -108,13 +151,14 @@ impl Server {
         tools
     }
 
-    async fn call(&self, name: &str, arguments: JsonObject) -> Result<CallToolResult, Problem> {
+    async fn call(&self, name: &str, arguments: JsonObject) -> Result<CallToolResult, ToolError> {
         match (name, self.mode) {
             ("reply", _) => {
                 let a: ReplyArgs = arguments_of(arguments)?;
-                if a.text.is_empty() {
-                    return Err(Problem::Local("text must not be empty".into()));
-                }
+                // The broker's own rule, checked before anything is sent.
+                crate::decide::turn::answer_text(Some(&Value::String(a.text.clone()))).map_err(
+                    |e| Problem::Local(format!("the reply was not sent: {}", e.message)),
+                )?;
                 // A replay answers the same: the sender got the answer once.
                 self.host
                     .reply(&a.chat_id, a.turn_id.as_deref(), &a.text)
@@ -126,9 +170,27 @@ impl Server {
                 let a: WaitArgs = arguments_of(arguments)?;
                 let wait = a.wait_seconds.unwrap_or(DEFAULT_WAIT_SECONDS);
                 if wait > MAX_WAIT_SECONDS {
-                    return Err(Problem::Local(format!(
+                    return Err(ToolError::Invalid(format!(
                         "wait_seconds must be 0 to {MAX_WAIT_SECONDS}, not {wait}"
                     )));
+                }
+                let _one_at_a_time = self.waiting.lock().await;
+                // A message delivered and not answered yet: wait for its
+                // answer first (the queue hands out one at a time), and never
+                // deliver it twice.
+                if let Some(held) = self.host.unanswered() {
+                    let answered = self.host.answered(&held.turn.turn_id);
+                    if tokio::time::timeout(Duration::from_secs(wait), answered)
+                        .await
+                        .is_err()
+                    {
+                        return Err(Problem::Local(format!(
+                            "message {} (seq {}) was delivered earlier and is not answered yet: \
+                             reply to it (or release it) before waiting for the next",
+                            held.turn.turn_id, held.turn.seq
+                        ))
+                        .into());
+                    }
                 }
                 let held = self.host.claim(wait).await?;
                 let session_id = self.host.session_id().await?;
@@ -145,7 +207,7 @@ impl Server {
                     released.turn_id
                 )))
             }
-            (other, _) => Err(Problem::Local(format!("no tool named {other}"))),
+            (other, _) => Err(ToolError::Invalid(format!("no tool named {other}"))),
         }
     }
 
@@ -170,7 +232,24 @@ impl Server {
                 tracing::info!("the MCP client is gone ({e}); stopping");
                 return;
             }
-            self.host.answered(&held.turn.turn_id).await;
+            self.settled(&held).await;
+        }
+    }
+
+    /// Waits until the pushed turn is answered through `reply`, or is no
+    /// longer this bridge's (the owner released it, or it was answered or
+    /// cancelled elsewhere), checked every [`HELD_CHECK`].
+    async fn settled(&self, held: &Held) {
+        loop {
+            let answered = self.host.answered(&held.turn.turn_id);
+            if tokio::time::timeout(HELD_CHECK, answered).await.is_ok() {
+                return;
+            }
+            if !self.host.still_held(held).await {
+                tracing::info!(turn_id = %held.turn.turn_id, "the delivered turn is no longer held by this bridge (released or settled elsewhere); claiming the next");
+                self.host.give_up(&held.turn.turn_id);
+                return;
+            }
         }
     }
 }
@@ -207,6 +286,17 @@ impl ServerHandler for Server {
         info
     }
 
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        context.peer.set_peer_info(request.clone());
+        let mut first_bind = self.first_bind.subscribe();
+        let _ = tokio::time::timeout(FIRST_BIND, first_bind.wait_for(|done| *done)).await;
+        self.negotiate_initialize(&request)
+    }
+
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
         Cow::Borrowed(PROTOCOL_VERSIONS)
     }
@@ -227,7 +317,13 @@ impl ServerHandler for Server {
         let arguments = request.arguments.unwrap_or_default();
         let result = match self.call(&request.name, arguments).await {
             Ok(result) => result,
-            Err(problem) => {
+            // Arguments that do not fit the tool's schema, an unknown tool:
+            // JSON-RPC's invalid params, as for any other request.
+            Err(ToolError::Invalid(message)) => {
+                tracing::warn!(tool = %request.name, "refused a tool call with invalid arguments");
+                return Err(ErrorData::invalid_params(message, None));
+            }
+            Err(ToolError::Problem(problem)) => {
                 tracing::warn!(tool = %request.name, "the tool call failed: {}", problem.log_line());
                 CallToolResult::error(vec![ContentBlock::text(problem.to_string())])
             }
@@ -327,9 +423,22 @@ struct ReleaseArgs {
     turn_id: String,
 }
 
-fn arguments_of<T: serde::de::DeserializeOwned>(arguments: JsonObject) -> Result<T, Problem> {
+/// Why a tool call failed: arguments that do not fit (a protocol error), or
+/// the call itself (a tool error the model reads).
+enum ToolError {
+    Invalid(String),
+    Problem(Problem),
+}
+
+impl From<Problem> for ToolError {
+    fn from(problem: Problem) -> Self {
+        ToolError::Problem(problem)
+    }
+}
+
+fn arguments_of<T: serde::de::DeserializeOwned>(arguments: JsonObject) -> Result<T, ToolError> {
     serde_json::from_value(Value::Object(arguments))
-        .map_err(|e| Problem::Local(format!("invalid arguments: {e}")))
+        .map_err(|e| ToolError::Invalid(format!("invalid arguments: {e}")))
 }
 
 fn schema(value: Value) -> Arc<JsonObject> {

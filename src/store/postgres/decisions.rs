@@ -156,19 +156,34 @@ pub(super) async fn release(
     conn: &mut PgConnection,
     session_id: &str,
     claim_id: &str,
-    host: &HostIdentity,
+    by: &decide::turn::Releaser,
 ) -> Step<Released> {
     let rows = release_rows(conn, session_id, claim_id).await?;
-    let decision = decide::turn::release(rows, host, now_ms())?;
+    let decision = decide::turn::release(rows, by, now_ms())?;
     decided(conn, decision).await
 }
 
-pub(super) async fn close(conn: &mut PgConnection, session_id: &str) -> Step<Closed> {
+pub(super) async fn close(
+    conn: &mut PgConnection,
+    session_id: &str,
+    release_active_claim: bool,
+) -> Step<Closed> {
     let rows = close_rows(conn, session_id).await?;
-    let closing = match decide::session::close(rows, now_ms())? {
+    let closing = match decide::session::close(rows, release_active_claim, now_ms())? {
         Close::Replayed(closed) => return Ok(closed),
         Close::Close(closing) => closing,
     };
+    // The released turn is queued again, so the cancellation below takes it.
+    if let Some(released) = closing.released {
+        decided(
+            conn,
+            decide::Decided {
+                answer: (),
+                writes: *released,
+            },
+        )
+        .await?;
+    }
     let at = closing.event.at;
     let cancelled = sqlx::query(
         "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)

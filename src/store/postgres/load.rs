@@ -106,6 +106,7 @@ static CLOSE: LazyLock<String> = LazyLock::new(|| {
     statement(
         &[
             select_as("ac", CLAIM_COLUMNS, "ac_"),
+            select_as("act", TURN_COLUMNS, "act_"),
             "(select count(*) from turns q
               where q.session_id = s.session_id and q.state = 'queued') as queued"
                 .to_owned(),
@@ -113,7 +114,8 @@ static CLOSE: LazyLock<String> = LazyLock::new(|| {
               where p.session_id = s.session_id and p.state = 'pending') as pending"
                 .to_owned(),
         ],
-        "left join claims ac on ac.claim_id = s.active_claim_id",
+        "left join claims ac on ac.claim_id = s.active_claim_id
+         left join turns act on act.turn_id = ac.turn_id and act.session_id = s.session_id",
     )
 });
 
@@ -220,6 +222,7 @@ pub(super) async fn close_rows(
     Ok(CloseRows {
         session: session(&row)?,
         active: optional_claim(Cols::new(&row, "ac_"))?,
+        active_turn: optional_turn(Cols::new(&row, "act_"))?,
         queued: row.try_get("queued")?,
         pending: row.try_get("pending")?,
     })

@@ -8,7 +8,7 @@ use rusqlite::Connection;
 use super::{SESSION_COLUMNS, load_session, load_turn, sql};
 use crate::decide::presence::Reported;
 use crate::decide::session::{BindRows, Close, CloseRows};
-use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows};
+use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows, Releaser};
 use crate::decide::{self, Change, ClaimRow, Decided, NewEvent, Writes};
 use crate::error::Result;
 use crate::ids::Minter;
@@ -325,7 +325,7 @@ pub(super) fn release(
     conn: &Connection,
     session_id: String,
     claim_id: String,
-    host: HostIdentity,
+    by: &Releaser,
 ) -> Result<Released> {
     let session = load_session(conn, &session_id)?;
     let claim = load_claim(conn, &claim_id)?.filter(|c| c.session_id == session_id);
@@ -338,7 +338,7 @@ pub(super) fn release(
         claim,
         turn,
     };
-    decided(conn, decide::turn::release(rows, &host, now_ms())?)
+    decided(conn, decide::turn::release(rows, by, now_ms())?)
 }
 
 pub(super) fn report_agent(
@@ -367,20 +367,34 @@ fn close_rows(conn: &Connection, session_id: &str) -> Result<CloseRows> {
     )
     .bind(session_id)
     .fetch_one(conn)?;
+    let active = active_claim(conn, Some(&session))?;
+    let active_turn = match &active {
+        Some(claim) => load_turn(conn, session_id, &claim.turn_id)?,
+        None => None,
+    };
     Ok(CloseRows {
-        active: active_claim(conn, Some(&session))?,
+        active,
+        active_turn,
         session: Some(session),
         queued,
         pending,
     })
 }
 
-pub(super) fn close(conn: &Connection, session_id: String) -> Result<Closed> {
+pub(super) fn close(
+    conn: &Connection,
+    session_id: String,
+    release_active_claim: bool,
+) -> Result<Closed> {
     let rows = close_rows(conn, &session_id)?;
-    let closing = match decide::session::close(rows, now_ms())? {
+    let closing = match decide::session::close(rows, release_active_claim, now_ms())? {
         Close::Replayed(closed) => return Ok(closed),
         Close::Close(closing) => closing,
     };
+    // The released turn is queued again, so the cancellation below takes it.
+    if let Some(released) = closing.released {
+        apply(conn, *released)?;
+    }
     let at = closing.event.at;
     let cancelled = sql::query(
         "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
