@@ -10,6 +10,7 @@ mod loopx;
 mod peers;
 mod queue;
 mod redis_http;
+mod reference;
 mod replicas;
 mod report;
 mod sys;
@@ -47,6 +48,16 @@ struct Cli {
     /// The broker binary [default: `loopx` beside this binary, i.e. target/release/loopx].
     #[arg(long)]
     loopx: Option<PathBuf>,
+    /// Reference broker binaries (comma-separated) to compare the broker
+    /// with: alternating rounds of every build at full durability, the wake
+    /// and throughput sections only (`--only` narrows them), and each
+    /// figure's ratio per round and median (`bench/reference.sh` builds
+    /// round 1's reference and runs this).
+    #[arg(long, value_delimiter = ',')]
+    reference: Vec<PathBuf>,
+    /// Rounds of the --reference comparison (default 5; 1 with --quick).
+    #[arg(long)]
+    rounds: Option<usize>,
 }
 
 #[derive(Subcommand)]
@@ -157,7 +168,7 @@ pub type Metrics = BTreeMap<String, f64>;
 /// Peer name to why it was skipped.
 pub type Skipped = BTreeMap<String, String>;
 
-fn progress(what: &str) {
+pub fn progress(what: &str) {
     eprintln!("[loopx-bench] {what}");
 }
 
@@ -201,6 +212,13 @@ async fn bench(cli: Cli) -> Result<()> {
             loopx.display()
         )
         .into());
+    }
+    if !cli.reference.is_empty() {
+        if let Some(missing) = cli.reference.iter().find(|path| !path.exists()) {
+            return Err(format!("no reference broker binary at {}", missing.display()).into());
+        }
+        let rounds = cli.rounds.unwrap_or(if plan.quick { 1 } else { 5 }).max(1);
+        return reference::compare(&plan, &loopx, &cli.reference, rounds).await;
     }
     let open_files = sys::raise_open_files(65_536);
     if plan.parked && (open_files as usize) < plan.park_count + 1_000 {
@@ -348,7 +366,12 @@ async fn one_run(
 }
 
 /// The broker at one durability: a fresh process and data dir.
-async fn loopx_suite(plan: &Plan, loopx: &Path, durability: &str, m: &mut Metrics) -> Result<()> {
+pub async fn loopx_suite(
+    plan: &Plan,
+    loopx: &Path,
+    durability: &str,
+    m: &mut Metrics,
+) -> Result<()> {
     let dir = TempDir::new("loopx")?;
     let broker = Broker::start(loopx, dir.path(), durability).await?;
     let sessions = broker.create_sessions(plan.lanes()).await?;
@@ -517,7 +540,7 @@ async fn depth(plan: &Plan, loopx: &Path, m: &mut Metrics) -> Result<()> {
     Ok(())
 }
 
-async fn storage_floors(plan: &Plan, m: &mut Metrics) -> Result<()> {
+pub async fn storage_floors(plan: &Plan, m: &mut Metrics) -> Result<()> {
     progress("floors: fdatasync and single-row SQLite commits");
     let dir = TempDir::new("floors")?;
     let n = plan.floor_samples;

@@ -104,7 +104,7 @@ impl Report<'_> {
     }
 }
 
-fn num(v: Option<f64>) -> String {
+pub fn num(v: Option<f64>) -> String {
     match v {
         None => "–".into(),
         Some(v) if v.abs() >= 100.0 => format!("{v:.0}"),
