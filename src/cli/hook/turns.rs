@@ -165,10 +165,7 @@ async fn hand_back(hook: &Hook, held: &Claimed, last: &str) -> Result<(), Failur
 }
 
 async fn release(hook: &Hook, session_id: &str, claim_id: &str) -> Result<(), Failure> {
-    let host = ReleaseRequest {
-        host_surface: hook.host_surface.clone(),
-        host_session_id: hook.host_session_id.clone(),
-    };
+    let host = ReleaseRequest::host(&hook.host_surface, &hook.host_session_id);
     hook.client
         .release(session_id, claim_id, &host)
         .await
