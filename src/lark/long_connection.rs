@@ -752,6 +752,20 @@ mod tests {
         assert_eq!((fragments.sets.len(), fragments.bytes), (0, 0));
     }
 
+    /// `wss://` goes through the rustls (ring) stack already in the tree:
+    /// building its client config must not panic for want of a provider.
+    #[tokio::test]
+    async fn a_wss_endpoint_goes_through_rustls() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            drop(socket);
+        });
+        let end = connect(&format!("wss://localhost:{port}/ws?service_id=1")).await;
+        assert!(matches!(end, Err(End::Retry(_))));
+    }
+
     #[test]
     fn a_pushed_client_config_applies_what_it_sets() {
         let mut settings = ClientConfig::default();

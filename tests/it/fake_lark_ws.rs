@@ -138,6 +138,8 @@ struct Inner {
     client_config: Value,
     /// Sent as every pong's payload while set.
     pong_config: Option<Value>,
+    /// Pings go unanswered while set (a dead path to Lark).
+    silent: bool,
     bootstrap_failures: VecDeque<Bootstrap>,
     refusals: VecDeque<Refusal>,
     bootstraps: usize,
@@ -169,6 +171,7 @@ impl FakeWs {
                 ws_port,
                 client_config: json!({"ReconnectCount": -1, "ReconnectInterval": 1, "ReconnectNonce": 0, "PingInterval": 1}),
                 pong_config: None,
+                silent: false,
                 bootstrap_failures: VecDeque::new(),
                 refusals: VecDeque::new(),
                 bootstraps: 0,
@@ -212,6 +215,11 @@ impl FakeWs {
     /// A ClientConfig every pong carries from now on (`None`: empty pongs).
     pub fn set_pong_config(&self, config: Option<Value>) {
         self.inner.lock().unwrap().pong_config = config;
+    }
+
+    /// Leaves pings unanswered (or answers them again).
+    pub fn set_silent(&self, silent: bool) {
+        self.inner.lock().unwrap().silent = silent;
     }
 
     /// The next bootstrap requests fail like this, one each, in order.
@@ -499,7 +507,7 @@ impl FakeWs {
                     seq_id: frame.seq_id,
                     log_id: frame.log_id,
                 });
-                Some(PbFrame {
+                (!inner.silent).then(|| PbFrame {
                     headers: vec![pb_header("type", "pong")],
                     payload: inner
                         .pong_config

@@ -282,6 +282,32 @@ async fn it_reconnects_after_a_close_busy_bootstraps_and_a_refused_handshake() {
     eprintln!("reconnect after a close: {reconnected:?}");
 }
 
+/// No pong for three ping intervals: the connection is taken for dead and
+/// replaced, though Lark never closed it.
+#[tokio::test]
+async fn missing_pongs_make_it_reconnect() {
+    let (fake, broker) = connected().await;
+    fake.ws.set_silent(true);
+    let silent = Instant::now();
+    fake.ws.wait_connected(2, Duration::from_secs(10)).await;
+    let after = silent.elapsed();
+    assert!(
+        after >= Duration::from_secs(2),
+        "not before the timeout: {after:?}"
+    );
+    fake.ws.set_silent(false);
+    let chat = unique("oc");
+    let host = linked(&broker.client, &chat).await;
+    deliver_ok(
+        &fake,
+        &message("ev-pong", &chat, "om-pong", "after the timeout"),
+    )
+    .await;
+    assert_eq!(turns(&broker.client, host.session_id()).await.len(), 1);
+    let state = connector(&broker.client).await;
+    assert!(state.reconnects >= 1, "{state:?}");
+}
+
 #[tokio::test]
 async fn a_fatal_refusal_stops_the_connector_while_the_broker_keeps_serving() {
     for (case, reason) in [
