@@ -18,7 +18,7 @@ use crate::ids::check;
 use crate::lark::LarkConfig;
 use crate::lark::dispatcher::Dispatcher;
 use crate::metrics::{Metrics, Open};
-use crate::model::ReportAgentState;
+use crate::model::{AgentNotification, ReportAgentState};
 use crate::model::{
     BindPreview, BindRequest, Capabilities, ClaimAnswer, ClaimRequest, Claimed, CloseRequest,
     CompleteRequest, EnqueueRequest, Enqueued, ListSessions, ListTurns, NotClaimed, Origin,
@@ -511,6 +511,17 @@ impl Broker {
             self.changes.wake(session_id);
         }
         Ok(reported.session.projection())
+    }
+
+    /// The host's agent waits at its terminal: a `notification` event.
+    pub async fn notify(&self, session_id: &str, notice: AgentNotification) -> Result<Session> {
+        let host = checked_host(notice.host_surface, notice.host_session_id)?;
+        let session = self
+            .store
+            .notify(session_id.to_owned(), host, notice.kind)
+            .await?;
+        self.changes.wake(session_id);
+        Ok(session.projection())
     }
 
     /// A parked claim counts as hearing from its host (presence), with no

@@ -9,8 +9,8 @@ use serde::de::DeserializeOwned;
 
 use crate::error::ErrorBody;
 use crate::model::{
-    AnswerPermission, Behavior, CreatePermissionRequest, ListPermissions, PermissionList,
-    PermissionRequest, ReportAgentState, WaitPermission, WithdrawPermission,
+    AgentNotification, AnswerPermission, Behavior, CreatePermissionRequest, ListPermissions,
+    PermissionList, PermissionRequest, ReportAgentState, WaitPermission, WithdrawPermission,
 };
 use crate::model::{
     BindPreview, BindRequest, ClaimAnswer, ClaimRequest, CloseRequest, CompleteRequest,
@@ -437,6 +437,16 @@ impl Client {
     ) -> Result<TypedReply<Session>, ClientError> {
         let path = session_path(session_id, "/agent-state");
         self.call(Method::POST, &path, Some(report), None).await
+    }
+
+    /// Says the host's agent waits at its terminal.
+    pub async fn notify(
+        &self,
+        session_id: &str,
+        notice: &AgentNotification,
+    ) -> Result<TypedReply<Session>, ClientError> {
+        let path = session_path(session_id, "/notifications");
+        self.call(Method::POST, &path, Some(notice), None).await
     }
 
     /// Waits for the answer, with an HTTP timeout above the wait.

@@ -104,7 +104,46 @@ pub struct AgentEventData {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"state": "idle_prompt"}))]
 pub struct NotificationEventData {
-    pub state: String,
+    pub state: NotificationKind,
+}
+
+/// What the agent waits for at its terminal (Claude Code's notification types).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NotificationKind {
+    IdlePrompt,
+    PermissionPrompt,
+}
+
+impl NotificationKind {
+    /// The wire name, as the event log stores it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotificationKind::IdlePrompt => "idle_prompt",
+            NotificationKind::PermissionPrompt => "permission_prompt",
+        }
+    }
+}
+
+/// `POST /v1/sessions/{session_id}/notifications`, by the host: its agent
+/// waits for someone at its terminal. The notification's text is not sent.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"host_surface": "claude-code", "host_session_id": "host-abc", "kind": "idle_prompt"}))]
+pub struct AgentNotification {
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub host_surface: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub host_session_id: String,
+    pub kind: NotificationKind,
 }
 
 /// Whether a session's agent is there: `working` while it runs a turn,

@@ -9,7 +9,7 @@
 
 use super::{Decided, Subject, Writes, hosted, log, open};
 use crate::error::Result;
-use crate::model::AgentState;
+use crate::model::{AgentState, NotificationKind};
 use crate::store::{HostIdentity, SessionRow};
 
 /// Silence after which the agent is shown `away`.
@@ -88,6 +88,30 @@ pub fn report(
     })
 }
 
+/// The host's agent waits for someone at its terminal, in this order:
+/// unknown session 404; another host 403 `host_mismatch`; closed 409
+/// `session_closed`. Logged as a `notification` event (its text is never
+/// stored); the host counts as heard from.
+pub fn notify(
+    session: Option<SessionRow>,
+    host: &HostIdentity,
+    kind: NotificationKind,
+    now: i64,
+) -> Result<Decided<SessionRow>> {
+    let mut session = hosted(session, host)?;
+    open(&session)?;
+    session.agent_heard_at = Some(now);
+    let event = log(&mut session, Subject::Notification, kind.as_str(), now);
+    Ok(Decided {
+        writes: Writes {
+            session: Some(session.clone()),
+            event: Some(event),
+            ..Writes::default()
+        },
+        answer: session,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +186,15 @@ mod tests {
         assert_eq!(
             refused(Some(session(SessionState::Closed)), "h"),
             ErrorCode::SessionClosed
+        );
+        let idle = NotificationKind::IdlePrompt;
+        let told = notify(Some(session(SessionState::Open)), &host("h"), idle, 7).unwrap();
+        let event = told.writes.event.expect("an event");
+        assert_eq!((event.kind, event.state), ("notification", "idle_prompt"));
+        let stranger = notify(Some(session(SessionState::Open)), &host("x"), idle, 7);
+        assert_eq!(
+            stranger.expect_err("a refusal").code,
+            ErrorCode::HostMismatch
         );
     }
 }

@@ -10,8 +10,8 @@ use super::{AppJson, AppPath, AppQuery, AppState, OptionalJson, replayed_header}
 use crate::broker::BindAnswer;
 use crate::error::{ErrorBody, Result};
 use crate::model::{
-    BindPreview, BindRequest, CloseRequest, EnqueueRequest, Enqueued, ListSessions,
-    ReportAgentState, Session, SessionList,
+    AgentNotification, BindPreview, BindRequest, CloseRequest, EnqueueRequest, Enqueued,
+    ListSessions, ReportAgentState, Session, SessionList,
 };
 
 pub fn router() -> axum::Router<AppState> {
@@ -21,6 +21,39 @@ pub fn router() -> axum::Router<AppState> {
         .route("/v1/sessions/{session_id}/messages", post(enqueue))
         .route("/v1/sessions/{session_id}/close", post(close))
         .route("/v1/sessions/{session_id}/agent-state", post(agent_state))
+        .route(
+            "/v1/sessions/{session_id}/notifications",
+            post(notification),
+        )
+}
+
+/// Say the agent waits at its terminal (by the host).
+///
+/// The agent's own notification (Claude Code's `idle_prompt`: it waits for
+/// input; `permission_prompt`: it asks to use a tool) becomes `event:
+/// notification` with `{"state": kind}` on the session's event stream; its
+/// text is never sent or stored. The host counts as heard from (presence).
+/// 200 with the session projection. Order of checks: 404, 403
+/// `host_mismatch`, 409 `session_closed`.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/notifications", operation_id = "notifyAgentWaiting", tag = "sessions",
+    params(("session_id" = String, Path, description = "The session id.")),
+    request_body = AgentNotification,
+    responses(
+        (status = 200, description = "Announced; the session.", body = Session),
+        (status = 400, description = "`invalid_request`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`host_mismatch`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+        (status = 409, description = "`session_closed`.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+    ))]
+pub async fn notification(
+    State(state): State<AppState>,
+    AppPath(session_id): AppPath<String>,
+    AppJson(notice): AppJson<AgentNotification>,
+) -> Result<Json<Session>> {
+    Ok(Json(state.broker.notify(&session_id, notice).await?))
 }
 
 /// Report the agent's state (by the host).

@@ -31,7 +31,7 @@ use async_trait::async_trait;
 pub use crate::decide::permission::Decision;
 pub use crate::decide::presence::Reported;
 use crate::error::Result;
-use crate::model::{AgentPresence, AgentState};
+use crate::model::{AgentPresence, AgentState, NotificationKind};
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
 use crate::model::{
     BindRequest, CancelReason, Capabilities, ClaimedTurn, CompleteRequest, EnqueueRequest,
@@ -535,6 +535,13 @@ pub trait Store: Send + Sync + 'static {
         host: HostIdentity,
         state: Option<AgentState>,
     ) -> Result<Reported>;
+    /// The host's agent waits at its terminal ([`crate::decide::presence::notify`]).
+    async fn notify(
+        &self,
+        session_id: String,
+        host: HostIdentity,
+        kind: NotificationKind,
+    ) -> Result<SessionRow>;
     /// One request; 404 for an unknown session or request.
     async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow>;
     /// The session's requests (in `state`, if given): pending first, then

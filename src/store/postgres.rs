@@ -112,7 +112,9 @@ use super::{
 use crate::decide;
 use crate::error::{Error, Result};
 use crate::ids::Minter;
-use crate::model::{AgentState, AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
+use crate::model::{
+    AgentState, AnsweredVia, Behavior, CreatePermissionRequest, NotificationKind, PermissionState,
+};
 use crate::model::{
     BindRequest, CompleteRequest, EnqueueRequest, LarkLink, ListSessions, ListTurns, Receipt,
     RegisterAgentThread, Released,
@@ -355,6 +357,19 @@ impl Store for PgStore {
             self.announcer.changed(&session_id);
         }
         Ok(reported)
+    }
+
+    async fn notify(
+        &self,
+        session_id: String,
+        host: HostIdentity,
+        kind: NotificationKind,
+    ) -> Result<SessionRow> {
+        let session = transaction!(self, "recording a notification", |conn| {
+            decisions::notify(conn, &session_id, &host, kind)
+        })?;
+        self.announcer.changed(&session_id);
+        Ok(session)
     }
 
     async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow> {

@@ -22,7 +22,7 @@ mod writer;
 
 use super::retention::{self, PruneStep};
 use super::sync_sql as sql;
-use decisions::{bind, bind_rows, claim, close, complete, enqueue, release, report_agent};
+use decisions::{bind, bind_rows, claim, close, complete, enqueue, notify, release, report_agent};
 use writer::{Writer, nested};
 
 use super::{
@@ -32,7 +32,9 @@ use super::{
 use crate::decide;
 use crate::error::{Error, Result};
 use crate::ids::Minter;
-use crate::model::{AgentState, AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
+use crate::model::{
+    AgentState, AnsweredVia, Behavior, CreatePermissionRequest, NotificationKind, PermissionState,
+};
 use crate::model::{
     BindRequest, CompleteRequest, EnqueueRequest, LarkLink, ListSessions, ListTurns, Receipt,
     RegisterAgentThread, Released,
@@ -434,6 +436,16 @@ impl Store for SqliteStore {
         state: Option<AgentState>,
     ) -> Result<Reported> {
         self.write(move |conn| report_agent(conn, session_id.clone(), host.clone(), state))
+            .await
+    }
+
+    async fn notify(
+        &self,
+        session_id: String,
+        host: HostIdentity,
+        kind: NotificationKind,
+    ) -> Result<SessionRow> {
+        self.write(move |conn| notify(conn, session_id.clone(), host.clone(), kind))
             .await
     }
 

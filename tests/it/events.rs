@@ -56,6 +56,9 @@ pub(crate) async fn take(events: &mut Events, n: usize) -> Vec<(i64, String, Val
             "permission" => drop(serde_json::from_str::<PermissionEventData>(&event.data).unwrap()),
             "session" => drop(serde_json::from_str::<SessionEventData>(&event.data).unwrap()),
             "agent" => drop(serde_json::from_str::<AgentEventData>(&event.data).unwrap()),
+            "notification" => drop(
+                serde_json::from_str::<loopx::model::NotificationEventData>(&event.data).unwrap(),
+            ),
             other => panic!("an undocumented event: {other}"),
         }
         taken.push((

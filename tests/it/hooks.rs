@@ -612,3 +612,31 @@ async fn install_merges_the_hooks_once_and_keeps_what_is_there() {
     install("codex").await;
     assert_eq!(std::fs::read_to_string(&codex).unwrap(), text);
 }
+
+#[tokio::test]
+async fn claude_codes_notifications_are_session_events_without_their_text() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let mut events = subscribe(&broker.url, TOKEN, host.session_id(), None).await;
+    let hooks = Agents {
+        broker: &broker,
+        host: &host,
+        agent: Agent::ClaudeCode,
+    };
+    let secret = unique("Claude needs your permission to use the secret tool");
+    for kind in ["permission_prompt", "idle_prompt", "auth_success"] {
+        let fields = json!({"message": secret, "title": "Claude Code", "notification_type": kind});
+        let run = hooks.run("notification", "Notification", fields, &[]).await;
+        silent(&run);
+        assert!(!run.stderr.contains(&secret), "{run:?}");
+    }
+    assert_eq!(
+        states(&take(&mut events, 3).await),
+        [
+            "notification:permission_prompt",
+            "notification:idle_prompt",
+            "agent:waiting"
+        ]
+    );
+}

@@ -21,7 +21,9 @@ use serde_json::Value;
 use super::common::Connection;
 use super::mcp::host::{Host, Problem, Target};
 use crate::client::Client;
-use crate::model::{AgentState, BindRequest, ReportAgentState};
+use crate::model::{
+    AgentNotification, AgentState, BindRequest, NotificationKind, ReportAgentState,
+};
 
 mod approval;
 mod install;
@@ -53,7 +55,8 @@ pub enum HookCommand {
     /// PermissionRequest: the approval asked on the Web page and in Lark;
     /// the verdict printed, or nothing (the agent asks at its terminal).
     PermissionRequest(HookOptions),
-    /// Notification (Claude Code): an idle prompt keeps the agent `waiting`.
+    /// Notification (Claude Code): an idle or permission prompt becomes a
+    /// session event; an idle prompt keeps the agent `waiting`.
     Notification(HookOptions),
     /// SessionEnd: hands back an unanswered delivered turn; presence `away`.
     SessionEnd(HookOptions),
@@ -270,11 +273,27 @@ impl Hook {
     }
 }
 
-/// Claude Code's `idle_prompt`: the agent waits at its terminal (presence
-/// `waiting`). Its text is neither stored nor logged.
+/// Claude Code's `idle_prompt` and `permission_prompt`: the agent waits at
+/// its terminal, a session event (an idle prompt also: presence `waiting`).
+/// The notification's text is neither sent nor logged.
 async fn notification(hook: &Hook) -> Result<Option<String>, Failure> {
-    match hook.field("notification_type") {
-        Some("idle_prompt") => hook.report(AgentState::Waiting).await.map(|_| None),
-        _ => Ok(None),
+    let kind = match hook.field("notification_type") {
+        Some("idle_prompt") => NotificationKind::IdlePrompt,
+        Some("permission_prompt") => NotificationKind::PermissionPrompt,
+        _ => return Ok(None),
+    };
+    let session_id = hook.host.session_id().await?;
+    let notice = AgentNotification {
+        host_surface: hook.host_surface.clone(),
+        host_session_id: hook.host_session_id.clone(),
+        kind,
+    };
+    hook.client
+        .notify(&session_id, &notice)
+        .await
+        .map_err(Problem::from)?;
+    if kind == NotificationKind::IdlePrompt {
+        hook.report(AgentState::Waiting).await?;
     }
+    Ok(None)
 }

@@ -15,7 +15,9 @@ use crate::decide::presence::Reported;
 use crate::decide::session::{BindRows, Close};
 use crate::decide::{self, NewEvent};
 use crate::ids::Minter;
-use crate::model::{AgentState, BindRequest, CompleteRequest, EnqueueRequest, Receipt, Released};
+use crate::model::{
+    AgentState, BindRequest, CompleteRequest, EnqueueRequest, NotificationKind, Receipt, Released,
+};
 use crate::store::{Bound, ClaimOutcome, Closed, Enqueue, HostIdentity, SessionRow, TurnRow};
 use crate::time::now_ms;
 
@@ -240,6 +242,21 @@ pub(super) async fn close(
         cancelled,
         expired,
     })
+}
+
+/// The host's agent waits at its terminal, under the session's row lock.
+pub(super) async fn notify(
+    conn: &mut PgConnection,
+    session_id: &str,
+    host: &HostIdentity,
+    kind: NotificationKind,
+) -> Step<SessionRow> {
+    let session = super::reads::lock_session(conn, session_id).await?;
+    decided(
+        conn,
+        decide::presence::notify(session, host, kind, now_ms())?,
+    )
+    .await
 }
 
 /// The host reports its agent's state, under the session's row lock.

@@ -13,7 +13,8 @@ use crate::decide::{self, Change, ClaimRow, Decided, NewEvent, Writes};
 use crate::error::Result;
 use crate::ids::Minter;
 use crate::model::{
-    AgentState, BindRequest, CompleteRequest, EnqueueRequest, Receipt, Released, SessionState,
+    AgentState, BindRequest, CompleteRequest, EnqueueRequest, NotificationKind, Receipt, Released,
+    SessionState,
 };
 use crate::store::{Bound, ClaimOutcome, Closed, Enqueue, HostIdentity, SessionRow, TurnRow};
 use crate::time::now_ms;
@@ -351,6 +352,19 @@ pub(super) fn report_agent(
     decided(
         conn,
         decide::presence::report(session, &host, state, now_ms())?,
+    )
+}
+
+pub(super) fn notify(
+    conn: &Connection,
+    session_id: String,
+    host: HostIdentity,
+    kind: NotificationKind,
+) -> Result<SessionRow> {
+    let session = load_session(conn, &session_id)?;
+    decided(
+        conn,
+        decide::presence::notify(session, &host, kind, now_ms())?,
     )
 }
 

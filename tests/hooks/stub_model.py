@@ -1,0 +1,41 @@
+"""A stub of the Anthropic Messages API for tests/hooks/claude_code.sh: every
+message is answered with "Stub answer. [<the tail of the last user text>]", as
+a stream when asked, so the test sees which instruction each turn answered.
+
+Usage: python3 stub_model.py PORT
+"""
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+TEXT = sys.argv[2] if len(sys.argv) > 2 else "Stub answer."
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        sys.stderr.write("stub: %s %s\n" % (self.command, self.path))
+    def do_GET(self):
+        self.send_response(200); self.send_header("content-type","application/json"); self.end_headers(); self.wfile.write(b"{}")
+    def do_POST(self):
+        n = int(self.headers.get("content-length") or 0); body = json.loads(self.rfile.read(n) or b"{}")
+        if "count_tokens" in self.path:
+            out = json.dumps({"input_tokens": 10}).encode()
+            self.send_response(200); self.send_header("content-type","application/json"); self.end_headers(); self.wfile.write(out); return
+        # the last user text, echoed in the answer so the test sees which turn it was
+        last = ""
+        for m in body.get("messages", []):
+            c = m.get("content")
+            if isinstance(c, str): last = c
+            elif isinstance(c, list):
+                for p in c:
+                    if p.get("type") == "text": last = p["text"]
+        text = TEXT + " [" + last[-60:].replace("\n"," ") + "]"
+        msg = {"id":"msg_1","type":"message","role":"assistant","model":body.get("model","m"),"content":[],"stop_reason":None,"stop_sequence":None,"usage":{"input_tokens":1,"output_tokens":1}}
+        if not body.get("stream"):
+            msg["content"]=[{"type":"text","text":text}]; msg["stop_reason"]="end_turn"
+            out=json.dumps(msg).encode(); self.send_response(200); self.send_header("content-type","application/json"); self.end_headers(); self.wfile.write(out); return
+        self.send_response(200); self.send_header("content-type","text/event-stream"); self.end_headers()
+        def ev(name, data): self.wfile.write(("event: %s\ndata: %s\n\n" % (name, json.dumps(data))).encode())
+        ev("message_start", {"type":"message_start","message":msg})
+        ev("content_block_start", {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}})
+        ev("content_block_delta", {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":text}})
+        ev("content_block_stop", {"type":"content_block_stop","index":0})
+        ev("message_delta", {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":None},"usage":{"output_tokens":5}})
+        ev("message_stop", {"type":"message_stop"})
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
