@@ -45,7 +45,10 @@ fi
 
 # Today's broker and the bench, then the broker's copy (the reference's
 # build below writes the same target/<profile>/loopx).
-cargo build --locked "${cargo_profile[@]}" -p loopx --bin loopx -p loopx-bench
+# (Two builds, as CI's earlier steps make them: built together, the two
+# packages' dependencies would unify features differently and recompile.)
+cargo build --locked "${cargo_profile[@]}" --bin loopx
+cargo build --locked "${cargo_profile[@]}" -p loopx-bench
 mkdir -p "$out/$head_name" "$out/$ref_name"
 # (rm first: target/<profile>/loopx is a hard link to cargo's own copy.)
 rm -f "$out/$head_name/loopx" "$out/$ref_name/loopx"
