@@ -460,12 +460,7 @@ impl Broker {
         let by = match (by.by, by.host_surface, by.host_session_id) {
             (Some(ReleasedBy::Owner), None, None) => Releaser::Owner,
             (None, Some(host_surface), Some(host_session_id)) => {
-                check("host_surface", &host_surface)?;
-                check("host_session_id", &host_session_id)?;
-                Releaser::Host(HostIdentity {
-                    host_surface,
-                    host_session_id,
-                })
+                Releaser::Host(permissions::checked_host(host_surface, host_session_id)?)
             }
             _ => {
                 return Err(Error::invalid(

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::ids::check;
 use crate::model::{
     AnsweredVia, Behavior, CreatePermissionRequest, ListPermissions, PermissionList,
-    PermissionRequest, WaitPermission, wire,
+    PermissionRequest, RelayedPermission, WaitPermission, wire,
 };
 use crate::permission;
 use crate::store::HostIdentity;
@@ -68,6 +68,25 @@ impl Broker {
             .await?;
         let outcome = wire(&answered_state(behavior));
         Ok(self.decided(session_id, decision, &outcome))
+    }
+
+    /// The host relayed the request's answer to its agent.
+    pub async fn relayed_permission(
+        &self,
+        session_id: &str,
+        request_id: &str,
+        relayed: RelayedPermission,
+    ) -> Result<Answer<PermissionRequest>> {
+        check("request_id", request_id)?;
+        let host = checked_host(relayed.host_surface, relayed.host_session_id)?;
+        let decision = self
+            .store
+            .relayed_permission(session_id.to_owned(), request_id.to_owned(), host)
+            .await?;
+        Ok(Answer {
+            replayed: matches!(decision, Decision::Replayed(_)),
+            body: decision.into_row().readback(),
+        })
     }
 
     /// Counts and announces a written decision; a replay changes nothing.
@@ -128,12 +147,7 @@ impl Broker {
         wait: WaitPermission,
     ) -> Result<PermissionRequest> {
         check("request_id", request_id)?;
-        check("host_surface", &wait.host_surface)?;
-        check("host_session_id", &wait.host_session_id)?;
-        let host = HostIdentity {
-            host_surface: wait.host_surface,
-            host_session_id: wait.host_session_id,
-        };
+        let host = checked_host(wait.host_surface, wait.host_session_id)?;
         let seconds = wait.wait_seconds.min(self.max_wait_seconds);
         let deadline = Instant::now() + Duration::from_secs(seconds);
         let subscription = self.changes.subscribe(session_id);
@@ -175,4 +189,14 @@ impl Broker {
         }
         Ok(row)
     }
+}
+
+/// A host identity from a request body, each part checked.
+pub(super) fn checked_host(host_surface: String, host_session_id: String) -> Result<HostIdentity> {
+    check("host_surface", &host_surface)?;
+    check("host_session_id", &host_session_id)?;
+    Ok(HostIdentity {
+        host_surface,
+        host_session_id,
+    })
 }
