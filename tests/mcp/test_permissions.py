@@ -155,7 +155,10 @@ async def test_the_readme_commands_list_and_answer_a_request(broker, tmp_path):
         await wait_recorded(broker, session_id, "abcde")
         script = readme_block("bash", "### Approving tool use from the Web page")
         script = script.replace("http://127.0.0.1:7317", broker.url)
-        env = dict(os.environ, LOOPX_TOKEN=broker.token, SESSION=session_id)
+        # The block reads the owner token where `loopx serve` writes it.
+        (tmp_path / "xdg" / "loopx").mkdir(parents=True)
+        (tmp_path / "xdg" / "loopx" / "owner.token").write_text(broker.token)
+        env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "xdg"), SESSION=session_id)
         out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=True)
         assert '"request_id":"abcde"' in out.stdout and '"state":"allowed"' in out.stdout, out.stdout
         got = await m.next_permission()
