@@ -11,9 +11,8 @@ cd "$(dirname "$0")/../.."
 loopx=$(realpath "${1:-target/debug/loopx}")
 source tests/support/live_broker.sh
 
-export HOME="$work/home"
-unset XDG_DATA_HOME LOOPX_TOKEN LOOPX_TOKEN_FILE LOOPX_DATA_DIR
-mkdir -p "$HOME" "$work/bin"
+fresh_home
+mkdir -p "$work/bin"
 ln -s "$loopx" "$work/bin/loopx"   # what `cargo install --path .` puts on PATH
 start_broker "$loopx"
 token=$(cat "$HOME/.local/share/loopx/owner.token")
