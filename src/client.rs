@@ -10,7 +10,8 @@ use serde::de::DeserializeOwned;
 use crate::error::ErrorBody;
 use crate::model::{
     AgentNotification, AnswerPermission, Behavior, CreatePermissionRequest, ListPermissions,
-    PermissionList, PermissionRequest, ReportAgentState, WaitPermission, WithdrawPermission,
+    PermissionList, PermissionRequest, RelayedPermission, ReportAgentState, WaitPermission,
+    WithdrawPermission,
 };
 use crate::model::{
     BindPreview, BindRequest, ClaimAnswer, ClaimRequest, CloseRequest, CompleteRequest,
@@ -459,6 +460,19 @@ impl Client {
         let path = permission_path(session_id, request_id, "/wait");
         self.call(Method::POST, &path, Some(wait), Some(timeout))
             .await
+    }
+}
+
+impl Client {
+    /// The host relayed the request's answer to its agent.
+    pub async fn relayed_permission(
+        &self,
+        session_id: &str,
+        request_id: &str,
+        relayed: &RelayedPermission,
+    ) -> Result<TypedReply<PermissionRequest>, ClientError> {
+        let path = permission_path(session_id, request_id, "/relayed");
+        self.call(Method::POST, &path, Some(relayed), None).await
     }
 }
 

@@ -52,6 +52,8 @@ pub enum ErrorCode {
     RequestTimeout,
     /// 409: the permission request was answered otherwise, or expired (`state` says which).
     PermissionAlreadyAnswered,
+    /// 409: the permission request has no answer to relay: pending or expired (`state` says which).
+    PermissionNotAnswered,
     /// 413: the request body is over 2 MiB.
     PayloadTooLarge,
     /// 415: the request body is not `application/json`.
@@ -85,7 +87,8 @@ impl ErrorCode {
             | AlreadyCompleted
             | NotClaimed
             | ClaimMismatch
-            | PermissionAlreadyAnswered => StatusCode::CONFLICT,
+            | PermissionAlreadyAnswered
+            | PermissionNotAnswered => StatusCode::CONFLICT,
             RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -168,6 +171,16 @@ impl Error {
             ErrorCode::HostMismatch,
             "The host identity does not match this session's binding.",
         )
+    }
+
+    pub fn permission_not_answered(state: crate::model::PermissionState) -> Self {
+        Self {
+            permission_state: Some(state),
+            ..Self::new(
+                ErrorCode::PermissionNotAnswered,
+                "This permission request has no answer to relay: it is pending or expired.",
+            )
+        }
     }
 
     pub fn permission_already_answered(state: crate::model::PermissionState) -> Self {
@@ -338,7 +351,7 @@ pub struct ErrorDetail {
     /// Only with `claim_active`: when that claim was made.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub claimed_at: Option<String>,
-    /// Only with `permission_already_answered`: the request's state.
+    /// Only with `permission_already_answered` and `permission_not_answered`: the request's state.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub state: Option<crate::model::PermissionState>,
 }

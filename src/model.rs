@@ -908,6 +908,12 @@ pub struct PermissionRequest {
     /// Who answered (null while pending and for an expired request).
     #[schema(required = true)]
     pub answered_via: Option<AnsweredVia>,
+    /// When the host that made the request relayed its answer to the agent
+    /// (null until then): a restarted host relays what is answered and not
+    /// relayed, so every answer reaches the agent.
+    #[serde(default)]
+    #[schema(required = true)]
+    pub relayed_at: Option<String>,
 }
 
 /// A session's permission requests: pending first, then newest first.
@@ -931,6 +937,25 @@ pub struct ListPermissions {
 #[schema(example = json!({"behavior": "allow"}))]
 pub struct AnswerPermission {
     pub behavior: Behavior,
+}
+
+/// `POST .../permission-requests/{request_id}/relayed`, by the host.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"host_surface": "claude-code", "host_session_id": "host-abc"}))]
+pub struct RelayedPermission {
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub host_surface: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub host_session_id: String,
 }
 
 /// `POST .../permission-requests/{request_id}/wait`, by the host.

@@ -22,6 +22,8 @@ pub struct PermissionRow {
     pub created_at: i64,
     pub answered_at: Option<i64>,
     pub answered_via: Option<AnsweredVia>,
+    /// When its host relayed the answer to the agent.
+    pub relayed_at: Option<i64>,
 }
 
 impl PermissionRow {
@@ -36,6 +38,7 @@ impl PermissionRow {
             created_at: rfc3339(self.created_at),
             answered_at: self.answered_at.map(rfc3339),
             answered_via: self.answered_via,
+            relayed_at: self.relayed_at.map(rfc3339),
         }
     }
 }

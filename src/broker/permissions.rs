@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::ids::check;
 use crate::model::{
     AnsweredVia, Behavior, CreatePermissionRequest, ListPermissions, PermissionList,
-    PermissionRequest, WaitPermission, WithdrawPermission, wire,
+    PermissionRequest, RelayedPermission, WaitPermission, WithdrawPermission, wire,
 };
 use crate::permission;
 use crate::store::HostIdentity;
@@ -84,6 +84,25 @@ impl Broker {
             .withdraw_permission(session_id.to_owned(), request_id.to_owned(), host)
             .await?;
         Ok(self.decided(session_id, decision, WITHDRAWN.as_str()))
+    }
+
+    /// The host relayed the request's answer to its agent.
+    pub async fn relayed_permission(
+        &self,
+        session_id: &str,
+        request_id: &str,
+        relayed: RelayedPermission,
+    ) -> Result<Answer<PermissionRequest>> {
+        check("request_id", request_id)?;
+        let host = checked_host(relayed.host_surface, relayed.host_session_id)?;
+        let decision = self
+            .store
+            .relayed_permission(session_id.to_owned(), request_id.to_owned(), host)
+            .await?;
+        Ok(Answer {
+            replayed: matches!(decision, Decision::Replayed(_)),
+            body: decision.into_row().readback(),
+        })
     }
 
     /// Counts and announces a written decision; a replay changes nothing.

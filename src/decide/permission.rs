@@ -91,6 +91,7 @@ pub fn create(
         created_at: now,
         answered_at: None,
         answered_via: None,
+        relayed_at: None,
     };
     let event = log(
         &mut session,
@@ -177,6 +178,46 @@ pub fn answer(
         state if state == wanted => Ok(Decided::nothing(Decision::Replayed(row))),
         state => Err(Error::permission_already_answered(state)),
     }
+}
+
+/// The host records that it relayed the answer to its agent, in this order:
+/// unknown session 404; wrong host 403 `host_mismatch`; unknown request 404;
+/// pending or expired 409 `permission_not_answered` (with the state); relayed
+/// already: answered again, nothing written (so nothing is relayed twice by a
+/// host that asks first). No event: the request's state does not change.
+pub fn relayed(rows: AnswerRows, host: &HostIdentity, now: i64) -> Result<Decided<Decision>> {
+    super::hosted(rows.session, host)?;
+    let row = rows
+        .existing
+        .ok_or_else(|| Error::not_found("permission request"))?;
+    match (row.state, row.relayed_at) {
+        (PermissionState::Pending | PermissionState::Expired, _) => {
+            Err(Error::permission_not_answered(row.state))
+        }
+        (_, Some(_)) => Ok(Decided::nothing(Decision::Replayed(row))),
+        (_, None) => {
+            let row = PermissionRow {
+                relayed_at: Some(now),
+                ..row
+            };
+            Ok(Decided {
+                writes: Writes {
+                    permission: Some(Change::Update(row.clone())),
+                    ..Writes::default()
+                },
+                answer: Decision::Write(row),
+            })
+        }
+    }
+}
+
+/// Whether the host still owes its agent this request's answer: answered
+/// (allowed or denied) and not relayed yet.
+pub fn owed(row: &crate::model::PermissionRequest) -> bool {
+    matches!(
+        row.state,
+        PermissionState::Allowed | PermissionState::Denied
+    ) && row.relayed_at.is_none()
 }
 
 /// What a session's close does to its pending requests.

@@ -12,7 +12,7 @@ use super::{AppJson, AppPath, AppQuery, AppState, replayed_header};
 use crate::error::{ErrorBody, Result};
 use crate::model::{
     AnswerPermission, AnsweredVia, CreatePermissionRequest, ListPermissions, PermissionList,
-    PermissionRequest, WaitPermission, WithdrawPermission,
+    PermissionRequest, RelayedPermission, WaitPermission, WithdrawPermission,
 };
 
 pub fn router() -> axum::Router<AppState> {
@@ -32,6 +32,10 @@ pub fn router() -> axum::Router<AppState> {
         .route(
             "/v1/sessions/{session_id}/permission-requests/{request_id}/wait",
             post(wait),
+        )
+        .route(
+            "/v1/sessions/{session_id}/permission-requests/{request_id}/relayed",
+            post(relayed),
         )
         .route(
             "/v1/sessions/{session_id}/permission-requests/{request_id}/withdraw",
@@ -197,6 +201,43 @@ pub async fn answer(
             answer.behavior,
             AnsweredVia::Owner,
         )
+        .await?;
+    Ok((replayed_header(answer.replayed), Json(answer.body)).into_response())
+}
+
+/// Record that the answer reached the agent (by the host).
+///
+/// The host that made the request says it relayed the answer to its agent:
+/// `relayed_at` is set once (200 with the request); again: 200 with
+/// `Idempotent-Replayed: true` and the first `relayed_at`. A host that
+/// restarts relays every answered request whose `relayed_at` is null, so an
+/// answer given while it was away still reaches the agent, once. In this
+/// order: 404, 403 `host_mismatch`, 404 for an unknown request, 409
+/// `permission_not_answered` (with `state`) for a pending or expired request.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/permission-requests/{request_id}/relayed", operation_id = "relayedPermissionRequest", tag = "permissions",
+    params(
+        ("session_id" = String, Path, description = "The session id."),
+        ("request_id" = String, Path, description = "The request id."),
+    ),
+    request_body = RelayedPermission,
+    responses(
+        (status = 200, description = "The request, with `relayed_at` (`Idempotent-Replayed: true` when it was set before).", body = PermissionRequest),
+        (status = 400, description = "`invalid_request`.", body = ErrorBody),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 403, description = "`host_mismatch`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+        (status = 409, description = "`permission_not_answered`, with `state`.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+    ))]
+pub async fn relayed(
+    State(state): State<AppState>,
+    AppPath((session_id, request_id)): AppPath<(String, String)>,
+    AppJson(relayed): AppJson<RelayedPermission>,
+) -> Result<Response> {
+    let answer = state
+        .broker
+        .relayed_permission(&session_id, &request_id, relayed)
         .await?;
     Ok((replayed_header(answer.replayed), Json(answer.body)).into_response())
 }

@@ -542,6 +542,13 @@ pub trait Store: Send + Sync + 'static {
         host: HostIdentity,
         kind: NotificationKind,
     ) -> Result<SessionRow>;
+    /// Records that the host relayed the answer ([`crate::decide::permission::relayed`]).
+    async fn relayed_permission(
+        &self,
+        session_id: String,
+        request_id: String,
+        host: HostIdentity,
+    ) -> Result<Decision>;
     /// One request; 404 for an unknown session or request.
     async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow>;
     /// The session's requests (in `state`, if given): pending first, then

@@ -372,6 +372,17 @@ impl Store for PgStore {
         Ok(session)
     }
 
+    async fn relayed_permission(
+        &self,
+        session_id: String,
+        request_id: String,
+        host: HostIdentity,
+    ) -> Result<Decision> {
+        transaction!(self, "recording a relayed permission answer", |conn| {
+            permissions::relayed(conn, &session_id, &request_id, &host)
+        })
+    }
+
     async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow> {
         let session = load_session(&self.pool, session_id).await?;
         let request = load_permission(&self.pool, session_id, request_id).await?;

@@ -238,7 +238,7 @@ fn load_turn(db: &Connection, session_id: &str, turn_id: &str) -> Result<Option<
 macro_rules! permission_columns {
     () => {
         "session_id, request_id, tool_name, description, input_preview, state, created_at, \
-         answered_at, answered_via"
+         answered_at, answered_via, relayed_at"
     };
 }
 const SELECT_PERMISSION: &str = concat!(
@@ -447,6 +447,18 @@ impl Store for SqliteStore {
     ) -> Result<SessionRow> {
         self.write(move |conn| notify(conn, session_id.clone(), host.clone(), kind))
             .await
+    }
+
+    async fn relayed_permission(
+        &self,
+        session_id: String,
+        request_id: String,
+        host: HostIdentity,
+    ) -> Result<Decision> {
+        self.write(move |conn| {
+            permissions::relayed(conn, session_id.clone(), request_id.clone(), &host)
+        })
+        .await
     }
 
     async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow> {

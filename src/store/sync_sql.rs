@@ -176,6 +176,7 @@ impl FromRow for PermissionRow {
             created_at: r.get(6)?,
             answered_at: r.get(7)?,
             answered_via: r.get(8)?,
+            relayed_at: r.get(9)?,
         })
     }
 }

@@ -155,7 +155,10 @@ async def test_the_readme_commands_list_and_answer_a_request(broker, tmp_path):
         await wait_recorded(broker, session_id, "abcde")
         script = readme_block("bash", "### Approving tool use from the Web page")
         script = script.replace("http://127.0.0.1:7317", broker.url)
-        env = dict(os.environ, LOOPX_TOKEN=broker.token, SESSION=session_id)
+        # The block reads the owner token where `loopx serve` writes it.
+        (tmp_path / "xdg" / "loopx").mkdir(parents=True)
+        (tmp_path / "xdg" / "loopx" / "owner.token").write_text(broker.token)
+        env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "xdg"), SESSION=session_id)
         out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=True)
         assert '"request_id":"abcde"' in out.stdout and '"state":"allowed"' in out.stdout, out.stdout
         got = await m.next_permission()
@@ -241,3 +244,66 @@ async def test_web_and_lark_answers_racing_give_one_notification(lark_broker, fa
         got = await m.next_permission()
         assert got.behavior == {"allowed": "allow", "denied": "deny"}[read["state"]]
         await m.no_permission(1.5)
+
+
+async def test_an_answer_given_while_the_bridge_was_down_is_relayed_once_after_restart(broker, tmp_path):
+    host = unique("host")
+    session_id = broker.bind(host)
+    args = channel_args(session_id)
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *args, host_session_id=host) as m:
+        await m.request_permission("awayx")
+        await wait_recorded(broker, session_id, "awayx")
+    assert answer(broker, session_id, "awayx", "allow")[0] == 200  # the bridge is down
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *args, host_session_id=host) as m:
+        got = await m.next_permission()
+        assert (got.request_id, got.behavior) == ("awayx", "allow")
+        await m.no_permission(1.0)
+    assert broker.ok("GET", requests_path(session_id, "awayx"))["relayed_at"] is not None
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *args, host_session_id=host) as m:
+        await m.no_permission(1.5)  # relayed once: never again
+
+
+async def test_an_answer_committed_but_not_relayed_is_relayed_once_after_a_restart(broker, tmp_path):
+    import os
+    import signal
+
+    host = unique("host")
+    session_id = broker.bind(host)
+    args = channel_args(session_id)
+    with pytest.raises(BaseException):  # the SDK sees its server die under it
+        async with loopx_mcp(tmp_path, broker.url, broker.token, *args, host_session_id=host) as m:
+            await m.request_permission("froze")
+            await wait_recorded(broker, session_id, "froze")
+            await anyio.sleep(0.3)  # parked on the answer
+            os.kill(m.pid(), signal.SIGSTOP)  # frozen: the answer commits but never reaches the agent
+            assert answer(broker, session_id, "froze", "deny")[0] == 200
+            await anyio.sleep(0.3)
+            os.kill(m.pid(), signal.SIGKILL)
+            await m.session.list_tools()
+    request = broker.ok("GET", requests_path(session_id, "froze"))
+    assert (request["state"], request["relayed_at"]) == ("denied", None)
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *args, host_session_id=host) as m:
+        got = await m.next_permission()
+        assert (got.request_id, got.behavior) == ("froze", "deny")
+        await m.no_permission(1.0)
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *args, host_session_id=host) as m:
+        await m.no_permission(1.5)
+
+
+def test_the_relayed_route_is_the_hosts_and_only_for_answered_requests(broker):
+    host = unique("host")
+    session_id = broker.bind(host)
+    identity = {"host_surface": HOST_SURFACE, "host_session_id": host}
+    broker.ok("POST", requests_path(session_id), {**identity, "request_id": "route", "tool_name": "Bash",
+                                                  "description": "d", "input_preview": "p"})
+    relayed = requests_path(session_id, "route") + "/relayed"
+    status, refused = broker.api("POST", relayed, identity)
+    assert (status, refused["error"]["code"], refused["error"]["state"]) == (409, "permission_not_answered", "pending")
+    assert answer(broker, session_id, "route", "allow")[0] == 200
+    status, other = broker.api("POST", relayed, {**identity, "host_session_id": "someone-else"})
+    assert (status, other["error"]["code"]) == (403, "host_mismatch")
+    first = broker.ok("POST", relayed, identity)
+    again = broker.ok("POST", relayed, identity)
+    assert first["relayed_at"] is not None and again["relayed_at"] == first["relayed_at"]
+    status, unknown = broker.api("POST", requests_path(session_id, "nope") + "/relayed", identity)
+    assert (status, unknown["error"]["code"]) == (404, "not_found")

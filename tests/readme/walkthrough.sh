@@ -10,9 +10,7 @@ loopx=$(realpath "${1:-target/debug/loopx}")
 source tests/support/live_broker.sh
 
 # The walk-through reads the token from the default data dir under $HOME.
-export HOME="$work/home"
-unset XDG_DATA_HOME LOOPX_TOKEN LOOPX_TOKEN_FILE LOOPX_DATA_DIR
-mkdir -p "$HOME"
+fresh_home
 start_broker "$loopx"
 
 # The first bash block after the walk-through's heading, on the broker's port.

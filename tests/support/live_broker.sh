@@ -26,3 +26,12 @@ start_broker() {
   cat "$work/broker.log" >&2
   return 1
 }
+
+# A reader's fresh home: HOME in $work, no token or data dir in the
+# environment, so `loopx serve` and the README's blocks use the defaults
+# under it (the token in $HOME/.local/share/loopx/owner.token).
+fresh_home() {
+  export HOME="$work/home"
+  unset XDG_DATA_HOME LOOPX_TOKEN LOOPX_TOKEN_FILE LOOPX_DATA_DIR
+  mkdir -p "$HOME"
+}

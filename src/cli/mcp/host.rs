@@ -14,8 +14,8 @@ use tokio::sync::{Notify, OnceCell};
 use crate::client::{Client, ClientError};
 use crate::model::{
     BindRequest, ClaimAnswer, ClaimRequest, Claimed, ClaimedTurn, CompleteRequest,
-    CreatePermissionRequest, ListPermissions, ListTurns, PermissionRequest, PermissionState,
-    Receipt, RegisterAgentThread, ReleaseRequest, Released, TurnState, WaitPermission,
+    CreatePermissionRequest, ListPermissions, ListTurns, PermissionRequest, Receipt,
+    RegisterAgentThread, RelayedPermission, ReleaseRequest, Released, TurnState, WaitPermission,
 };
 
 /// How many recently claimed turns a bridge remembers, so that a `reply`
@@ -459,12 +459,11 @@ impl Host {
             .body)
     }
 
-    /// The session's pending requests: what a restarted bridge waits for again.
-    pub async fn pending_permissions(&self) -> Result<Vec<PermissionRequest>, Problem> {
+    /// The session's requests (pending first, then newest): what a restarted
+    /// bridge waits for again (pending) or relays now (answered, not relayed).
+    pub async fn permissions(&self) -> Result<Vec<PermissionRequest>, Problem> {
         let session_id = self.session_id().await?;
-        let filter = ListPermissions {
-            state: Some(PermissionState::Pending),
-        };
+        let filter = ListPermissions { state: None };
         Ok(self
             .client
             .permissions(&session_id, &filter)
@@ -488,6 +487,22 @@ fn is_settled(problem: &Problem) -> bool {
                 | "session_closed"
         )
     )
+}
+
+impl Host {
+    /// Tells the broker the request's answer reached the agent.
+    pub async fn relayed_permission(&self, request_id: &str) -> Result<PermissionRequest, Problem> {
+        let session_id = self.session_id().await?;
+        let relayed = RelayedPermission {
+            host_surface: self.host_surface.clone(),
+            host_session_id: self.host_session_id.clone(),
+        };
+        Ok(self
+            .client
+            .relayed_permission(&session_id, request_id, &relayed)
+            .await?
+            .body)
+    }
 }
 
 /// The completion id of a bridge's answer to a turn.

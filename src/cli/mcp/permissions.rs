@@ -3,10 +3,14 @@
 //! recorded on the session, waited for parked, and answered with exactly one
 //! `notifications/claude/channel/permission` once someone allows or denies it
 //! (on the Web page, the API or Lark). A request that expires (its session
-//! closed) is answered by nobody: the terminal's own dialog stays open. After
-//! a restart the bridge waits again for the session's pending requests, so
-//! an answer given meanwhile still reaches the agent. Never logs a request's
-//! description or preview.
+//! closed) is answered by nobody: the terminal's own dialog stays open. Each
+//! relayed answer is recorded on the broker (`relayed_at`), after it is sent:
+//! after a restart the bridge relays the answers committed and not relayed
+//! (given while it was away, or between the commit and the relay) and waits
+//! again for the pending requests, so every answer reaches the agent. Only a
+//! crash between the send and the record could send one twice, and Claude
+//! Code drops an answer to a request it no longer has. Never logs a
+//! request's description or preview.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -78,11 +82,12 @@ impl Relay {
         });
     }
 
-    /// After a (re)start: waits again for the session's pending requests.
+    /// After a (re)start: relays the answers not relayed yet and waits again
+    /// for the pending requests.
     pub fn resume(&self, host: Arc<Host>, peer: Peer<RoleServer>) {
         let relay = self.clone();
         tokio::spawn(async move {
-            let pending = (|| host.pending_permissions())
+            let pending = (|| host.permissions())
                 .retry(backoff())
                 .when(Problem::is_transient)
                 .notify(log_problem)
@@ -98,13 +103,25 @@ impl Relay {
                 }
             };
             for request in pending {
-                if relay.take(&request.request_id) {
-                    tracing::info!(request_id = %request.request_id, "waiting again for a pending permission request");
-                    let (host, peer) = (host.clone(), peer.clone());
-                    tokio::spawn(
-                        async move { relay_answer(&host, &peer, &request.request_id).await },
-                    );
+                let owed = crate::decide::permission::owed(&request);
+                if !(owed || request.state == PermissionState::Pending)
+                    || !relay.take(&request.request_id)
+                {
+                    continue;
                 }
+                let (host, peer) = (host.clone(), peer.clone());
+                tokio::spawn(async move {
+                    match (owed, behavior_of(request.state)) {
+                        (true, Some(behavior)) => {
+                            tracing::info!(request_id = %request.request_id, "relaying an answer given while the bridge was away");
+                            deliver(&host, &peer, &request.request_id, behavior).await;
+                        }
+                        _ => {
+                            tracing::info!(request_id = %request.request_id, "waiting again for a pending permission request");
+                            relay_answer(&host, &peer, &request.request_id).await;
+                        }
+                    }
+                });
             }
         });
     }
@@ -126,8 +143,9 @@ async fn relay_answer(host: &Host, peer: &Peer<RoleServer>, request_id: &str) {
             .await;
         let behavior = match waited.map(|r| r.state) {
             Ok(PermissionState::Pending) => continue,
-            Ok(PermissionState::Allowed) => "allow",
-            Ok(PermissionState::Denied) => "deny",
+            Ok(state @ (PermissionState::Allowed | PermissionState::Denied)) => {
+                behavior_of(state).unwrap_or("deny")
+            }
             Ok(PermissionState::Expired) => {
                 tracing::info!(request_id, "the permission request expired unanswered");
                 return;
@@ -141,15 +159,43 @@ async fn relay_answer(host: &Host, peer: &Peer<RoleServer>, request_id: &str) {
                 return;
             }
         };
-        let params = json!({"request_id": request_id, "behavior": behavior});
-        let answer = CustomNotification::new(ANSWER, Some(params));
-        match peer
-            .send_notification(ServerNotification::CustomNotification(answer))
-            .await
-        {
-            Ok(()) => tracing::info!(request_id, behavior, "relayed the permission answer"),
-            Err(e) => tracing::info!("the MCP client is gone ({e}); the answer is not relayed"),
-        }
+        deliver(host, peer, request_id, behavior).await;
         return;
+    }
+}
+
+/// The answer a notification carries.
+fn behavior_of(state: PermissionState) -> Option<&'static str> {
+    match state {
+        PermissionState::Allowed => Some("allow"),
+        PermissionState::Denied => Some("deny"),
+        PermissionState::Pending | PermissionState::Expired => None,
+    }
+}
+
+/// Sends the answer to the agent, then records on the broker that it was
+/// relayed (so a restart does not send it again).
+async fn deliver(host: &Host, peer: &Peer<RoleServer>, request_id: &str, behavior: &str) {
+    let params = json!({"request_id": request_id, "behavior": behavior});
+    let answer = CustomNotification::new(ANSWER, Some(params));
+    if let Err(e) = peer
+        .send_notification(ServerNotification::CustomNotification(answer))
+        .await
+    {
+        tracing::info!("the MCP client is gone ({e}); the answer is not relayed");
+        return;
+    }
+    tracing::info!(request_id, behavior, "relayed the permission answer");
+    let recorded = (|| host.relayed_permission(request_id))
+        .retry(backoff())
+        .when(Problem::is_transient)
+        .notify(log_problem)
+        .await;
+    if let Err(problem) = recorded {
+        tracing::warn!(
+            request_id,
+            "cannot record the relay: {}",
+            problem.log_line()
+        );
     }
 }

@@ -18,7 +18,7 @@ use crate::store::{Decision, HostIdentity, PermissionRow};
 use crate::time::now_ms;
 
 pub(super) const PERMISSION_COLUMNS: &str = "session_id, request_id, tool_name, description, \
-     input_preview, state, created_at, answered_at, answered_via";
+     input_preview, state, created_at, answered_at, answered_via, relayed_at";
 
 pub(super) fn permission_row(row: PgRow) -> sqlx::Result<PermissionRow> {
     Ok(PermissionRow {
@@ -31,6 +31,7 @@ pub(super) fn permission_row(row: PgRow) -> sqlx::Result<PermissionRow> {
         created_at: row.try_get("created_at")?,
         answered_at: row.try_get("answered_at")?,
         answered_via: optional_enumeration(&row, "answered_via")?,
+        relayed_at: row.try_get("relayed_at")?,
     })
 }
 
@@ -109,6 +110,19 @@ pub(super) async fn withdraw(
     decided(conn, permission::withdraw(rows, host, now_ms())?).await
 }
 
+pub(super) async fn relayed(
+    conn: &mut PgConnection,
+    session_id: &str,
+    request_id: &str,
+    host: &HostIdentity,
+) -> Step<Decision> {
+    let rows = AnswerRows {
+        session: lock_session(conn, session_id).await?,
+        existing: load_permission(&mut *conn, session_id, request_id).await?,
+    };
+    decided(conn, permission::relayed(rows, host, now_ms())?).await
+}
+
 /// Writes a decision's permission request and its chat message, if any,
 /// under the session's row lock.
 pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<()> {
@@ -133,7 +147,8 @@ pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> sqlx::Res
         }
         Some(Change::Update(row)) => {
             sqlx::query(
-                "update permission_requests set state = $1, answered_at = $2, answered_via = $3
+                "update permission_requests set state = $1, answered_at = $2, answered_via = $3,
+                     relayed_at = $6
                  where session_id = $4 and request_id = $5",
             )
             .bind(row.state.as_str())
@@ -141,6 +156,7 @@ pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> sqlx::Res
             .bind(row.answered_via.as_ref().map(text))
             .bind(&row.session_id)
             .bind(&row.request_id)
+            .bind(row.relayed_at)
             .execute(&mut *conn)
             .await?;
         }

@@ -57,6 +57,19 @@ pub(super) fn withdraw(
     decided(conn, permission::withdraw(rows, &host, now_ms())?)
 }
 
+pub(super) fn relayed(
+    conn: &Connection,
+    session_id: String,
+    request_id: String,
+    host: &HostIdentity,
+) -> Result<Decision> {
+    let rows = AnswerRows {
+        session: load_session(conn, &session_id)?,
+        existing: load_permission(conn, &session_id, &request_id)?,
+    };
+    decided(conn, permission::relayed(rows, host, now_ms())?)
+}
+
 /// Writes a decision's permission request and its chat message, if any.
 pub(super) fn apply(conn: &Connection, writes: &Writes) -> Result<()> {
     match &writes.permission {
@@ -79,12 +92,14 @@ pub(super) fn apply(conn: &Connection, writes: &Writes) -> Result<()> {
         }
         Some(Change::Update(row)) => {
             sql::query(
-                "update permission_requests set state = ?, answered_at = ?, answered_via = ?
+                "update permission_requests set state = ?, answered_at = ?, answered_via = ?,
+                     relayed_at = ?
                  where session_id = ? and request_id = ?",
             )
             .bind(row.state)
             .bind(row.answered_at)
             .bind(row.answered_via)
+            .bind(row.relayed_at)
             .bind(&row.session_id)
             .bind(&row.request_id)
             .execute(conn)?;

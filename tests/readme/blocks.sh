@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Runs the README's set-up blocks as a newcomer pastes them (issue 28), each
+# in a fresh bash with only HOME, PATH and the variables the README says to
+# set, against one live broker: the Quick start (with the built binary on
+# PATH standing in for `cargo install`), the permission-answer block and the
+# owner's close. Every block must set what it uses, and answer no error.
+#
+# Usage: tests/readme/blocks.sh [path/to/loopx]   (default target/debug/loopx)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+loopx=$(realpath "${1:-target/debug/loopx}")
+source tests/support/live_broker.sh
+
+fresh_home
+mkdir -p "$work/bin"
+ln -s "$loopx" "$work/bin/loopx"   # what `cargo install --path .` puts on PATH
+start_broker "$loopx"
+token=$(cat "$HOME/.local/share/loopx/owner.token")
+
+# The first bash block after a heading, on the test broker's port.
+block() {
+  awk -v h="$1" 'index($0, h) == 1 {f=1} f&&/^```bash/{b=1;next} b&&/^```/{exit} b' README.md \
+    | sed "s|http://127.0.0.1:7317|$BROKER_URL|g"
+}
+
+# Runs a block in a clean environment: HOME, PATH and the given variables only.
+run_block() {
+  local name=$1 file=$2
+  shift 2
+  env -i HOME="$HOME" PATH="$work/bin:/usr/bin:/bin" "$@" bash -euo pipefail "$file" >"$work/$name.out" 2>&1 \
+    || { echo "$name failed:"; cat "$work/$name.out"; exit 1; }
+  if grep -qF '"error"' "$work/$name.out"; then echo "$name answered an error:"; cat "$work/$name.out"; exit 1; fi
+}
+
+api() { curl -fsS -X "$1" -H "Authorization: Bearer $token" -H 'Content-Type: application/json' ${3:+-d "$3"} "$BROKER_URL$2"; }
+
+# Quick start: installs loopx and serves. The install is stood in for by the
+# binary on PATH (a release build is too slow here); the block must say how.
+block '## Quick start' >"$work/quick.sh"
+grep -q '^cargo install --locked --path \.' "$work/quick.sh" || { echo "the Quick start does not install loopx"; exit 1; }
+grep -q '^loopx serve' "$work/quick.sh" || { echo "the Quick start does not run loopx serve"; exit 1; }
+env -i HOME="$HOME" PATH="$work/bin:/usr/bin:/bin" bash -c 'command -v loopx && loopx --version' >/dev/null
+
+# A session with a pending permission request and an active claim.
+thread='{"goal_id": "g-readme", "agent_id": "agent-readme", "host_surface": "claude-code", "host_session_id": "readme-host"}'
+api POST /v1/agent-threads "$thread" >/dev/null
+session=$(api POST /v1/sessions "${thread%\}}, \"executor_endpoint_id\": \"exec-readme\"}" | sed -n 's/.*"session_id":"\([^"]*\)".*/\1/p')
+api POST "/v1/sessions/$session/permission-requests" '{"host_surface": "claude-code", "host_session_id": "readme-host", "request_id": "abcde", "tool_name": "Bash", "description": "Remove the build directory", "input_preview": "rm -rf build"}' >/dev/null
+api POST "/v1/sessions/$session/messages" '{"origin": "web", "text": "are you there?"}' >/dev/null
+api POST "/v1/sessions/$session/claims" '{"host_surface": "claude-code", "host_session_id": "readme-host", "claim_id": "readme-claim"}' >/dev/null
+
+block '### Approving tool use from the Web page' >"$work/permissions.sh"
+run_block permissions "$work/permissions.sh" SESSION="$session"
+grep -qF '"state":"allowed"' "$work/permissions.out" || { echo "the permission block did not allow:"; cat "$work/permissions.out"; exit 1; }
+
+block 'The owner can always close a session' >"$work/close.sh"
+run_block close "$work/close.sh" SESSION="$session"
+for expected in '"released":true' '"state":"closed"'; do
+  grep -qF "$expected" "$work/close.out" || { echo "the close block: no $expected in:"; cat "$work/close.out"; exit 1; }
+done
+echo "the README set-up blocks run as pasted"
