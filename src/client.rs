@@ -15,8 +15,7 @@ use crate::model::{
 use crate::model::{
     BindPreview, BindRequest, ClaimAnswer, ClaimRequest, CloseRequest, CompleteRequest,
     EnqueueRequest, Enqueued, LarkConnector, LarkLink, LarkLinkRequest, ListSessions, ListTurns,
-    Receipt,
-    RegisterAgentThread, Registered, ReleaseRequest, Released, Session, SessionList, Turn,
+    Receipt, RegisterAgentThread, Registered, ReleaseRequest, Released, Session, SessionList, Turn,
     TurnList,
 };
 
