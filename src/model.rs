@@ -797,7 +797,13 @@ pub enum ReplyState {
     Failed,
 }
 
-/// Where a turn's answer goes back to, and how that went.
+/// Where a turn's answer goes back to, and how that went. A Lark answer is
+/// sent as replies that render its Markdown: schema 2.0 interactive cards with
+/// one `markdown` element (chosen over a `post` with `md`, which renders
+/// neither headings nor tables), raw HTML escaped (`<`, `>` as entities), and
+/// split below Lark's 30 KB card limit on block boundaries, code fences closed
+/// and reopened at a cut, the parts numbered (`(1/3)`) and sent in order,
+/// each with its own deterministic `uuid`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 pub struct ReplyStatus {
     /// Always `lark` today.

@@ -20,15 +20,18 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::LarkConfig;
+use super::{LarkConfig, markdown};
 use crate::metrics::Metrics;
 use crate::model::ReplyState;
 use crate::store::{Outbound, ReplyJob, ReplyUpdate, Store};
 use crate::time::now_ms;
 
-/// Lark's limit on a reply's request body (150 KB), less room for the rest of
-/// the body (uuid, msg_type, the part note).
+/// Lark's limit on a text message's request body (150 KB), less room for the
+/// rest of the body (uuid, msg_type, the part note).
 const PART_BYTES: usize = 150 * 1024 - 512;
+/// Lark's limit on a card (30 KB), less room for the rest of the request
+/// body: the card's own JSON, the uuid, msg_type.
+const CARD_BYTES: usize = 30 * 1024 - 1024;
 /// Token codes: refresh the tenant token and retry once.
 const TOKEN_CODES: [i64; 3] = [99991663, 99991671, 99991677];
 /// Rate-limit codes (also HTTP 429).
@@ -123,7 +126,12 @@ impl Dispatcher {
 
     /// Sends a reply's remaining parts in order; records what happened.
     async fn send(&mut self, job: ReplyJob) {
-        let parts = split(&job.text, PART_BYTES);
+        let parts = match job.outbound {
+            Outbound::Reply { .. } => {
+                markdown::split(&markdown::escape_html(&job.text), CARD_BYTES)
+            }
+            Outbound::Permission { .. } => split(&job.text, PART_BYTES),
+        };
         let mut update = ReplyUpdate {
             parts_sent: job.parts_sent,
             state: ReplyState::Pending,
@@ -296,9 +304,9 @@ impl Dispatcher {
 }
 
 /// The URL and body that send part `index` of a job: a reply to the turn's
-/// Lark message, or a new message in the chat for a permission request.
+/// Lark message (a card rendering the answer's Markdown), or a new text
+/// message in the chat for a permission request.
 fn request(base_url: &str, job: &ReplyJob, index: usize, text: &str) -> (String, Value) {
-    let content = json!({ "text": text }).to_string();
     match &job.outbound {
         Outbound::Reply {
             turn_id,
@@ -306,8 +314,8 @@ fn request(base_url: &str, job: &ReplyJob, index: usize, text: &str) -> (String,
         } => (
             format!("{base_url}/open-apis/im/v1/messages/{message_id}/reply"),
             json!({
-                "content": content,
-                "msg_type": "text",
+                "content": markdown::card(text).to_string(),
+                "msg_type": "interactive",
                 "reply_in_thread": false,
                 // Deterministic: the same turn and part always send the same uuid.
                 "uuid": format!("lx-{turn_id}-{index}"),
@@ -320,7 +328,7 @@ fn request(base_url: &str, job: &ReplyJob, index: usize, text: &str) -> (String,
             format!("{base_url}/open-apis/im/v1/messages?receive_id_type=chat_id"),
             json!({
                 "receive_id": job.chat_id,
-                "content": content,
+                "content": json!({ "text": text }).to_string(),
                 "msg_type": "text",
                 "uuid": permission_uuid(session_id, request_id, index),
             }),
@@ -339,18 +347,6 @@ fn permission_uuid(session_id: &str, request_id: &str, index: usize) -> String {
     format!("lxp-{}-{index}", &digest[..32])
 }
 
-/// The bytes a char takes in the reply body, where the text is escaped twice
-/// (`content` is a JSON string holding JSON): `"` becomes four bytes, a
-/// newline three.
-fn body_bytes(c: char) -> usize {
-    match c {
-        '"' | '\\' => 4,
-        '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 3,
-        c if (c as u32) < 0x20 => 7,
-        c => c.len_utf8(),
-    }
-}
-
 /// Splits an answer into parts that each take at most `limit` bytes of the
 /// reply body, on char boundaries, numbering them ("(1/3)") when there is
 /// more than one.
@@ -358,19 +354,14 @@ fn split(text: &str, limit: usize) -> Vec<String> {
     let mut parts = Vec::new();
     let (mut start, mut size) = (0, 0);
     for (at, c) in text.char_indices() {
-        if size + body_bytes(c) > limit {
+        if size + markdown::body_bytes(c) > limit {
             parts.push(text[start..at].to_owned());
             (start, size) = (at, 0);
         }
-        size += body_bytes(c);
+        size += markdown::body_bytes(c);
     }
     parts.push(text[start..].to_owned());
-    let count = parts.len();
-    if count > 1 {
-        for (i, part) in parts.iter_mut().enumerate() {
-            part.push_str(&format!("\n({}/{count})", i + 1));
-        }
-    }
+    markdown::number(&mut parts, "\n");
     parts
 }
 

@@ -10,6 +10,7 @@ pub mod dispatcher;
 pub mod frame;
 pub mod inbound;
 pub mod long_connection;
+pub mod markdown;
 pub mod webhook;
 
 use std::time::Duration;

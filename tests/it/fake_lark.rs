@@ -35,6 +35,8 @@ pub const ENCRYPT_KEY: &str = "fake encrypt key 0123";
 const TENANT_KEY: &str = "2ca1d211f64f6438";
 /// Lark refuses reply bodies over 150 KB (230025).
 pub const MAX_BODY: usize = 150 * 1024;
+/// Lark's limit on a card's content (error 230025).
+pub const MAX_CARD: usize = 30 * 1024;
 /// How long Lark remembers a reply's `uuid`.
 const UUID_WINDOW: Duration = Duration::from_secs(3600);
 
@@ -408,9 +410,24 @@ fn answer_reply(
     let now = Instant::now();
     let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let content = parsed["content"].as_str().unwrap_or_default();
+    let msg_type = parsed["msg_type"].as_str().unwrap_or_default();
+    // A text message's `text`, or a 2.0 card's `markdown` elements, joined.
     let text = serde_json::from_str::<Value>(content)
         .ok()
-        .and_then(|c| c["text"].as_str().map(str::to_owned));
+        .and_then(|c| match msg_type {
+            "text" => c["text"].as_str().map(str::to_owned),
+            "interactive" if c["schema"] == "2.0" => {
+                c["body"]["elements"].as_array().map(|elements| {
+                    elements
+                        .iter()
+                        .filter(|e| e["tag"] == "markdown")
+                        .filter_map(|e| e["content"].as_str())
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                })
+            }
+            _ => None,
+        });
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -489,7 +506,7 @@ fn answer_reply(
             }
             Some(Failure::TokenInvalid) | None => {}
         }
-        if body.len() > MAX_BODY {
+        if body.len() > MAX_BODY || msg_type == "interactive" && content.len() > MAX_CARD {
             break 'answer (
                 StatusCode::BAD_REQUEST,
                 230025,
@@ -498,7 +515,7 @@ fn answer_reply(
             );
         }
         let uuid_ok = !request.uuid.is_empty() && request.uuid.chars().count() <= 50;
-        if text.is_none() || request.msg_type != "text" || parsed["uuid"].is_string() && !uuid_ok {
+        if text.is_none() || parsed["uuid"].is_string() && !uuid_ok {
             break 'answer (
                 StatusCode::BAD_REQUEST,
                 230001,

@@ -83,6 +83,51 @@ async fn wait_turn(
     }
 }
 
+/// Waits (up to 20 s) for a long answer's reply to settle, and checks it was
+/// sent as cards that each fit Lark's card limit, each its own `uuid`, with no
+/// refused request on the way. Answers the parts as Lark got them.
+async fn sent_in_parts(
+    c: &loopx::client::Client,
+    fake: &FakeLark,
+    host: &Host,
+    turn_id: &str,
+    message_id: &str,
+) -> Vec<ReplyRequest> {
+    let turn = wait_turn(
+        c,
+        host.session_id(),
+        turn_id,
+        Duration::from_secs(20),
+        |t| {
+            t.reply
+                .as_ref()
+                .is_some_and(|r| r.state != ReplyState::Pending)
+        },
+    )
+    .await;
+    let codes: Vec<_> = fake
+        .requests()
+        .iter()
+        .map(|r| (r.code, r.body_len))
+        .collect();
+    assert_eq!(
+        turn.reply.as_ref().unwrap().state,
+        ReplyState::Sent,
+        "{:?}; requests (code, body bytes): {codes:?}",
+        turn.reply
+    );
+    assert!(codes.iter().all(|(code, _)| *code == 0), "{codes:?}");
+    let replies = fake.replies_to(message_id);
+    assert!(replies.len() >= 2, "{codes:?}");
+    for part in &replies {
+        assert_eq!(part.msg_type, "interactive");
+        assert!(part.body_len <= MAX_CARD, "{} bytes", part.body_len);
+    }
+    let uuids: std::collections::HashSet<_> = replies.iter().map(|r| &r.uuid).collect();
+    assert_eq!(uuids.len(), replies.len(), "each part has its own uuid");
+    replies
+}
+
 fn reply_is(state: ReplyState) -> impl Fn(&Turn) -> bool {
     move |turn| turn.reply.as_ref().is_some_and(|r| r.state == state)
 }
@@ -1021,8 +1066,9 @@ async fn a_whole_round_trip_replies_once_to_the_right_message() {
     assert_eq!(replies.len(), 1, "{replies:?}");
     let sent = &replies[0];
     assert_eq!(sent.message_id, message_id);
+    // Plain text reads as it was written: one card, the text unchanged.
     assert_eq!(sent.text, answer);
-    assert_eq!(sent.msg_type, "text");
+    assert_eq!(sent.msg_type, "interactive");
     assert_eq!(sent.reply_in_thread, Some(false));
     assert!(
         !sent.uuid.is_empty() && sent.uuid.chars().count() <= 50,
@@ -1383,41 +1429,69 @@ async fn an_answer_longer_than_larks_limit_is_split_or_truncated() {
     let answer: String = (0..20_000).map(|i| format!("答案{i:04} ")).collect();
     assert!(answer.len() > 200 * 1024);
     let turn_id = lark_turn_answered(c, &events, &host, &chat, &message_id, &answer).await;
-    let turn = wait_turn(
-        c,
-        host.session_id(),
-        &turn_id,
-        Duration::from_secs(20),
-        |t| {
-            t.reply
-                .as_ref()
-                .is_some_and(|r| r.state != ReplyState::Pending)
-        },
-    )
-    .await;
-    assert_eq!(
-        turn.reply.as_ref().unwrap().state,
-        ReplyState::Sent,
-        "{:?}",
-        turn.reply
-    );
-    let replies = fake.replies_to(&message_id);
-    assert!(!replies.is_empty());
-    for part in &replies {
-        assert!(part.body_len <= MAX_BODY, "{} bytes", part.body_len);
-    }
-    let uuids: std::collections::HashSet<_> = replies.iter().map(|r| &r.uuid).collect();
-    assert_eq!(uuids.len(), replies.len(), "each part has its own uuid");
+    let replies = sent_in_parts(c, &fake, &host, &turn_id, &message_id).await;
     assert!(
         replies[0].text.contains("答案0000 答案0001 "),
         "the answer's start comes first"
     );
-    // Every request was a success: no 230025 on the way.
-    assert!(
-        fake.requests().iter().all(|r| r.code == 0),
-        "{:?}",
-        fake.requests().iter().map(|r| r.code).collect::<Vec<_>>()
+}
+
+/// An agent's Markdown answer arrives as cards that render it: a heading, a
+/// list, a table and a 40 KB code block split into parts under Lark's 30 KB
+/// card limit, each with its code fences balanced, numbered, in order, once;
+/// raw HTML escaped.
+#[tokio::test]
+async fn a_markdown_answer_arrives_as_numbered_cards_with_balanced_fences() {
+    let (fake, broker, events) = lark(None).await;
+    let c = &broker.client;
+    let chat = unique("oc");
+    let host = linked(c, &chat).await;
+    let message_id = unique("om");
+    const LINES: usize = 1700;
+    let code: String = (0..LINES)
+        .map(|i| format!("    let v{i:04} = \"<{i}>\";\n"))
+        .collect();
+    assert!(code.len() >= 40 * 1024, "{}", code.len());
+    let answer = format!(
+        "## Plan\n\n- **build** it\n- test it <script>alert(1)</script>\n\n| step | state |\n|---|---|\n| build | done |\n\n```rust\n{code}```\n\nDone."
     );
+    let turn_id = lark_turn_answered(c, &events, &host, &chat, &message_id, &answer).await;
+    sent_in_parts(c, &fake, &host, &turn_id, &message_id).await;
+    // Once: nothing more arrives later.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let replies = fake.replies_to(&message_id);
+    let count = replies.len();
+    assert!(count >= 3, "{count} parts");
+    for (i, part) in replies.iter().enumerate() {
+        let fences = part.text.lines().filter(|l| l.starts_with("```")).count();
+        assert_eq!(fences % 2, 0, "part {i} leaves a fence open");
+        assert!(
+            part.text.ends_with(&format!("({}/{count})", i + 1)),
+            "part {i} in order"
+        );
+        assert!(!part.text.contains('<'), "no raw HTML in part {i}");
+    }
+    assert!(replies[0].text.starts_with("## Plan\n\n- **build** it\n"));
+    assert!(
+        replies[0]
+            .text
+            .contains("&lt;script&gt;alert(1)&lt;/script&gt;")
+    );
+    assert!(replies[0].text.contains("| build | done |"));
+    assert!(
+        replies[1]
+            .text
+            .starts_with("```rust\n    let v0000 = \"&lt;0&gt;\";")
+    );
+    assert!(replies[count - 1].text.contains("Done."));
+    // Every code line arrives once, in order.
+    let lines: Vec<&str> = replies
+        .iter()
+        .flat_map(|r| r.text.lines())
+        .filter(|l| l.starts_with("    let v"))
+        .collect();
+    assert_eq!(lines.len(), LINES);
+    assert!(lines.windows(2).all(|w| w[0] < w[1]));
 }
 
 // ---------------------------------------------------------------------------
@@ -1588,7 +1662,7 @@ async fn the_claim_replay_of_a_lark_turn_is_the_same_turn() {
 // ---------------------------------------------------------------------------
 // The edges of the reply path.
 
-/// Lark's 150 KB limit is on the request body, where the answer is JSON-escaped
+/// Lark's 30 KB card limit is on the request body, where the answer is JSON-escaped
 /// twice (`content` is a JSON string inside the JSON body): quotes, backslashes
 /// and newlines grow, so parts must be cut by their encoded size.
 #[tokio::test]
@@ -1602,34 +1676,7 @@ async fn an_answer_full_of_escaped_characters_stays_within_larks_body_limit() {
     let line = "    println!(\"{}\\n\", \"quoted \\\"text\\\"\");\n";
     let answer = line.repeat(160_000 / line.len());
     let turn_id = lark_turn_answered(c, &events, &host, &chat, &message_id, &answer).await;
-    let turn = wait_turn(
-        c,
-        host.session_id(),
-        &turn_id,
-        Duration::from_secs(20),
-        |t| {
-            t.reply
-                .as_ref()
-                .is_some_and(|r| r.state != ReplyState::Pending)
-        },
-    )
-    .await;
-    let codes: Vec<_> = fake
-        .requests()
-        .iter()
-        .map(|r| (r.code, r.body_len))
-        .collect();
-    assert_eq!(
-        turn.reply.as_ref().unwrap().state,
-        ReplyState::Sent,
-        "{:?}; requests (code, body bytes): {codes:?}",
-        turn.reply
-    );
-    let replies = fake.replies_to(&message_id);
-    assert!(replies.len() >= 2, "{codes:?}");
-    for part in &replies {
-        assert!(part.body_len <= MAX_BODY, "{} bytes", part.body_len);
-    }
+    let replies = sent_in_parts(c, &fake, &host, &turn_id, &message_id).await;
     assert!(replies[0].text.starts_with(line));
 }
 
