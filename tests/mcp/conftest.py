@@ -153,6 +153,16 @@ class FakeLark:
         return [m for m in self.messages if m["chat_id"] == chat_id]
 
 
+def sent_text(body: dict) -> str:
+    """The text of a message the bot sent: a `text` message's text, or the
+    `markdown` elements of an `interactive` 2.0 card (answers go out so)."""
+    content = json.loads(body["content"])
+    if body.get("msg_type") == "interactive":
+        elements = content.get("body", {}).get("elements", [])
+        return "".join(e["content"] for e in elements if e.get("tag") == "markdown")
+    return content["text"]
+
+
 @pytest.fixture
 def fake_lark():
     fake = FakeLark()
@@ -176,11 +186,11 @@ def fake_lark():
             parts = self.path.split("/")
             if self.path == "/open-apis/im/v1/messages?receive_id_type=chat_id":
                 fake.messages.append({"chat_id": body["receive_id"], "uuid": body.get("uuid"),
-                                      "text": json.loads(body["content"])["text"]})
+                                      "text": sent_text(body)})
                 return self.answer({"code": 0, "msg": "success", "data": {"message_id": unique("om_sent")}})
             if self.path.startswith("/open-apis/im/v1/messages/") and parts[-1] == "reply":
                 fake.replies.append({"message_id": parts[-2], "uuid": body.get("uuid"),
-                                     "text": json.loads(body["content"])["text"]})
+                                     "text": sent_text(body)})
                 return self.answer({"code": 0, "msg": "success", "data": {"message_id": unique("om_reply")}})
             self.send_response(404)
             self.end_headers()
