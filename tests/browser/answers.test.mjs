@@ -435,7 +435,7 @@ describe('agent answers on the Web chat page', () => {
     await page.focus('#composer-text');
     await page.keyboard.press('Escape');
     assert.equal(await page.evaluate(() => document.activeElement.id), 'transcript-scroll');
-    assert.equal(await page.getByLabel('Message').count(), 1);
+    assert.equal(await page.getByLabel('Message', { exact: true }).count(), 1);
   });
 
   step('at 375 px wide an answer with a wide table and long code scrolls inside its bubble, not the page', async () => {

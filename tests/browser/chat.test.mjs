@@ -133,7 +133,7 @@ describe('the Web chat page', () => {
     assert.match(await page.locator('#capabilities').innerText(), /live steering: unavailable/);
     assert.match(await page.locator('#session-facts').textContent(), /session queue: available/);
     assert.match(await page.locator('#session-facts').textContent(), new RegExp(sessionA.session_id));
-    assert.equal(await page.getByLabel('Message').count(), 1, 'the composer has a label');
+    assert.equal(await page.getByLabel('Message', { exact: true }).count(), 1, 'the composer has a label');
     assert.ok(page.url().endsWith(`#/s/${sessionA.session_id}`));
     t.diagnostic(`the broker's event stream answers 200 text/event-stream: ${streamAvailable}`);
     assert.ok(streamAvailable, 'GET /v1/sessions/{id}/events answers 200 text/event-stream');
