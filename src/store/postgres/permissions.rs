@@ -12,7 +12,7 @@ use super::apply::decided;
 use super::rows::{enumeration, optional_enumeration, text, unstorable, utf8};
 use super::{Step, lock_session};
 use crate::decide::permission::{self, AnswerRows, CreateRows};
-use crate::decide::{Change, Writes};
+use crate::decide::{Change, Decided, Writes};
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest};
 use crate::store::{Decision, HostIdentity, PermissionRow};
 use crate::time::now_ms;
@@ -90,11 +90,10 @@ pub(super) async fn answer(
     request_id: &str,
     (behavior, via): (Behavior, AnsweredVia),
 ) -> Step<Decision> {
-    let rows = AnswerRows {
-        session: lock_session(conn, session_id).await?,
-        existing: load_permission(&mut *conn, session_id, request_id).await?,
-    };
-    decided(conn, permission::answer(rows, behavior, via, now_ms())?).await
+    on_request(conn, session_id, request_id, |rows, now| {
+        permission::answer(rows, behavior, via, now)
+    })
+    .await
 }
 
 pub(super) async fn withdraw(
@@ -103,11 +102,10 @@ pub(super) async fn withdraw(
     request_id: &str,
     host: &HostIdentity,
 ) -> Step<Decision> {
-    let rows = AnswerRows {
-        session: lock_session(conn, session_id).await?,
-        existing: load_permission(&mut *conn, session_id, request_id).await?,
-    };
-    decided(conn, permission::withdraw(rows, host, now_ms())?).await
+    on_request(conn, session_id, request_id, |rows, now| {
+        permission::withdraw(rows, host, now)
+    })
+    .await
 }
 
 pub(super) async fn relayed(
@@ -116,11 +114,25 @@ pub(super) async fn relayed(
     request_id: &str,
     host: &HostIdentity,
 ) -> Step<Decision> {
+    on_request(conn, session_id, request_id, |rows, now| {
+        permission::relayed(rows, host, now)
+    })
+    .await
+}
+
+/// A decision on one existing request (answer, withdraw, relayed), under the
+/// session's row lock: loads the request, decides, and writes what was decided.
+async fn on_request(
+    conn: &mut PgConnection,
+    session_id: &str,
+    request_id: &str,
+    decide: impl FnOnce(AnswerRows, i64) -> crate::error::Result<Decided<Decision>>,
+) -> Step<Decision> {
     let rows = AnswerRows {
         session: lock_session(conn, session_id).await?,
         existing: load_permission(&mut *conn, session_id, request_id).await?,
     };
-    decided(conn, permission::relayed(rows, host, now_ms())?).await
+    decided(conn, decide(rows, now_ms())?).await
 }
 
 /// Writes a decision's permission request and its chat message, if any,

@@ -8,7 +8,7 @@ use rusqlite::Connection;
 use super::decisions::decided;
 use super::{load_permission, load_session, sql};
 use crate::decide::permission::{self, AnswerRows, CreateRows};
-use crate::decide::{Change, Writes};
+use crate::decide::{Change, Decided, Writes};
 use crate::error::Result;
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest};
 use crate::store::{Decision, HostIdentity};
@@ -37,11 +37,9 @@ pub(super) fn answer(
     request_id: String,
     (behavior, via): (Behavior, AnsweredVia),
 ) -> Result<Decision> {
-    let rows = AnswerRows {
-        session: load_session(conn, &session_id)?,
-        existing: load_permission(conn, &session_id, &request_id)?,
-    };
-    decided(conn, permission::answer(rows, behavior, via, now_ms())?)
+    on_request(conn, &session_id, &request_id, |rows, now| {
+        permission::answer(rows, behavior, via, now)
+    })
 }
 
 pub(super) fn withdraw(
@@ -50,11 +48,9 @@ pub(super) fn withdraw(
     request_id: String,
     host: HostIdentity,
 ) -> Result<Decision> {
-    let rows = AnswerRows {
-        session: load_session(conn, &session_id)?,
-        existing: load_permission(conn, &session_id, &request_id)?,
-    };
-    decided(conn, permission::withdraw(rows, &host, now_ms())?)
+    on_request(conn, &session_id, &request_id, |rows, now| {
+        permission::withdraw(rows, &host, now)
+    })
 }
 
 pub(super) fn relayed(
@@ -63,11 +59,24 @@ pub(super) fn relayed(
     request_id: String,
     host: &HostIdentity,
 ) -> Result<Decision> {
+    on_request(conn, &session_id, &request_id, |rows, now| {
+        permission::relayed(rows, host, now)
+    })
+}
+
+/// A decision on one existing request (answer, withdraw, relayed): loads the
+/// request and its session, decides, and writes what was decided.
+fn on_request(
+    conn: &Connection,
+    session_id: &str,
+    request_id: &str,
+    decide: impl FnOnce(AnswerRows, i64) -> Result<Decided<Decision>>,
+) -> Result<Decision> {
     let rows = AnswerRows {
-        session: load_session(conn, &session_id)?,
-        existing: load_permission(conn, &session_id, &request_id)?,
+        session: load_session(conn, session_id)?,
+        existing: load_permission(conn, session_id, request_id)?,
     };
-    decided(conn, permission::relayed(rows, host, now_ms())?)
+    decided(conn, decide(rows, now_ms())?)
 }
 
 /// Writes a decision's permission request and its chat message, if any.
