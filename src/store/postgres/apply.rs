@@ -171,8 +171,8 @@ fn bind_reply<'q>(query: PgQuery<'q>, r: &'q NewReply) -> PgQuery<'q> {
 /// turn, claim, session, event and reply in one statement (nothing to write:
 /// no statement).
 pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
-    super::lark::apply(conn, writes).await?;
-    super::permissions::apply(conn, writes).await?;
+    lark_writes(conn, writes).await?;
+    permission_writes(conn, writes).await?;
     let mut parts = Vec::new();
     if let Some(change) = &writes.turn {
         parts.push(match change {
@@ -223,6 +223,101 @@ pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> Step<()> 
 pub(super) async fn decided<T>(conn: &mut PgConnection, decided: Decided<T>) -> Step<T> {
     apply(conn, &decided.writes).await?;
     Ok(decided.answer)
+}
+
+/// Writes a decision's Lark event guard and link change, if any.
+async fn lark_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<()> {
+    if let Some(e) = &writes.lark_event {
+        sqlx::query(
+            "insert into lark_events (app_id, event_id, message_id, received_at)
+             values ($1, $2, $3, $4)",
+        )
+        .bind(&e.app_id)
+        .bind(&e.event_id)
+        .bind(&e.message_id)
+        .bind(e.at)
+        .execute(&mut *conn)
+        .await?;
+    }
+    let Some(change) = &writes.link else {
+        return Ok(());
+    };
+    sqlx::query("delete from lark_links where session_id = $1")
+        .bind(&change.session_id)
+        .execute(&mut *conn)
+        .await?;
+    if let Some(link) = &change.link {
+        // The same chat linked to another session at this very moment: this
+        // insert waits for that transaction, fails if it committed, and the
+        // decision taken again answers chat_linked.
+        sqlx::query(
+            "insert into lark_links (chat_id, session_id, linked_at, approvers)
+             values ($1, $2, $3, $4)",
+        )
+        .bind(&link.chat_id)
+        .bind(&change.session_id)
+        .bind(link.at)
+        .bind(&link.approvers)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Writes a decision's permission request and its chat message, if any,
+/// under the session's row lock.
+async fn permission_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<()> {
+    match &writes.permission {
+        Some(Change::Insert(row)) => {
+            sqlx::query(
+                "insert into permission_requests (session_id, request_id, tool_name, description,
+                     input_preview, state, created_at, answered_at, answered_via)
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            )
+            .bind(&row.session_id)
+            .bind(&row.request_id)
+            .bind(&row.tool_name)
+            .bind(row.description.as_bytes())
+            .bind(row.input_preview.as_bytes())
+            .bind(row.state.as_str())
+            .bind(row.created_at)
+            .bind(row.answered_at)
+            .bind(row.answered_via.as_ref().map(text))
+            .execute(&mut *conn)
+            .await?;
+        }
+        Some(Change::Update(row)) => {
+            sqlx::query(
+                "update permission_requests set state = $1, answered_at = $2, answered_via = $3,
+                     relayed_at = $6
+                 where session_id = $4 and request_id = $5",
+            )
+            .bind(row.state.as_str())
+            .bind(row.answered_at)
+            .bind(row.answered_via.as_ref().map(text))
+            .bind(&row.session_id)
+            .bind(&row.request_id)
+            .bind(row.relayed_at)
+            .execute(&mut *conn)
+            .await?;
+        }
+        None => {}
+    }
+    if let Some(m) = &writes.permission_message {
+        sqlx::query(
+            "insert into lark_permission_messages (session_id, request_id, chat_id, text, state,
+                 next_attempt_at, created_at, updated_at)
+             values ($1, $2, $3, $4, 'pending', $5, $5, $5)",
+        )
+        .bind(&m.session_id)
+        .bind(&m.request_id)
+        .bind(&m.chat_id)
+        .bind(m.text.as_bytes())
+        .bind(m.at)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
