@@ -16,7 +16,7 @@ use sqlx::query::Query;
 
 use super::Step;
 use super::rows::text;
-use crate::decide::{Change, ClaimRow, Decided, NewEvent, NewReply, Writes};
+use crate::decide::{Change, ClaimRow, Decided, NewEvent, NewReply, Sweep, Writes};
 use crate::decide::{SessionRow, TurnRow};
 
 type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
@@ -171,8 +171,19 @@ fn bind_reply<'q>(query: PgQuery<'q>, r: &'q NewReply) -> PgQuery<'q> {
 /// turn, claim, session, event and reply in one statement (nothing to write:
 /// no statement).
 pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
+    if let Some(before) = &writes.before {
+        apply_step(conn, before).await?;
+    }
+    apply_step(conn, writes).await
+}
+
+/// One step's writes (not the step taken before it).
+async fn apply_step(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
     lark_writes(conn, writes).await?;
     permission_writes(conn, writes).await?;
+    if let Some(sweep) = &writes.sweep {
+        sweep_session(conn, sweep).await?;
+    }
     let mut parts = Vec::new();
     if let Some(change) = &writes.turn {
         parts.push(match change {
@@ -216,6 +227,54 @@ pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> Step<()> 
         query = bind_reply(query, r);
     }
     query.execute(conn).await?;
+    Ok(())
+}
+
+/// A close's sweep: the session's queued turns cancelled and its pending
+/// permission requests expired, each with its numbered event.
+async fn sweep_session(conn: &mut PgConnection, sweep: &Sweep) -> sqlx::Result<()> {
+    sqlx::query(
+        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
+         select session_id, $1 - 1 + row_number() over (order by seq), 'turn', turn_id, seq,
+                $2, $3
+         from turns where session_id = $4 and state = 'queued'",
+    )
+    .bind(sweep.cancelled_from)
+    .bind(text(&sweep.cancelled))
+    .bind(sweep.at)
+    .bind(&sweep.session_id)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "update turns set state = $1, cancel_reason = $2
+         where session_id = $3 and state = 'queued'",
+    )
+    .bind(text(&sweep.cancelled))
+    .bind(text(&sweep.cancel_reason))
+    .bind(&sweep.session_id)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "insert into session_events (session_id, event_no, kind, request_id, state, at)
+         select session_id, $1 - 1 + row_number() over (order by created_at, request_id),
+                'permission', request_id, $2, $3
+         from permission_requests where session_id = $4 and state = 'pending'",
+    )
+    .bind(sweep.expired_from)
+    .bind(sweep.expired.as_str())
+    .bind(sweep.at)
+    .bind(&sweep.session_id)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "update permission_requests set state = $1, answered_at = $2
+         where session_id = $3 and state = 'pending'",
+    )
+    .bind(sweep.expired.as_str())
+    .bind(sweep.at)
+    .bind(&sweep.session_id)
+    .execute(&mut *conn)
+    .await?;
     Ok(())
 }
 

@@ -5,7 +5,9 @@
 use rusqlite::Connection;
 
 use super::sql;
-use crate::decide::{Change, ClaimRow, Decided, NewEvent, NewReply, SessionRow, TurnRow, Writes};
+use crate::decide::{
+    Change, ClaimRow, Decided, NewEvent, NewReply, SessionRow, Sweep, TurnRow, Writes,
+};
 use crate::error::Result;
 use crate::model::SessionState;
 
@@ -16,9 +18,15 @@ pub(super) fn decided<T>(conn: &Connection, decided: Decided<T>) -> Result<T> {
 }
 
 /// Applies a decision's writes, in their order.
-pub(super) fn apply(conn: &Connection, writes: Writes) -> Result<()> {
+fn apply(conn: &Connection, mut writes: Writes) -> Result<()> {
+    if let Some(before) = writes.before.take() {
+        apply(conn, *before)?;
+    }
     lark_writes(conn, &writes)?;
     permission_writes(conn, &writes)?;
+    if let Some(sweep) = &writes.sweep {
+        sweep_session(conn, sweep)?;
+    }
     if let Some(turn) = writes.turn {
         write_turn(conn, turn)?;
     }
@@ -43,7 +51,7 @@ pub(super) fn apply(conn: &Connection, writes: Writes) -> Result<()> {
 /// `closed_at` alone: assigning them, even unchanged, makes SQLite rewrite
 /// the entries of every index whose columns or condition name them
 /// (`sessions_open_tuple`, `sessions_closed`) on every write of a turn.
-pub(super) fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
+fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
     let open = s.state == SessionState::Open;
     let mut update = sql::query(if open {
         "update sessions set next_seq = ?1, next_event_no = ?2, queued_count = ?3,
@@ -70,7 +78,7 @@ pub(super) fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn insert_event(conn: &Connection, e: &NewEvent) -> Result<()> {
+fn insert_event(conn: &Connection, e: &NewEvent) -> Result<()> {
     sql::query(
         "insert into session_events
              (session_id, event_no, kind, turn_id, seq, request_id, state, at)
@@ -84,6 +92,49 @@ pub(super) fn insert_event(conn: &Connection, e: &NewEvent) -> Result<()> {
     .bind(&e.request_id)
     .bind(e.state)
     .bind(e.at)
+    .execute(conn)?;
+    Ok(())
+}
+
+/// A close's sweep: the session's queued turns cancelled and its pending
+/// permission requests expired, each with its numbered event.
+fn sweep_session(conn: &Connection, sweep: &Sweep) -> Result<()> {
+    sql::query(
+        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
+         select session_id, ?1 - 1 + row_number() over (order by seq), 'turn', turn_id, seq,
+                ?2, ?3
+         from turns where session_id = ?4 and state = 'queued'",
+    )
+    .bind(sweep.cancelled_from)
+    .bind(sweep.cancelled)
+    .bind(sweep.at)
+    .bind(&sweep.session_id)
+    .execute(conn)?;
+    sql::query(
+        "update turns set state = ?, cancel_reason = ? where session_id = ? and state = 'queued'",
+    )
+    .bind(sweep.cancelled)
+    .bind(sweep.cancel_reason)
+    .bind(&sweep.session_id)
+    .execute(conn)?;
+    sql::query(
+        "insert into session_events (session_id, event_no, kind, request_id, state, at)
+         select session_id, ?1 - 1 + row_number() over (order by created_at, request_id),
+                'permission', request_id, ?2, ?3
+         from permission_requests where session_id = ?4 and state = 'pending'",
+    )
+    .bind(sweep.expired_from)
+    .bind(sweep.expired)
+    .bind(sweep.at)
+    .bind(&sweep.session_id)
+    .execute(conn)?;
+    sql::query(
+        "update permission_requests set state = ?, answered_at = ?
+         where session_id = ? and state = 'pending'",
+    )
+    .bind(sweep.expired)
+    .bind(sweep.at)
+    .bind(&sweep.session_id)
     .execute(conn)?;
     Ok(())
 }

@@ -5,10 +5,10 @@
 
 use rusqlite::Connection;
 
-use super::apply::{apply, decided, insert_event, write_session};
+use super::apply::decided;
 use super::{SESSION_COLUMNS, load_session, load_turn, sql};
 use crate::decide::presence::Reported;
-use crate::decide::session::{BindRows, Close, CloseRows};
+use crate::decide::session::{BindRows, CloseRows};
 use crate::decide::session::{Bound, Closed};
 use crate::decide::turn::{ClaimOutcome, Enqueue};
 use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows, Releaser};
@@ -246,62 +246,8 @@ pub(super) fn close(
     release_active_claim: bool,
 ) -> Result<Closed> {
     let rows = close_rows(conn, &session_id)?;
-    let closing = match decide::session::close(rows, release_active_claim, now_ms())? {
-        Close::Replayed(closed) => return Ok(closed),
-        Close::Close(closing) => closing,
-    };
-    // The released turn is queued again, so the cancellation below takes it.
-    if let Some(released) = closing.released {
-        apply(conn, *released)?;
-    }
-    let at = closing.event.at;
-    let cancelled = sql::query(
-        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
-         select session_id, ?1 - 1 + row_number() over (order by seq), 'turn', turn_id, seq,
-                ?2, ?3
-         from turns where session_id = ?4 and state = 'queued'",
+    decided(
+        conn,
+        decide::session::close(rows, release_active_claim, now_ms())?,
     )
-    .bind(closing.cancelled_from)
-    .bind(closing.cancelled)
-    .bind(at)
-    .bind(&session_id)
-    .execute(conn)?
-    .rows_affected();
-    sql::query(
-        "update turns set state = ?, cancel_reason = ? where session_id = ? and state = 'queued'",
-    )
-    .bind(closing.cancelled)
-    .bind(closing.cancel_reason)
-    .bind(&session_id)
-    .execute(conn)?;
-    let expired = sql::query(
-        "insert into session_events (session_id, event_no, kind, request_id, state, at)
-         select session_id, ?1 - 1 + row_number() over (order by created_at, request_id),
-                'permission', request_id, ?2, ?3
-         from permission_requests where session_id = ?4 and state = 'pending'",
-    )
-    .bind(closing.expired_from)
-    .bind(closing.expired)
-    .bind(at)
-    .bind(&session_id)
-    .execute(conn)?
-    .rows_affected();
-    sql::query(
-        "update permission_requests set state = ?, answered_at = ?
-         where session_id = ? and state = 'pending'",
-    )
-    .bind(closing.expired)
-    .bind(at)
-    .bind(&session_id)
-    .execute(conn)?;
-    write_session(conn, &closing.session)?;
-    insert_event(conn, &closing.event)?;
-    sql::query("delete from lark_links where session_id = ?")
-        .bind(&session_id)
-        .execute(conn)?;
-    Ok(Closed {
-        session: closing.session,
-        cancelled,
-        expired,
-    })
 }
