@@ -26,7 +26,9 @@ use crate::model::{
     SessionList, SessionPreview, SessionState, Turn, TurnList,
 };
 use crate::model::{LarkLink, LarkLinkRequest};
-use crate::store::{Bound, ClaimOutcome, HostIdentity, LarkEvent, LarkIngest, Store};
+use crate::store::{
+    Bound, ClaimOutcome, Clicked, Decision, HostIdentity, LarkClick, LarkEvent, LarkIngest, Store,
+};
 use crate::time::rfc3339;
 use crate::wakeup::Wakeups;
 
@@ -490,6 +492,10 @@ impl Broker {
             .await?;
         self.metrics.turn("cancelled", closed.cancelled);
         self.metrics.permission("expired", closed.expired);
+        if closed.expired > 0 {
+            // Their cards in a linked Lark chat show them expired.
+            self.outbox.notify_one();
+        }
         // Parked claims re-check and answer 409 session_closed; waits on
         // permission requests see them expired.
         self.changed(session_id);
@@ -572,6 +578,23 @@ impl Broker {
             _ => {}
         }
         Ok(ingest)
+    }
+
+    /// Takes a click on a permission card once: an approver's answers the
+    /// request, in one transaction.
+    pub async fn lark_click(&self, click: LarkClick) -> Result<Clicked> {
+        let clicked = self.store.lark_click(click).await?;
+        if let Clicked::Answered {
+            session_id, row, ..
+        } = &clicked
+        {
+            self.announce(
+                session_id,
+                &Decision::Write(row.clone()),
+                row.state.as_str(),
+            );
+        }
+        Ok(clicked)
     }
 
     pub async fn lark_link(&self, session_id: &str, link: LarkLinkRequest) -> Result<LarkLink> {

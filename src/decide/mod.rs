@@ -87,6 +87,19 @@ pub struct NewPermissionMessage {
     pub at: i64,
 }
 
+/// What an answer given in Lark writes on the request's card
+/// (`lark_permission_messages`, if the request has one): who answered, and
+/// whether the answer to the click already shows the card's final form
+/// (then no update of the card follows).
+#[derive(Debug, Clone)]
+pub struct CardWrite {
+    pub session_id: String,
+    pub request_id: String,
+    /// The approver's Lark open id, when this answer was theirs.
+    pub answered_by: Option<String>,
+    pub shown: bool,
+}
+
 /// A session's Lark link, as written: the link it had (if any) goes, and
 /// `link` (if any) takes its place.
 #[derive(Debug, Clone)]
@@ -115,7 +128,7 @@ pub struct SeenLarkEvent {
 }
 
 /// What a decision writes, applied by the store in this order (Lark event
-/// guard, link, permission request, its chat message; then turn, claim,
+/// guard, link, permission request, its chat message and card; then turn, claim,
 /// session, event, reply), in the decision's transaction.
 #[derive(Debug, Default)]
 pub struct Writes {
@@ -123,6 +136,7 @@ pub struct Writes {
     pub link: Option<LinkChange>,
     pub permission: Option<Change<PermissionRow>>,
     pub permission_message: Option<NewPermissionMessage>,
+    pub card: Option<CardWrite>,
     pub turn: Option<Change<TurnRow>>,
     pub claim: Option<Change<ClaimRow>>,
     /// The session after the decision: its counters (`next_seq`,

@@ -94,6 +94,7 @@ use tokio_util::sync::CancellationToken;
 mod pool;
 
 mod apply;
+mod cards;
 mod decisions;
 mod lark;
 mod load;
@@ -109,6 +110,7 @@ use super::{
     LarkIngest, Outbound, PermissionRow, ReplyJob, ReplyUpdate, Reported, SessionRow, Store,
     TurnRow,
 };
+use super::{CardUpdateJob, Clicked, LarkClick};
 use crate::decide;
 use crate::error::{Error, Result};
 use crate::ids::Minter;
@@ -457,6 +459,33 @@ impl Store for PgStore {
             _ => {}
         }
         Ok(ingest)
+    }
+
+    async fn lark_click(&self, click: LarkClick) -> Result<Clicked> {
+        let clicked = transaction!(self, "taking a Lark card click", |conn| cards::click(
+            conn, &click
+        ))?;
+        if let Clicked::Answered { session_id, .. } = &clicked {
+            self.announcer.changed(session_id);
+        }
+        Ok(clicked)
+    }
+
+    async fn lark_card_sent(
+        &self,
+        session_id: String,
+        request_id: String,
+        message_id: String,
+    ) -> Result<()> {
+        Ok(cards::sent(&self.pool, &session_id, &request_id, &message_id).await?)
+    }
+
+    async fn due_card_updates(&self, now_ms: i64, limit: u32) -> Result<Vec<CardUpdateJob>> {
+        Ok(cards::due(&self.pool, now_ms, limit).await?)
+    }
+
+    async fn record_card_update(&self, job: CardUpdateJob, update: ReplyUpdate) -> Result<()> {
+        Ok(cards::record(&self.pool, job, update).await?)
     }
 
     async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {

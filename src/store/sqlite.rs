@@ -15,6 +15,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
 };
 
+mod cards;
 mod decisions;
 mod lark;
 mod permissions;
@@ -29,6 +30,7 @@ use super::{
     Bound, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent, LarkIngest,
     Outbound, PermissionRow, ReplyJob, ReplyUpdate, Reported, SessionRow, Store, TurnPage, TurnRow,
 };
+use super::{CardUpdateJob, Clicked, LarkClick};
 use crate::decide;
 use crate::error::{Error, Result};
 use crate::ids::Minter;
@@ -521,6 +523,45 @@ impl Store for SqliteStore {
         let minter = self.minter.clone();
         self.write(move |conn| lark::event(conn, event.clone(), &minter))
             .await
+    }
+
+    async fn lark_click(&self, click: LarkClick) -> Result<Clicked> {
+        self.write(move |conn| cards::click(conn, click.clone()))
+            .await
+    }
+
+    async fn lark_card_sent(
+        &self,
+        session_id: String,
+        request_id: String,
+        message_id: String,
+    ) -> Result<()> {
+        self.write(move |conn| cards::sent(conn, &session_id, &request_id, &message_id))
+            .await
+    }
+
+    async fn due_card_updates(&self, now_ms: i64, limit: u32) -> Result<Vec<CardUpdateJob>> {
+        Ok(sqlx::query_as(cards::DUE_CARD_UPDATES)
+            .bind(now_ms)
+            .bind(limit)
+            .fetch_all(&self.reads)
+            .await?)
+    }
+
+    async fn record_card_update(&self, job: CardUpdateJob, update: ReplyUpdate) -> Result<()> {
+        self.write(move |conn| {
+            sql::query(cards::RECORD_CARD_UPDATE)
+                .bind(update.state)
+                .bind(update.attempts)
+                .bind(update.failures)
+                .bind(update.error.clone())
+                .bind(update.next_attempt_at)
+                .bind(&job.session_id)
+                .bind(&job.request_id)
+                .execute(conn)?;
+            Ok(())
+        })
+        .await
     }
 
     async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {

@@ -144,6 +144,8 @@ class FakeLark:
     replies: list = field(default_factory=list)
     # New messages the bot posted (send-message API): {"chat_id", "uuid", "text"}.
     messages: list = field(default_factory=list)
+    # Updates of a permission card to its final form: {"message_id", "card"}.
+    patches: list = field(default_factory=list)
     server: ThreadingHTTPServer | None = None
 
     def replies_to(self, message_id: str) -> list:
@@ -194,6 +196,12 @@ def fake_lark():
                 return self.answer({"code": 0, "msg": "success", "data": {"message_id": unique("om_reply")}})
             self.send_response(404)
             self.end_headers()
+
+        def do_PATCH(self):
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            fake.patches.append({"message_id": self.path.split("/")[-1],
+                                 "card": json.loads(body.get("content", "null"))})
+            return self.answer({"code": 0, "msg": "success", "data": {}})
 
     fake.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     fake.url = f"http://127.0.0.1:{fake.server.server_address[1]}"

@@ -173,6 +173,7 @@ fn bind_reply<'q>(query: PgQuery<'q>, r: &'q NewReply) -> PgQuery<'q> {
 pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
     super::lark::apply(conn, writes).await?;
     super::permissions::apply(conn, writes).await?;
+    super::cards::apply(conn, writes).await?;
     let mut parts = Vec::new();
     if let Some(change) = &writes.turn {
         parts.push(match change {

@@ -87,6 +87,7 @@ pub(super) fn bind(conn: &Connection, request: BindRequest, minter: &Minter) -> 
 fn apply(conn: &Connection, writes: Writes) -> Result<()> {
     super::lark::apply(conn, &writes)?;
     super::permissions::apply(conn, &writes)?;
+    super::cards::apply(conn, &writes)?;
     match writes.turn {
         Some(Change::Insert(t)) => {
             sql::query(
