@@ -14,9 +14,9 @@ use serde_json::{Value, json};
 
 use super::card::{self, ButtonValue};
 use crate::broker::{Broker, MAX_TEXT_BYTES};
+use crate::decide::lark::{Clicked, LarkClick, LarkEvent, LarkIngest};
 use crate::error::Result;
 use crate::permission::lark_command;
-use crate::store::{Clicked, LarkClick, LarkEvent, LarkIngest};
 
 /// A text message sent to the bot (or in a chat it is in).
 pub const MESSAGE_RECEIVE: &str = "im.message.receive_v1";

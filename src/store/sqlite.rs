@@ -26,14 +26,18 @@ use super::sync_sql as sql;
 use decisions::{bind, bind_rows, claim, close, complete, enqueue, notify, release, report_agent};
 use writer::{Writer, nested};
 
-use super::{
-    Bound, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent, LarkIngest,
-    Outbound, PermissionRow, ReplyJob, ReplyUpdate, Reported, SessionRow, Store, TurnPage, TurnRow,
-};
-use super::{CardUpdateJob, Clicked, LarkClick};
-use crate::decide;
+use super::CardUpdateJob;
+use super::{Outbound, ReplyJob, ReplyUpdate, Store, TurnPage};
+use crate::decide::lark::{Clicked, LarkClick};
+use crate::decide::lark::{LarkEvent, LarkIngest};
+use crate::decide::permission::Decision;
+use crate::decide::presence::Reported;
+use crate::decide::session::{Bound, Closed};
+use crate::decide::turn::{ClaimOutcome, Enqueue};
+use crate::decide::{self, EventRow, SessionRow, TurnRow};
 use crate::error::{Error, Result};
 use crate::ids::Minter;
+use crate::model::HostIdentity;
 use crate::model::{
     AgentState, AnsweredVia, Behavior, CreatePermissionRequest, NotificationKind, PermissionState,
 };
@@ -42,6 +46,7 @@ use crate::model::{
     RegisterAgentThread, Released,
 };
 use crate::permission;
+use crate::permission::PermissionRow;
 use crate::time::now_ms;
 
 /// A row of [`super::DUE_OUTBOX`].
