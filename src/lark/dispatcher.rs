@@ -275,9 +275,12 @@ impl Dispatcher {
                 format!("could not read the request: {}", e.message),
             )),
         };
-        if let Err(failure) = patched {
-            update.state = ReplyState::Pending;
-            self.failed(failure, &mut update, "lark card update");
+        match patched {
+            Ok(_) => self.metrics.lark_replies.with_label_values(&["sent"]).inc(),
+            Err(failure) => {
+                update.state = ReplyState::Pending;
+                self.failed(failure, &mut update, "lark card update");
+            }
         }
         if let Err(e) = self.store.record_card_update(job, update).await {
             tracing::error!(error = %e.message, "could not record a lark card update");

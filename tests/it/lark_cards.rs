@@ -355,6 +355,10 @@ async fn a_card_follows_its_request_settled_anywhere_else_exactly_once() {
     c.close(host.session_id()).await.unwrap();
     let patch = &fake.wait_for_patches(&closed.posted_id, 1, WITHIN).await[0];
     assert_final(&patch.card, "No longer open");
+    // A late tap on the expired request shows its final state.
+    let late = clicked(&events, &click(&closed, "allow", ANN, &chat)).await;
+    assert_eq!(late["toast"]["type"], "info", "{late}");
+    assert_final(replacement(&late), "No longer open");
 
     settled_updates(&broker).await;
     for card in [&web, &text, &gone, &closed] {

@@ -4,13 +4,14 @@ as Claude Code does; the request is answered through the broker's API (as the
 Web page does) or from a linked Lark chat, and reaches the client as exactly
 one `notifications/claude/channel/permission`."""
 
+import json
 import threading
 import time
 
 import anyio
 import pytest
 
-from conftest import HOST_SURFACE, Broker, lark_event, loopx_mcp, unique
+from conftest import HOST_SURFACE, Broker, lark_card_click, lark_event, loopx_mcp, unique
 
 APPROVER = "ou_mcp_approver"
 STRANGER = "ou_mcp_stranger"
@@ -244,6 +245,41 @@ async def test_web_and_lark_answers_racing_give_one_notification(lark_broker, fa
         got = await m.next_permission()
         assert got.behavior == {"allowed": "allow", "denied": "deny"}[read["state"]]
         await m.no_permission(1.5)
+
+
+async def test_taps_on_the_card_racing_the_web_give_one_answer_relayed_once(lark_broker, fake_lark, tmp_path):
+    broker = lark_broker
+    host = unique("host")
+    session_id = broker.bind(host)
+    chat_id = linked_chat(broker, session_id)
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *channel_args(session_id), host_session_id=host) as m:
+        for round in range(8):
+            request_id = "tap" + "abcdefgh"[round] + "x"
+            await m.request_permission(request_id)
+            card = (await wait_message(fake_lark, chat_id, request_id))["card"]
+            results: dict[str, object] = {}
+            start = threading.Barrier(2)
+
+            def web() -> None:
+                start.wait()
+                results["web"] = answer(broker, session_id, request_id, "deny")
+
+            def tap() -> None:
+                start.wait()
+                results["lark"] = lark_card_click(broker, card, "allow", chat_id, APPROVER)
+
+            threads = [threading.Thread(target=web), threading.Thread(target=tap)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            read = broker.ok("GET", requests_path(session_id, request_id))
+            expected = {"denied": (200, "owner"), "allowed": (409, "lark")}[read["state"]]
+            assert (results["web"][0], read["answered_via"]) == expected, (results, read)
+            assert "behaviors" not in json.dumps(results["lark"]["card"]["data"]), "the final card: no buttons"
+            got = await m.next_permission()
+            assert (got.request_id, got.behavior) == (request_id, {"allowed": "allow", "denied": "deny"}[read["state"]])
+        await m.no_permission(1.5)  # each answer relayed once
 
 
 async def test_an_answer_given_while_the_bridge_was_down_is_relayed_once_after_restart(broker, tmp_path):
