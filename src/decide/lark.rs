@@ -637,4 +637,88 @@ mod tests {
             }
         ));
     }
+
+    fn tap(operator: &str, chat: &str) -> LarkClick {
+        LarkClick {
+            app_id: "cli_1".into(),
+            event_id: "ev_9".into(),
+            session_id: "ses_1".into(),
+            request_id: "abcde".into(),
+            behavior: Behavior::Deny,
+            operator: Some(operator.into()),
+            chat_id: Some(chat.into()),
+        }
+    }
+
+    fn tapped(request: Option<PermissionRow>, operator: &str, chat: &str) -> Decided<Clicked> {
+        let rows = ClickRows {
+            seen: false,
+            session: Some(session(SessionState::Open)),
+            link: Some(("oc_1".into(), approvers_to_stored(&["ou_a".to_owned()]))),
+            request,
+            answered_by: Some("ou_b".into()),
+        };
+        click(rows, tap(operator, chat), 9).expect("decided")
+    }
+
+    #[test]
+    fn an_approvers_tap_answers_once_and_shows_the_final_card() {
+        let decided = tapped(Some(created()), "ou_a", "oc_1");
+        let Clicked::Answered { row, by, .. } = &decided.answer else {
+            panic!("{:?}", decided.answer)
+        };
+        assert_eq!(
+            (row.state, row.answered_via, by.as_deref()),
+            (
+                PermissionState::Denied,
+                Some(AnsweredVia::Lark),
+                Some("ou_a")
+            )
+        );
+        assert_eq!(
+            decided.writes.event.as_ref().map(|e| e.state),
+            Some("denied")
+        );
+        let card = decided.writes.card.as_ref().expect("the card");
+        assert!(card.shown && card.answered_by.as_deref() == Some("ou_a"));
+        let guard = decided.writes.lark_event.as_ref().expect("recorded");
+        assert_eq!(
+            (guard.event_id.as_str(), guard.message_id.as_ref()),
+            ("ev_9", None)
+        );
+        let seen = ClickRows {
+            seen: true,
+            ..ClickRows::default()
+        };
+        let again = click(seen, tap("ou_a", "oc_1"), 10).unwrap();
+        assert!(matches!(again.answer, Clicked::Duplicate));
+        assert!(again.writes.lark_event.is_none() && again.writes.card.is_none());
+    }
+
+    #[test]
+    fn a_strangers_tap_or_one_elsewhere_changes_nothing() {
+        for (operator, chat) in [("ou_x", "oc_1"), ("ou_a", "oc_2")] {
+            let decided = tapped(Some(created()), operator, chat);
+            assert!(matches!(decided.answer, Clicked::Refused));
+            assert!(decided.writes.permission.is_none() && decided.writes.card.is_none());
+            assert!(decided.writes.lark_event.is_some());
+        }
+        let unknown = tapped(None, "ou_a", "oc_1");
+        assert!(matches!(unknown.answer, Clicked::Unknown));
+    }
+
+    #[test]
+    fn a_tap_on_a_settled_request_shows_its_final_state_from_anyone() {
+        let expired = PermissionRow {
+            state: EXPIRED_ON_CLOSE,
+            ..created()
+        };
+        let decided = tapped(Some(expired), "ou_x", "oc_9");
+        let Clicked::Settled { row, by } = &decided.answer else {
+            panic!("{:?}", decided.answer)
+        };
+        assert_eq!((row.state, by.as_deref()), (EXPIRED_ON_CLOSE, Some("ou_b")));
+        assert!(decided.writes.permission.is_none() && decided.writes.event.is_none());
+        assert!(decided.writes.card.as_ref().is_some_and(|c| c.shown));
+    }
 }
