@@ -213,6 +213,7 @@ impl Dispatcher {
     }
 
     /// A permission card went out: its message id is kept, for its update.
+    /// (A text stored before the cards has nothing to update.)
     async fn sent_card(&self, job: &ReplyJob, data: &Value) {
         let Outbound::Permission {
             session_id,
@@ -221,6 +222,9 @@ impl Dispatcher {
         else {
             return;
         };
+        if !is_card(&job.text) {
+            return;
+        }
         let Some(message_id) = data.get("message_id").and_then(Value::as_str) else {
             tracing::warn!("lark sent a permission card without a message id: it cannot follow");
             return;
