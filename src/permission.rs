@@ -7,7 +7,9 @@
 //! waiting.
 
 use crate::error::{Error, Result};
-use crate::model::{AnsweredVia, Behavior, PermissionRequest, PermissionState};
+use crate::model::{
+    AnsweredVia, Behavior, LarkLink, MAX_OPEN_ID_BYTES, PermissionRequest, PermissionState,
+};
 use crate::time::rfc3339;
 
 /// A stored permission request, with its content.
@@ -57,8 +59,6 @@ pub fn is_settled(row: &PermissionRow) -> bool {
 
 /// The most approvers one chat link holds.
 pub const MAX_APPROVERS: usize = 50;
-/// The longest Lark open id accepted as an approver.
-pub const MAX_OPEN_ID_BYTES: usize = 64;
 
 /// A chat link's approver list, checked: at most [`MAX_APPROVERS`] Lark open
 /// ids (`ou_` and ASCII letters, digits, `_` or `-`, at most
@@ -135,6 +135,20 @@ pub fn approvers_from_stored(stored: &str) -> Vec<String> {
 /// card ([`crate::lark::card::open`]), as the JSON string Lark's `content` takes.
 pub fn lark_message(row: &PermissionRow) -> String {
     crate::lark::card::open(row).to_string()
+}
+
+impl LarkLink {
+    /// The link as stored: its chat and its approvers' stored form.
+    pub fn stored(session_id: &str, link: Option<(String, String)>) -> Self {
+        match link {
+            Some((chat_id, approvers)) => Self {
+                session_id: session_id.to_owned(),
+                chat_id: Some(chat_id),
+                approvers: approvers_from_stored(&approvers),
+            },
+            None => Self::none(session_id.to_owned()),
+        }
+    }
 }
 
 #[cfg(test)]

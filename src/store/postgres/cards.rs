@@ -1,9 +1,8 @@
 //! The PostgreSQL side of permission cards: the rows a click decision
 //! ([`crate::decide::lark::click`]) reads, after locking the session's row,
-//! the statement that writes what an answer given in Lark does to the card,
-//! in the caller's transaction, and the card's own outbox columns (its
-//! message id; its final form's update, taken and leased like replies). It
-//! decides nothing itself.
+//! and the card's own outbox columns (its message id; its final form's
+//! update, taken and leased like replies); what an answer given in Lark
+//! writes on the card is `apply.rs`'s. It decides nothing itself.
 
 use sqlx::postgres::{PgConnection, PgPool};
 
@@ -11,7 +10,6 @@ use super::apply::decided;
 use super::permissions::load_permission;
 use super::rows::{text, unstorable};
 use super::{Step, lock_session};
-use crate::decide::Writes;
 use crate::decide::lark::{self, ClickRows, Clicked, LarkClick};
 use crate::store::{CardUpdateJob, ReplyUpdate};
 use crate::time::now_ms;
@@ -62,26 +60,6 @@ async fn click_rows(conn: &mut PgConnection, click: &LarkClick) -> sqlx::Result<
 pub(super) async fn click(conn: &mut PgConnection, click: &LarkClick) -> Step<Clicked> {
     let rows = click_rows(conn, click).await?;
     decided(conn, lark::click(rows, click.clone(), now_ms())?).await
-}
-
-/// Writes what an answer given in Lark does to the request's card, if any.
-pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<()> {
-    let Some(card) = &writes.card else {
-        return Ok(());
-    };
-    sqlx::query(
-        "update lark_permission_messages set answered_by = coalesce($1, answered_by),
-             update_state = case when $2 and update_state = 'pending' then 'sent'
-                                 else update_state end
-         where session_id = $3 and request_id = $4",
-    )
-    .bind(&card.answered_by)
-    .bind(card.shown)
-    .bind(&card.session_id)
-    .bind(&card.request_id)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
 }
 
 pub(super) async fn sent(

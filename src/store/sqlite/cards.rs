@@ -1,14 +1,13 @@
 //! The SQLite side of permission cards: the rows a click decision
-//! ([`crate::decide::lark::click`]) reads, on the writer's connection, the
-//! statement that writes what an answer given in Lark does to the card, and
-//! the card's own outbox columns (its message id, its final form's update).
+//! ([`crate::decide::lark::click`]) reads, on the writer's connection, and
+//! the card's own outbox columns (its message id, its final form's update);
+//! what an answer given in Lark writes on the card is `apply.rs`'s.
 //! It decides nothing itself.
 
 use rusqlite::Connection;
 
-use super::decisions::decided;
+use super::apply::decided;
 use super::{load_permission, load_session, sql};
-use crate::decide::Writes;
 use crate::decide::lark::{self, ClickRows, Clicked, LarkClick};
 use crate::error::Result;
 use crate::time::now_ms;
@@ -45,25 +44,6 @@ fn click_rows(conn: &Connection, click: &LarkClick) -> Result<ClickRows> {
 pub(super) fn click(conn: &Connection, click: LarkClick) -> Result<Clicked> {
     let rows = click_rows(conn, &click)?;
     decided(conn, lark::click(rows, click, now_ms())?)
-}
-
-/// Writes what an answer given in Lark does to the request's card, if any.
-pub(super) fn apply(conn: &Connection, writes: &Writes) -> Result<()> {
-    let Some(card) = &writes.card else {
-        return Ok(());
-    };
-    sql::query(
-        "update lark_permission_messages set answered_by = coalesce(?1, answered_by),
-             update_state = case when ?2 = 1 and update_state = 'pending' then 'sent'
-                                 else update_state end
-         where session_id = ?3 and request_id = ?4",
-    )
-    .bind(&card.answered_by)
-    .bind(i64::from(card.shown))
-    .bind(&card.session_id)
-    .bind(&card.request_id)
-    .execute(conn)?;
-    Ok(())
 }
 
 pub(super) fn sent(
