@@ -11,7 +11,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::decide::lark::{Clicked, LarkClick};
 use crate::decide::lark::{LarkEvent, LarkIngest};
+use crate::decide::permission::Decision;
 use crate::decide::session::Bound;
 use crate::decide::turn::ClaimOutcome;
 use crate::decide::turn::Releaser;
@@ -496,6 +498,10 @@ impl Broker {
             .await?;
         self.metrics.turn("cancelled", closed.cancelled);
         self.metrics.permission("expired", closed.expired);
+        if closed.expired > 0 {
+            // Their cards in a linked Lark chat show them expired.
+            self.outbox.notify_one();
+        }
         // Parked claims re-check and answer 409 session_closed; waits on
         // permission requests see them expired.
         self.changed(session_id);
@@ -578,6 +584,23 @@ impl Broker {
             _ => {}
         }
         Ok(ingest)
+    }
+
+    /// Takes a click on a permission card once: an approver's answers the
+    /// request, in one transaction.
+    pub async fn lark_click(&self, click: LarkClick) -> Result<Clicked> {
+        let clicked = self.store.lark_click(click).await?;
+        if let Clicked::Answered {
+            session_id, row, ..
+        } = &clicked
+        {
+            self.announce(
+                session_id,
+                &Decision::Write(row.clone()),
+                row.state.as_str(),
+            );
+        }
+        Ok(clicked)
     }
 
     pub async fn lark_link(&self, session_id: &str, link: LarkLinkRequest) -> Result<LarkLink> {

@@ -46,10 +46,6 @@ impl Broker {
             .store
             .create_permission(session_id.to_owned(), host, request)
             .await?;
-        if matches!(decision, Decision::Write(_)) {
-            // The request may have queued a message to a linked Lark chat.
-            self.outbox.notify_one();
-        }
         Ok(self.decided(session_id, decision, "created"))
     }
 
@@ -126,6 +122,8 @@ impl Broker {
         if let Decision::Write(_) = decision {
             self.metrics.permission(outcome, 1);
             self.changes.wake(session_id);
+            // A request's card in a linked Lark chat follows it.
+            self.outbox.notify_one();
         }
     }
 

@@ -89,6 +89,19 @@ pub struct NewPermissionMessage {
     pub at: i64,
 }
 
+/// What an answer given in Lark writes on the request's card
+/// (`lark_permission_messages`, if the request has one): who answered, and
+/// whether the answer to the click already shows the card's final form
+/// (then no update of the card follows).
+#[derive(Debug, Clone)]
+pub struct CardWrite {
+    pub session_id: String,
+    pub request_id: String,
+    /// The approver's Lark open id, when this answer was theirs.
+    pub answered_by: Option<String>,
+    pub shown: bool,
+}
+
 /// A session's Lark link, as written: the link it had (if any) goes, and
 /// `link` (if any) takes its place.
 #[derive(Debug, Clone)]
@@ -136,8 +149,8 @@ pub struct Sweep {
 
 /// What a decision writes, applied by the store in this order (a step taken
 /// first, then the Lark event guard, link, permission request, its chat
-/// message, a close's sweep; then turn, claim, session, event, reply), in the
-/// decision's transaction.
+/// message and card, a close's sweep; then turn, claim, session, event,
+/// reply), in the decision's transaction.
 #[derive(Debug, Default)]
 pub struct Writes {
     /// The writes of a step the decision takes first (a close's release of
@@ -147,6 +160,7 @@ pub struct Writes {
     pub link: Option<LinkChange>,
     pub permission: Option<Change<PermissionRow>>,
     pub permission_message: Option<NewPermissionMessage>,
+    pub card: Option<CardWrite>,
     pub sweep: Option<Sweep>,
     pub turn: Option<Change<TurnRow>>,
     pub claim: Option<Change<ClaimRow>>,

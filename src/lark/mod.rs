@@ -5,6 +5,7 @@
 //! sent by one background dispatcher) answers. Wire facts:
 //! `shared/spec/LARK.md`.
 
+pub mod card;
 pub mod crypto;
 pub mod dispatcher;
 pub mod frame;

@@ -28,6 +28,7 @@ mod sync_sql;
 
 use async_trait::async_trait;
 
+use crate::decide::lark::{Clicked, LarkClick};
 use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::decide::permission::Decision;
 use crate::decide::presence::Reported;
@@ -117,7 +118,27 @@ pub const DUE_OUTBOX: &str = "select 'reply' as kind, turn_id as key, message_id
 pub const NEXT_OUTBOX_DUE: &str = "select min(at) from ( \
      select min(next_attempt_at) as at from lark_replies where state = 'pending' \
      union all \
-     select min(next_attempt_at) from lark_permission_messages where state = 'pending') as due";
+     select min(next_attempt_at) from lark_permission_messages where state = 'pending' \
+     union all \
+     select min(m.update_next_at) from lark_permission_messages m join permission_requests p \
+         on p.session_id = m.session_id and p.request_id = m.request_id \
+         where m.update_state = 'pending' and m.message_id is not null \
+         and p.state <> 'pending') as due";
+
+/// A permission card due for its final form: the request it shows was
+/// settled after it was sent (`lark_permission_messages`, its `update_`
+/// columns).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct CardUpdateJob {
+    pub session_id: String,
+    pub request_id: String,
+    pub chat_id: String,
+    /// The card's Lark message, to PATCH.
+    pub message_id: String,
+    pub answered_by: Option<String>,
+    pub update_attempts: i64,
+    pub update_failures: i64,
+}
 
 /// The statement recording a send attempt on `outbound`'s outbox row
 /// (`$1`..`$7`: parts sent, state, attempts, failures, error, next attempt,
@@ -337,6 +358,19 @@ pub trait Store: Send + Sync + 'static {
     /// When the next pending reply or permission-request message falls due.
     async fn next_reply_due(&self) -> Result<Option<i64>>;
     async fn record_reply(&self, outbound: Outbound, update: ReplyUpdate) -> Result<()>;
+    /// Takes a click on a permission card once ([`crate::decide::lark::click`]).
+    async fn lark_click(&self, click: LarkClick) -> Result<Clicked>;
+    /// Records the Lark message a permission card was sent as.
+    async fn lark_card_sent(
+        &self,
+        session_id: String,
+        request_id: String,
+        message_id: String,
+    ) -> Result<()>;
+    /// Permission cards due for their final form at `now_ms`, oldest first.
+    async fn due_card_updates(&self, now_ms: i64, limit: u32) -> Result<Vec<CardUpdateJob>>;
+    /// Records an attempt to update a card (`parts_sent` unused).
+    async fn record_card_update(&self, job: CardUpdateJob, update: ReplyUpdate) -> Result<()>;
     /// Queued turns over all sessions, and when the oldest was enqueued.
     async fn queue_stats(&self) -> Result<(i64, Option<i64>)>;
     /// One small step of retention (see [`retention`]): part of the oldest

@@ -94,6 +94,7 @@ use tokio_util::sync::CancellationToken;
 mod pool;
 
 mod apply;
+mod cards;
 mod decisions;
 mod lark;
 mod load;
@@ -103,8 +104,10 @@ mod permissions;
 mod reads;
 mod rows;
 
+use super::CardUpdateJob;
 use super::retention::PruneStep;
 use super::{ChangeHook, Outbound, ReplyJob, ReplyUpdate, Store};
+use crate::decide::lark::{Clicked, LarkClick};
 use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::decide::permission::Decision;
 use crate::decide::presence::Reported;
@@ -460,6 +463,33 @@ impl Store for PgStore {
             _ => {}
         }
         Ok(ingest)
+    }
+
+    async fn lark_click(&self, click: LarkClick) -> Result<Clicked> {
+        let clicked = transaction!(self, "taking a Lark card click", |conn| cards::click(
+            conn, &click
+        ))?;
+        if let Clicked::Answered { session_id, .. } = &clicked {
+            self.announcer.changed(session_id);
+        }
+        Ok(clicked)
+    }
+
+    async fn lark_card_sent(
+        &self,
+        session_id: String,
+        request_id: String,
+        message_id: String,
+    ) -> Result<()> {
+        Ok(cards::sent(&self.pool, &session_id, &request_id, &message_id).await?)
+    }
+
+    async fn due_card_updates(&self, now_ms: i64, limit: u32) -> Result<Vec<CardUpdateJob>> {
+        Ok(cards::due(&self.pool, now_ms, limit).await?)
+    }
+
+    async fn record_card_update(&self, job: CardUpdateJob, update: ReplyUpdate) -> Result<()> {
+        Ok(cards::record(&self.pool, job, update).await?)
     }
 
     async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {

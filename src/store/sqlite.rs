@@ -16,6 +16,7 @@ use sqlx::sqlite::{
 };
 
 mod apply;
+mod cards;
 mod decisions;
 mod lark;
 mod permissions;
@@ -26,7 +27,9 @@ use super::sync_sql as sql;
 use decisions::{bind, bind_rows, claim, close, complete, enqueue, notify, release, report_agent};
 use writer::{Writer, nested};
 
+use super::CardUpdateJob;
 use super::{Outbound, ReplyJob, ReplyUpdate, Store, TurnPage};
+use crate::decide::lark::{Clicked, LarkClick};
 use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::decide::permission::Decision;
 use crate::decide::presence::Reported;
@@ -526,6 +529,45 @@ impl Store for SqliteStore {
         let minter = self.minter.clone();
         self.write(move |conn| lark::event(conn, event.clone(), &minter))
             .await
+    }
+
+    async fn lark_click(&self, click: LarkClick) -> Result<Clicked> {
+        self.write(move |conn| cards::click(conn, click.clone()))
+            .await
+    }
+
+    async fn lark_card_sent(
+        &self,
+        session_id: String,
+        request_id: String,
+        message_id: String,
+    ) -> Result<()> {
+        self.write(move |conn| cards::sent(conn, &session_id, &request_id, &message_id))
+            .await
+    }
+
+    async fn due_card_updates(&self, now_ms: i64, limit: u32) -> Result<Vec<CardUpdateJob>> {
+        Ok(sqlx::query_as(cards::DUE_CARD_UPDATES)
+            .bind(now_ms)
+            .bind(limit)
+            .fetch_all(&self.reads)
+            .await?)
+    }
+
+    async fn record_card_update(&self, job: CardUpdateJob, update: ReplyUpdate) -> Result<()> {
+        self.write(move |conn| {
+            sql::query(cards::RECORD_CARD_UPDATE)
+                .bind(update.state)
+                .bind(update.attempts)
+                .bind(update.failures)
+                .bind(update.error.clone())
+                .bind(update.next_attempt_at)
+                .bind(&job.session_id)
+                .bind(&job.request_id)
+                .execute(conn)?;
+            Ok(())
+        })
+        .await
     }
 
     async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {

@@ -181,6 +181,7 @@ pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> Step<()> 
 async fn apply_step(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
     lark_writes(conn, writes).await?;
     permission_writes(conn, writes).await?;
+    card_writes(conn, writes).await?;
     if let Some(sweep) = &writes.sweep {
         sweep_session(conn, sweep).await?;
     }
@@ -376,6 +377,26 @@ async fn permission_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Re
         .execute(&mut *conn)
         .await?;
     }
+    Ok(())
+}
+
+/// Writes what an answer given in Lark does to the request's card, if any.
+async fn card_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<()> {
+    let Some(card) = &writes.card else {
+        return Ok(());
+    };
+    sqlx::query(
+        "update lark_permission_messages set answered_by = coalesce($1, answered_by),
+             update_state = case when $2 and update_state = 'pending' then 'sent'
+                                 else update_state end
+         where session_id = $3 and request_id = $4",
+    )
+    .bind(&card.answered_by)
+    .bind(card.shown)
+    .bind(&card.session_id)
+    .bind(&card.request_id)
+    .execute(&mut *conn)
+    .await?;
     Ok(())
 }
 

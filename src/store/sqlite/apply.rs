@@ -24,6 +24,7 @@ fn apply(conn: &Connection, mut writes: Writes) -> Result<()> {
     }
     lark_writes(conn, &writes)?;
     permission_writes(conn, &writes)?;
+    card_writes(conn, &writes)?;
     if let Some(sweep) = &writes.sweep {
         sweep_session(conn, sweep)?;
     }
@@ -319,5 +320,24 @@ fn permission_writes(conn: &Connection, writes: &Writes) -> Result<()> {
         .bind(m.at)
         .execute(conn)?;
     }
+    Ok(())
+}
+
+/// Writes what an answer given in Lark does to the request's card, if any.
+fn card_writes(conn: &Connection, writes: &Writes) -> Result<()> {
+    let Some(card) = &writes.card else {
+        return Ok(());
+    };
+    sql::query(
+        "update lark_permission_messages set answered_by = coalesce(?1, answered_by),
+             update_state = case when ?2 = 1 and update_state = 'pending' then 'sent'
+                                 else update_state end
+         where session_id = ?3 and request_id = ?4",
+    )
+    .bind(&card.answered_by)
+    .bind(i64::from(card.shown))
+    .bind(&card.session_id)
+    .bind(&card.request_id)
+    .execute(conn)?;
     Ok(())
 }
