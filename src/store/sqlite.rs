@@ -28,7 +28,7 @@ use decisions::{bind, bind_rows, claim, close, complete, enqueue, notify, releas
 use writer::{Writer, nested};
 
 use super::CardUpdateJob;
-use super::{Outbound, ReplyJob, ReplyUpdate, Store, TurnPage};
+use super::{Change, ChangeFeed, Outbound, ReplyJob, ReplyUpdate, Store, TurnPage};
 use crate::decide::lark::{Clicked, LarkClick};
 use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::decide::permission::Decision;
@@ -91,6 +91,7 @@ pub struct SqliteStore {
     writer: Writer,
     reads: SqlitePool,
     minter: std::sync::Arc<Minter>,
+    feed: ChangeFeed,
 }
 
 impl SqliteStore {
@@ -121,16 +122,30 @@ impl SqliteStore {
             writer,
             reads,
             minter: Default::default(),
+            feed: Default::default(),
         })
     }
 
-    /// Runs `op` on the writer ([`Writer::write`]).
-    async fn write<T, F>(&self, op: F) -> Result<T>
+    /// Runs `op` on the writer ([`Writer::write`]) and, once it is answered,
+    /// publishes what its decisions changed (of its last run: an earlier
+    /// run's changes were rolled back).
+    async fn write<T, F>(&self, mut op: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnMut(&Connection) -> Result<T> + Send + 'static,
     {
-        self.writer.write(op).await
+        let (answer, changed) = self
+            .writer
+            .write(move |conn| {
+                apply::take_changed();
+                let answer = op(conn)?;
+                Ok((answer, apply::take_changed()))
+            })
+            .await?;
+        changed
+            .into_iter()
+            .for_each(|c| self.feed.publish(&Change::Session(c)));
+        Ok(answer)
     }
 }
 
@@ -268,6 +283,10 @@ fn load_permission(
 
 #[async_trait]
 impl Store for SqliteStore {
+    fn feed(&self) -> &ChangeFeed {
+        &self.feed
+    }
+
     async fn ping(&self) -> Result<()> {
         sqlx::query("select 1").execute(&self.reads).await?;
         // A read alone does not prove the writer is alive.

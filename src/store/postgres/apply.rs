@@ -16,7 +16,7 @@ use sqlx::query::Query;
 
 use super::Step;
 use super::rows::text;
-use crate::decide::{Change, ClaimRow, Decided, NewEvent, NewReply, Sweep, Writes};
+use crate::decide::{Change, Changed, ClaimRow, Decided, NewEvent, NewReply, Sweep, Writes};
 use crate::decide::{SessionRow, TurnRow};
 
 type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
@@ -279,10 +279,25 @@ async fn sweep_session(conn: &mut PgConnection, sweep: &Sweep) -> sqlx::Result<(
     Ok(())
 }
 
-/// Applies a decision's writes and answers its answer.
+/// Applies a decision's writes and answers its answer; what they change is
+/// kept for [`take_changed`].
 pub(super) async fn decided<T>(conn: &mut PgConnection, decided: Decided<T>) -> Step<T> {
     apply(conn, &decided.writes).await?;
+    if let Some(changed) = decided.writes.changed() {
+        let _ = CHANGED.try_with(|all| all.borrow_mut().push(changed));
+    }
     Ok(decided.answer)
+}
+
+tokio::task_local! {
+    /// What the decisions applied in this store call's transaction changed
+    /// (`transaction!` scopes it, and publishes it once committed).
+    pub(crate) static CHANGED: std::cell::RefCell<Vec<Changed>>;
+}
+
+/// What the decisions applied in this store call changed since the last call.
+pub(crate) fn take_changed() -> Vec<Changed> {
+    CHANGED.try_with(|all| all.take()).unwrap_or_default()
 }
 
 /// Writes a decision's Lark event guard and link change, if any.
