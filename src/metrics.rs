@@ -93,16 +93,7 @@ impl Default for Metrics {
             "Claims parked waiting for a turn.",
         );
         let sse_streams = gauge(&registry, "sse_streams", "Open Server-Sent Events streams.");
-        let claim_wake_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "claim_wake_seconds",
-                "From a parked claim's wake-up signal to its answer.",
-            )
-            .buckets(vec![
-                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
-            ]),
-        );
-        let claim_wake_seconds = registered(&registry, claim_wake_seconds);
+        let claim_wake_seconds = claim_wake(&registry);
         let lark_replies = counters(
             &registry,
             "lark_replies_total",
@@ -145,6 +136,20 @@ impl Default for Metrics {
             lark_reconnects,
         }
     }
+}
+
+/// From a parked claim's wake-up signal to its answer, registered.
+fn claim_wake(registry: &Registry) -> Histogram {
+    let histogram = Histogram::with_opts(
+        HistogramOpts::new(
+            "claim_wake_seconds",
+            "From a parked claim's wake-up signal to its answer.",
+        )
+        .buckets(vec![
+            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+        ]),
+    );
+    registered(registry, histogram)
 }
 
 /// `metric`, registered in `registry`.
