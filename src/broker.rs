@@ -3,6 +3,8 @@
 //! queue until a turn is committed, the session closes, the wait ends or the
 //! broker shuts down. It knows nothing of HTTP.
 
+mod holders;
+pub use holders::DEFAULT_SILENCE as DEFAULT_HOLDER_SILENCE;
 mod permissions;
 
 use std::sync::Arc;
@@ -53,6 +55,9 @@ pub struct Broker {
     outbox: Arc<tokio::sync::Notify>,
     /// The wait cap: 1800 s, lowered only for fuzzing a live broker.
     max_wait_seconds: u64,
+    /// How long a holder that names its claim may be silent before the
+    /// broker releases its turn ([`crate::decide::turn::holder_gone`]).
+    holder_silence: Duration,
     shutdown: CancellationToken,
 }
 
@@ -103,6 +108,7 @@ impl Broker {
             metrics: Default::default(),
             outbox: Default::default(),
             max_wait_seconds: MAX_WAIT_SECONDS,
+            holder_silence: holders::DEFAULT_SILENCE,
             shutdown,
         }
     }
@@ -502,14 +508,17 @@ impl Broker {
         session_id: &str,
         report: ReportAgentState,
     ) -> Result<Session> {
+        let claim_id = holders::reported_claim(&report)?;
         let host = checked_host(report.host_surface, report.host_session_id)?;
         let reported = self
             .store
-            .report_agent(session_id.to_owned(), host, Some(report.state))
+            .report_agent(session_id.to_owned(), host, Some(report.state), claim_id)
             .await?;
         if reported.changed {
             self.changes.wake(session_id);
         }
+        // An agent that left may leave a turn behind: released now.
+        self.release_if_left(&reported.session).await;
         Ok(reported.session.projection())
     }
 
@@ -535,7 +544,7 @@ impl Broker {
         }
         match self
             .store
-            .report_agent(session_id.to_owned(), host.clone(), None)
+            .report_agent(session_id.to_owned(), host.clone(), None, None)
             .await
         {
             Ok(reported) if reported.changed => self.changes.wake(session_id),

@@ -56,15 +56,27 @@ pub struct Reported {
 /// `host_mismatch`; closed 409 `session_closed`. Nothing new (the same state,
 /// heard from lately): nothing written. A change of the shown state (an
 /// `away` after silence ending too) is logged as an `agent` event.
+///
+/// `working` naming the session's active claim (`claim_id`) is also its
+/// holder's sign of life, recorded every time
+/// ([`crate::decide::turn::holder_gone`]); naming another claim (one
+/// released or answered meanwhile) it is only a report.
 pub fn report(
     session: Option<SessionRow>,
     host: &HostIdentity,
     state: Option<AgentState>,
+    claim_id: Option<&str>,
     now: i64,
 ) -> Result<Decided<Reported>> {
     let mut session = hosted(session, host)?;
     open(&session)?;
-    if !is_news(&session, state, now) {
+    let holder = state == Some(AgentState::Working)
+        && claim_id.is_some()
+        && session.active_claim_id.as_deref() == claim_id;
+    if holder {
+        session.holder_heard_at = Some(now);
+    }
+    if !holder && !is_news(&session, state, now) {
         return Ok(Decided::nothing(Reported {
             session,
             changed: false,
@@ -120,12 +132,12 @@ mod tests {
     use crate::model::SessionState;
 
     fn reported(row: SessionRow, state: AgentState, now: i64) -> Decided<Reported> {
-        report(Some(row), &host("h"), Some(state), now).expect("a report")
+        report(Some(row), &host("h"), Some(state), None, now).expect("a report")
     }
 
     #[test]
     fn a_parked_claim_only_keeps_an_attached_agent_heard_from() {
-        let heard = |row: &SessionRow, now| report(Some(row.clone()), &host("h"), None, now);
+        let heard = |row: &SessionRow, now| report(Some(row.clone()), &host("h"), None, None, now);
         let fresh = session(SessionState::Open);
         assert!(
             heard(&fresh, 5).unwrap().writes.session.is_none(),
@@ -174,7 +186,7 @@ mod tests {
     #[test]
     fn only_the_bound_host_reports_on_an_open_session() {
         let refused = |row: Option<SessionRow>, id: &str| {
-            report(row, &host(id), Some(AgentState::Working), 1)
+            report(row, &host(id), Some(AgentState::Working), None, 1)
                 .expect_err("a refusal")
                 .code
         };

@@ -67,6 +67,10 @@ pub struct SessionRow {
     pub agent_state: AgentState,
     pub agent_since: Option<i64>,
     pub agent_heard_at: Option<i64>,
+    /// When the holder of the active claim last said it is working on it
+    /// (None: it never did; a new claim starts with None):
+    /// [`crate::decide::turn::holder_gone`].
+    pub holder_heard_at: Option<i64>,
 }
 
 impl SessionRow {
@@ -110,6 +114,16 @@ impl From<Session> for SessionPreview {
         }
     }
 }
+
+/// The open sessions with an active claim, and when it was made (the
+/// statement of [`Store::held_sessions`], on either backend).
+pub const HELD_SESSIONS: &str = "select session_id, goal_id, agent_id, host_surface, \
+     host_session_id, executor_endpoint_id, state, created_at, closed_at, queued_count, \
+     active_claim_id, next_seq, next_event_no, agent_state, agent_since, agent_heard_at, \
+     holder_heard_at, \
+     (select c.claimed_at from claims c where c.claim_id = sessions.active_claim_id) \
+         as holder_claimed_at \
+     from sessions where state = 'open' and active_claim_id is not null";
 
 /// A stored turn, with its content.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -527,14 +541,20 @@ pub trait Store: Send + Sync + 'static {
         request_id: String,
         host: HostIdentity,
     ) -> Result<Decision>;
-    /// The host reports its agent's state, or (None) was heard from by a
+    /// The host reports its agent's state (with `claim_id`: the holder of
+    /// that claim says it is working on it), or (None) was heard from by a
     /// parked claim ([`crate::decide::presence::report`]).
     async fn report_agent(
         &self,
         session_id: String,
         host: HostIdentity,
         state: Option<AgentState>,
+        claim_id: Option<String>,
     ) -> Result<Reported>;
+    /// The open sessions that hold an active claim, each with when its claim
+    /// was made: what the broker's sweep for gone holders
+    /// ([`crate::decide::turn::holder_gone`]) looks at. A plain read.
+    async fn held_sessions(&self) -> Result<Vec<(SessionRow, i64)>>;
     /// The host's agent waits at its terminal ([`crate::decide::presence::notify`]).
     async fn notify(
         &self,

@@ -349,14 +349,19 @@ impl Store for PgStore {
         session_id: String,
         host: HostIdentity,
         state: Option<AgentState>,
+        claim_id: Option<String>,
     ) -> Result<Reported> {
         let reported = transaction!(self, "recording the agent's state", |conn| {
-            decisions::report_agent(conn, &session_id, &host, state)
+            decisions::report_agent(conn, &session_id, &host, state, claim_id.as_deref())
         })?;
         if reported.changed {
             self.announcer.changed(&session_id);
         }
         Ok(reported)
+    }
+
+    async fn held_sessions(&self) -> Result<Vec<(SessionRow, i64)>> {
+        Ok(reads::held_sessions(&self.pool).await?)
     }
 
     async fn notify(

@@ -265,8 +265,9 @@ pub(super) async fn report_agent(
     session_id: &str,
     host: &HostIdentity,
     state: Option<AgentState>,
+    claim_id: Option<&str>,
 ) -> Step<Reported> {
     let session = super::reads::lock_session(conn, session_id).await?;
-    let decision = decide::presence::report(session, host, state, now_ms())?;
+    let decision = decide::presence::report(session, host, state, claim_id, now_ms())?;
     decided(conn, decision).await
 }
