@@ -717,6 +717,49 @@ mod tests {
     }
 
     #[test]
+    fn a_holder_is_gone_after_an_away_since_its_claim_or_silence_after_naming_it() {
+        use crate::model::AgentState;
+        let (turn, held, busy) = claimed(&session(SessionState::Open));
+        let at = held.claimed_at;
+        // Never named, never away: time alone never makes it gone.
+        assert!(!holder_gone(&busy, at, 100, at + 1_000_000));
+        let heard = SessionRow {
+            holder_heard_at: Some(at + 50),
+            ..busy.clone()
+        };
+        assert!(!holder_gone(&heard, at, 100, at + 149));
+        assert!(holder_gone(&heard, at, 100, at + 150));
+        let away_before = SessionRow {
+            agent_state: AgentState::Away,
+            agent_since: Some(at - 1),
+            ..busy.clone()
+        };
+        assert!(!holder_gone(&away_before, at, 100, at + 1_000_000));
+        let left = SessionRow {
+            agent_since: Some(at + 5),
+            ..away_before
+        };
+        assert!(holder_gone(&left, at, 100, at + 6));
+        let free = SessionRow {
+            active_claim_id: None,
+            ..left.clone()
+        };
+        assert!(!holder_gone(&free, at, 100, at + 6));
+        // The broker's release checks again on the locked rows.
+        let rows = |session: &SessionRow| ReleaseRows {
+            session: Some(session.clone()),
+            claim: Some(held.clone()),
+            turn: Some(turn.clone()),
+        };
+        let broker = Releaser::Broker { silence_ms: 100 };
+        let kept = release(rows(&heard), &broker, at + 100);
+        assert_eq!(code(kept), ErrorCode::ClaimActive);
+        let done = release(rows(&left), &broker, at + 6).unwrap();
+        assert_eq!(done.answer.turn_id, turn.turn_id);
+        assert!(done.writes.turn.is_some());
+    }
+
+    #[test]
     fn a_release_requeues_once_and_never_a_completed_turn() {
         let (turn, held, busy) = claimed(&session(SessionState::Open));
         let rows = |claim: &ClaimRow| ReleaseRows {

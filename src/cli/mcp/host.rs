@@ -13,9 +13,10 @@ use tokio::sync::{Notify, OnceCell};
 
 use crate::client::{Client, ClientError};
 use crate::model::{
-    BindRequest, ClaimAnswer, ClaimRequest, Claimed, ClaimedTurn, CompleteRequest,
+    AgentState, BindRequest, ClaimAnswer, ClaimRequest, Claimed, ClaimedTurn, CompleteRequest,
     CreatePermissionRequest, ListPermissions, ListTurns, PermissionRequest, Receipt,
-    RegisterAgentThread, RelayedPermission, ReleaseRequest, Released, TurnState, WaitPermission,
+    RegisterAgentThread, RelayedPermission, ReleaseRequest, Released, ReportAgentState, TurnState,
+    WaitPermission,
 };
 
 /// How many recently claimed turns a bridge remembers, so that a `reply`
@@ -126,6 +127,8 @@ pub struct Host {
     created: AtomicBool,
     recent: Mutex<VecDeque<Held>>,
     answered: Notify,
+    /// A turn was delivered: the heartbeat starts at once.
+    delivered: Notify,
 }
 
 impl Host {
@@ -144,6 +147,7 @@ impl Host {
             created: AtomicBool::new(false),
             recent: Mutex::new(VecDeque::new()),
             answered: Notify::new(),
+            delivered: Notify::new(),
         }
     }
 
@@ -281,6 +285,8 @@ impl Host {
         if recent.len() > RECENT_TURNS {
             recent.pop_front();
         }
+        drop(recent);
+        self.delivered.notify_waiters();
         Some(held)
     }
 
@@ -396,6 +402,36 @@ impl Host {
             .iter()
             .find(|h| h.turn.turn_id == turn_id)
             .is_none_or(|h| h.answered)
+    }
+
+    /// Runs for the bridge's life: while a delivered turn is unanswered, tells
+    /// the broker every `every` (at once when a turn is delivered) that the
+    /// agent works on it, naming its claim. The broker releases the turn of
+    /// a holder silent for its `--holder-silence`; a report that fails is
+    /// only logged (the next one may pass).
+    pub async fn heartbeat(self: std::sync::Arc<Self>, every: std::time::Duration) {
+        loop {
+            let delivered = self.delivered.notified();
+            tokio::pin!(delivered);
+            delivered.as_mut().enable();
+            let Some(held) = self.unanswered() else {
+                delivered.await;
+                continue;
+            };
+            let report = ReportAgentState {
+                host_surface: self.host_surface.clone(),
+                host_session_id: self.host_session_id.clone(),
+                state: AgentState::Working,
+                claim_id: Some(held.claim_id.clone()),
+            };
+            if let Err(e) = self.client.report_agent(&held.session_id, &report).await {
+                tracing::debug!("the heartbeat was not recorded: {}", Problem::from(e));
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = delivered => {}
+            }
+        }
     }
 
     /// Waits until `reply` answered this turn.
