@@ -4,12 +4,15 @@
 //! alone never is: a holder that says it works on its claim keeps it); this
 //! module only looks for candidates, on a sweep that runs until shutdown and
 //! after an `away` report, and asks the store to release them through the
-//! release decision, which checks again on the locked rows.
+//! release decision, which checks again on the locked rows. The same sweep
+//! announces an agent silent for 10 minutes `away` (an `agent` event), as
+//! the projection already shows it ([`crate::decide::presence::lapse`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::Broker;
+use crate::decide::presence::AWAY_AFTER_MS;
 use crate::decide::turn::{Releaser, holder_gone};
 use crate::error::{Error, Result};
 use crate::ids::check;
@@ -63,7 +66,29 @@ impl Broker {
                     tracing::warn!(code = ?e.code, "the sweep for gone holders failed: {}", e.message)
                 }
             }
+            if let Err(e) = self.announce_silent_agents(crate::time::now_ms()).await {
+                tracing::warn!(code = ?e.code, "announcing silent agents failed: {}", e.message);
+            }
         }
+    }
+
+    /// Announces `away` (an `agent` event) for each agent silent for
+    /// [`AWAY_AFTER_MS`] at `now` and not announced yet; answers how many.
+    pub async fn announce_silent_agents(&self, now: i64) -> Result<usize> {
+        let mut announced = 0;
+        for session_id in self.store.silent_sessions(now - AWAY_AFTER_MS).await? {
+            match self.store.lapse_agent(session_id.clone(), now).await {
+                Ok(reported) if reported.changed => {
+                    self.changes.wake(&session_id);
+                    announced += 1;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(%session_id, code = ?e.code, "a silent agent was not announced")
+                }
+            }
+        }
+        Ok(announced)
     }
 
     /// Releases the claims whose holder is gone now; answers how many.

@@ -7,9 +7,9 @@
 //! the host was heard from, at most once per [`HEARD_REFRESH_MS`], so a host
 //! that reports often writes little. Time alone never touches a claim.
 
-use super::{Decided, Subject, Writes, hosted, log, open};
+use super::{Decided, Subject, Writes, existing, hosted, log, open};
 use crate::error::Result;
-use crate::model::{AgentState, NotificationKind};
+use crate::model::{AgentState, NotificationKind, SessionState};
 use crate::store::{HostIdentity, SessionRow};
 
 /// Silence after which the agent is shown `away`.
@@ -100,6 +100,55 @@ pub fn report(
     })
 }
 
+/// Whether the session's agent fell silent for [`AWAY_AFTER_MS`] without
+/// that being announced yet: open, last reported there (`working` or
+/// `waiting`), and not marked as shown away since its last report.
+pub fn lapsed(session: &SessionRow, now: i64) -> bool {
+    session.state == SessionState::Open
+        && session.agent_state != AgentState::Away
+        && session.agent_heard_at.is_some_and(|heard| {
+            now - heard >= AWAY_AFTER_MS
+                && session
+                    .agent_since
+                    .is_none_or(|since| since < heard + AWAY_AFTER_MS)
+        })
+}
+
+/// The broker announces a silent agent `away` (an `agent` event, once, when
+/// [`lapsed`]; else nothing). The reported state stays as it was, so that
+/// only a host's own `away` counts as its agent leaving
+/// ([`crate::decide::turn::holder_gone`]); `agent_since` becomes the moment
+/// it was shown away, which marks the change as announced, and the next
+/// report announces the agent back.
+pub fn lapse(session: Option<SessionRow>, now: i64) -> Result<Decided<Reported>> {
+    let mut session = existing(session)?;
+    let Some(heard) = session.agent_heard_at.filter(|_| lapsed(&session, now)) else {
+        return Ok(Decided::nothing(Reported {
+            session,
+            changed: false,
+        }));
+    };
+    let away_at = heard + AWAY_AFTER_MS;
+    session.agent_since = Some(away_at);
+    let event = log(
+        &mut session,
+        Subject::Agent,
+        AgentState::Away.as_str(),
+        away_at,
+    );
+    Ok(Decided {
+        writes: Writes {
+            session: Some(session.clone()),
+            event: Some(event),
+            ..Writes::default()
+        },
+        answer: Reported {
+            session,
+            changed: true,
+        },
+    })
+}
+
 /// The host's agent waits for someone at its terminal, in this order:
 /// unknown session 404; another host 403 `host_mismatch`; closed 409
 /// `session_closed`. Logged as a `notification` event (its text is never
@@ -181,6 +230,38 @@ mod tests {
             shown(&back.answer.session, silent + 6),
             (AgentState::Working, silent + 5)
         );
+    }
+
+    #[test]
+    fn a_silent_agent_is_announced_away_once_and_back_on_its_next_report() {
+        let row = reported(session(SessionState::Open), AgentState::Working, 1_000)
+            .answer
+            .session;
+        assert!(
+            lapse(Some(row.clone()), 1_000 + AWAY_AFTER_MS - 1)
+                .unwrap()
+                .writes
+                .event
+                .is_none()
+        );
+        let now = 5_000 + AWAY_AFTER_MS;
+        let gone = lapse(Some(row), now).unwrap();
+        let event = gone.writes.event.expect("an agent event");
+        assert_eq!((event.state, event.at), ("away", 1_000 + AWAY_AFTER_MS));
+        let row = gone.answer.session;
+        // Still `working` as reported: only the host's own away is leaving.
+        assert_eq!(row.agent_state, AgentState::Working);
+        assert_eq!(shown(&row, now), (AgentState::Away, 1_000 + AWAY_AFTER_MS));
+        assert!(!lapsed(&row, now + 1));
+        assert!(
+            lapse(Some(row.clone()), now + 1)
+                .unwrap()
+                .writes
+                .event
+                .is_none()
+        );
+        let back = reported(row, AgentState::Working, now + 2);
+        assert_eq!(back.writes.event.expect("back").state, "working");
     }
 
     #[test]

@@ -63,7 +63,8 @@ pub async fn notification(
 /// shows the last report and since when (`away` once no host has been heard
 /// from for 10 minutes: a claim parked by the host counts as heard from, a
 /// claim that takes a turn as `working`). Each change is announced on the
-/// event stream as `event: agent`; a report that changes nothing is not. 200
+/// event stream as `event: agent`, the `away` of 10 silent minutes too (by
+/// the broker, once); a report that changes nothing is not. 200
 /// with the session projection. Order of checks: 404, 403 `host_mismatch`,
 /// 409 `session_closed`.
 ///

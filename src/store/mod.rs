@@ -125,6 +125,17 @@ pub const HELD_SESSIONS: &str = "select session_id, goal_id, agent_id, host_surf
          as holder_claimed_at \
      from sessions where state = 'open' and active_claim_id is not null";
 
+/// The statement of [`Store::silent_sessions`], its parameters written as
+/// the backend writes them: `first` the cut-off (`heard_before`), `second`
+/// the silence ([`crate::decide::presence::AWAY_AFTER_MS`]).
+pub fn silent_sessions_sql(first: &str, second: &str) -> String {
+    format!(
+        "select session_id from sessions
+         where state = 'open' and agent_state <> 'away' and agent_heard_at <= {first}
+           and (agent_since is null or agent_since < agent_heard_at + {second})"
+    )
+}
+
 /// A stored turn, with its content.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct TurnRow {
@@ -555,6 +566,12 @@ pub trait Store: Send + Sync + 'static {
     /// was made: what the broker's sweep for gone holders
     /// ([`crate::decide::turn::holder_gone`]) looks at. A plain read.
     async fn held_sessions(&self) -> Result<Vec<(SessionRow, i64)>>;
+    /// The open sessions whose agent, last reported there, has not been
+    /// heard from since `heard_before` and was not announced away since: the
+    /// candidates of [`crate::decide::presence::lapsed`]. A plain read.
+    async fn silent_sessions(&self, heard_before: i64) -> Result<Vec<String>>;
+    /// Announces a silent agent away ([`crate::decide::presence::lapse`]).
+    async fn lapse_agent(&self, session_id: String, now: i64) -> Result<Reported>;
     /// The host's agent waits at its terminal ([`crate::decide::presence::notify`]).
     async fn notify(
         &self,

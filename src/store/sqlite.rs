@@ -22,7 +22,9 @@ mod writer;
 
 use super::retention::{self, PruneStep};
 use super::sync_sql as sql;
-use decisions::{bind, bind_rows, claim, close, complete, enqueue, notify, release, report_agent};
+use decisions::{
+    bind, bind_rows, claim, close, complete, enqueue, lapse_agent, notify, release, report_agent,
+};
 use writer::{Writer, nested};
 
 use super::{
@@ -446,6 +448,20 @@ impl Store for SqliteStore {
             )
         })
         .await
+    }
+
+    async fn silent_sessions(&self, heard_before: i64) -> Result<Vec<String>> {
+        let sql = super::silent_sessions_sql("?1", "?2");
+        Ok(sqlx::query_scalar(&sql)
+            .bind(heard_before)
+            .bind(crate::decide::presence::AWAY_AFTER_MS)
+            .fetch_all(&self.reads)
+            .await?)
+    }
+
+    async fn lapse_agent(&self, session_id: String, now: i64) -> Result<Reported> {
+        self.write(move |conn| lapse_agent(conn, &session_id, now))
+            .await
     }
 
     async fn held_sessions(&self) -> Result<Vec<(SessionRow, i64)>> {

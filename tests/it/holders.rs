@@ -194,3 +194,33 @@ async fn a_claim_id_goes_with_working_only_and_is_an_identifier() {
         .unwrap();
     assert_eq!(reply.status, 200, "{}", reply.text);
 }
+
+#[tokio::test]
+async fn an_agent_silent_for_ten_minutes_is_announced_away_once() {
+    use loopx::decide::presence::AWAY_AFTER_MS;
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let working = crate::presence::report(&host, AgentState::Working);
+    c.report_agent(host.session_id(), &working).await.unwrap();
+    let agent_events = || async {
+        let events = broker
+            .broker
+            .store()
+            .events(host.session_id(), 0, 100)
+            .await
+            .unwrap();
+        events
+            .into_iter()
+            .filter(|e| e.kind == "agent")
+            .map(|e| e.state)
+            .collect::<Vec<_>>()
+    };
+    let now = loopx::time::now_ms();
+    let announce = |at| broker.broker.announce_silent_agents(at);
+    assert_eq!(announce(now + AWAY_AFTER_MS - 5_000).await.unwrap(), 0);
+    assert_eq!(announce(now + AWAY_AFTER_MS + 1_000).await.unwrap(), 1);
+    // Once.
+    assert_eq!(announce(now + AWAY_AFTER_MS + 2_000).await.unwrap(), 0);
+    assert_eq!(agent_events().await, ["working", "away"]);
+}

@@ -244,6 +244,16 @@ pub(super) async fn close(
     })
 }
 
+/// A silent agent announced away, under the session's row lock.
+pub(super) async fn lapse_agent(
+    conn: &mut PgConnection,
+    session_id: &str,
+    now: i64,
+) -> Step<Reported> {
+    let session = super::reads::lock_session(conn, session_id).await?;
+    decided(conn, decide::presence::lapse(session, now)?).await
+}
+
 /// The host's agent waits at its terminal, under the session's row lock.
 pub(super) async fn notify(
     conn: &mut PgConnection,

@@ -358,6 +358,11 @@ pub(super) fn report_agent(
     )
 }
 
+pub(super) fn lapse_agent(conn: &Connection, session_id: &str, now: i64) -> Result<Reported> {
+    let session = load_session(conn, session_id)?;
+    decided(conn, decide::presence::lapse(session, now)?)
+}
+
 pub(super) fn notify(
     conn: &Connection,
     session_id: String,
