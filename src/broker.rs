@@ -13,6 +13,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::decide::lark::{LarkEvent, LarkIngest};
+use crate::decide::session::Bound;
+use crate::decide::turn::ClaimOutcome;
 use crate::decide::turn::Releaser;
 use crate::error::{Error, ErrorCode, Result};
 use crate::handoff::{Delivery, Handoffs, Parked};
@@ -20,6 +23,7 @@ use crate::ids::check;
 use crate::lark::LarkConfig;
 use crate::lark::dispatcher::Dispatcher;
 use crate::metrics::{Metrics, Open};
+use crate::model::HostIdentity;
 use crate::model::{AgentNotification, ReportAgentState};
 use crate::model::{
     BindPreview, BindRequest, Capabilities, ClaimAnswer, ClaimRequest, Claimed, CloseRequest,
@@ -28,7 +32,7 @@ use crate::model::{
     SessionList, SessionPreview, SessionState, Turn, TurnList,
 };
 use crate::model::{LarkLink, LarkLinkRequest};
-use crate::store::{Bound, ClaimOutcome, HostIdentity, LarkEvent, LarkIngest, Store};
+use crate::store::Store;
 use crate::time::rfc3339;
 use crate::wakeup::Wakeups;
 
@@ -701,7 +705,7 @@ fn page_limit(limit: Option<u32>, default: u32, max: u32) -> Result<u32> {
 }
 
 /// A log entry as the stream sends it: content-free.
-fn logged_event(row: crate::store::EventRow) -> LoggedEvent {
+fn logged_event(row: crate::decide::EventRow) -> LoggedEvent {
     let (name, data) = match (row.kind.as_str(), row.turn_id, row.request_id) {
         ("turn", turn_id, _) => (
             "turn",

@@ -16,8 +16,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::decide::turn::ClaimOutcome;
 use crate::error::Result;
-use crate::store::{ClaimOutcome, HostIdentity};
+use crate::model::HostIdentity;
 
 /// What a handed-off claim receives: when the enqueue that served it began,
 /// and what its claim found.

@@ -1037,6 +1037,22 @@ impl std::fmt::Debug for HostIdentity {
     }
 }
 
+impl From<Session> for SessionPreview {
+    fn from(s: Session) -> Self {
+        SessionPreview {
+            session_id: Some(s.session_id),
+            goal_id: s.goal_id,
+            agent_id: s.agent_id,
+            executor_endpoint_id: s.executor_endpoint_id,
+            host_surface: s.host_surface,
+            capabilities: s.capabilities,
+            state: s.state,
+            created_at: Some(s.created_at),
+            closed_at: s.closed_at,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,12 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Broker;
+use crate::decide::SessionRow;
 use crate::decide::presence::AWAY_AFTER_MS;
 use crate::decide::turn::{Releaser, holder_gone};
 use crate::error::{Error, Result};
 use crate::ids::check;
 use crate::model::{AgentState, ReportAgentState};
-use crate::store::SessionRow;
 
 /// How long a holder that names its claim may be silent: five missed
 /// heartbeats of a minute each.

@@ -10,12 +10,12 @@ use super::{Answer, Broker, MAX_TEXT_BYTES, checked_host};
 use crate::decide::permission::{Decision, WITHDRAWN, answered_state};
 use crate::error::{Error, Result};
 use crate::ids::check;
+use crate::model::HostIdentity;
 use crate::model::{
     AnsweredVia, Behavior, CreatePermissionRequest, ListPermissions, PermissionList,
     PermissionRequest, RelayedPermission, WaitPermission, WithdrawPermission, wire,
 };
 use crate::permission;
-use crate::store::HostIdentity;
 
 impl Broker {
     /// Records the host's permission request (201), or replays it (200).

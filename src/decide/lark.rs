@@ -3,14 +3,62 @@
 //! message id); a linked chat's text is an ordinary turn, or an approver's
 //! `yes <id>` / `no <id>` answer to a permission request, or ignored.
 
-use super::permission::{AnswerRows, answer};
+use super::permission::{AnswerRows, Decision, answer};
 use super::turn::enqueue;
 use super::{Decided, LinkChange, NewLink, SeenLarkEvent, Writes, existing, open};
+use super::{SessionRow, TurnRow};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
 use crate::model::{AnsweredVia, Behavior, EnqueueRequest, Ingress, LarkLink, LarkRef, Origin};
 use crate::permission::{LarkCommand, PermissionRow, approvers_from_stored, approvers_to_stored};
-use crate::store::{LarkEvent, LarkIngest, SessionRow, TurnRow};
+
+/// An event accepted from Lark, reduced to what the store keeps.
+#[derive(Debug, Clone)]
+pub struct LarkEvent {
+    pub app_id: String,
+    pub event_id: String,
+    pub message_id: Option<String>,
+    pub chat_id: Option<String>,
+    /// The message text, when it is a text message.
+    pub text: Option<String>,
+    /// The sender's Lark open id, when Lark gave one.
+    pub sender: Option<String>,
+    /// `yes <id>` / `no <id>`, when the text (its @mentions removed) is one.
+    pub command: Option<crate::permission::LarkCommand>,
+}
+
+impl LarkEvent {
+    /// The request its `yes <id>` / `no <id>` names, for the store to load
+    /// from the linked session ([`crate::decide::lark::EventRows`]).
+    pub fn named_request(&self) -> Option<&str> {
+        self.command.as_ref().map(|c| c.request_id.as_str())
+    }
+}
+
+/// What became of a Lark event.
+#[derive(Debug)]
+pub enum LarkIngest {
+    /// Seen before (same event id, or same message id): nothing enqueued.
+    Duplicate,
+    /// Enqueued into the linked session.
+    Enqueued {
+        session_id: String,
+        turn: Box<TurnRow>,
+    },
+    /// No open session is linked to the chat: acknowledged, not enqueued.
+    Unlinked,
+    /// Not a text message: acknowledged, not enqueued.
+    Unsupported,
+    /// `yes <id>` / `no <id>` from an approver of the link: the request's
+    /// answer (written, or a replay); not enqueued.
+    Answered {
+        session_id: String,
+        decision: Decision,
+    },
+    /// An answer that nobody may give there or that changes nothing
+    /// ([`crate::decide::lark::event`]): acknowledged, not enqueued.
+    Ignored,
+}
 
 /// A link of a chat to the session, given the session the chat is linked to
 /// now (`holder`), in this order: unknown session 404; closed 409

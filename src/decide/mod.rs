@@ -12,15 +12,17 @@
 pub mod lark;
 pub mod permission;
 pub mod presence;
+mod rows;
 pub mod session;
 pub mod turn;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorCode, Result};
+use crate::model::HostIdentity;
 use crate::model::SessionState;
 use crate::permission::PermissionRow;
-use crate::store::{HostIdentity, SessionRow, TurnRow};
+pub use rows::{EventRow, SessionRow, TurnRow};
 
 /// A claim's state, as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,13 +4,14 @@
 //! new request in a session linked to a Lark chat, its message to the chat.
 //! What a close expires is [`super::session::close`]'s.
 
+use super::SessionRow;
 use super::{
     Change, Decided, NewPermissionMessage, Subject, Writes, existing, key_reused, log, open,
 };
 use crate::error::{Error, Result};
+use crate::model::HostIdentity;
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
 use crate::permission::{PermissionRow, lark_message};
-use crate::store::{HostIdentity, SessionRow};
 
 /// What a create or an answer answers: the request as written, or as stored
 /// for a replay.

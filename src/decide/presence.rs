@@ -7,10 +7,11 @@
 //! the host was heard from, at most once per [`HEARD_REFRESH_MS`], so a host
 //! that reports often writes little. Time alone never touches a claim.
 
+use super::SessionRow;
 use super::{Decided, Subject, Writes, existing, hosted, log, open};
 use crate::error::Result;
+use crate::model::HostIdentity;
 use crate::model::{AgentState, NotificationKind, SessionState};
-use crate::store::{HostIdentity, SessionRow};
 
 /// Silence after which the agent is shown `away`.
 pub const AWAY_AFTER_MS: i64 = 10 * 60 * 1000;

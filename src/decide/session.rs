@@ -3,12 +3,30 @@
 //! active; what it cancels and expires).
 
 use super::{ClaimRow, NewEvent, Subject, Writes, existing, log, no_active_claim};
+use super::{SessionRow, TurnRow};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
 use crate::model::{
     AgentState, BindRequest, CancelReason, PermissionState, SessionState, TurnState,
 };
-use crate::store::{Bound, Closed, SessionRow, TurnRow};
+
+/// What a bind did.
+#[derive(Debug)]
+pub enum Bound {
+    Created(SessionRow),
+    /// The exact tuple with the same executor endpoint was already bound and open.
+    Existing(SessionRow),
+}
+
+/// What a close did.
+#[derive(Debug)]
+pub struct Closed {
+    pub session: SessionRow,
+    /// Queued turns cancelled.
+    pub cancelled: u64,
+    /// Pending permission requests expired.
+    pub expired: u64,
+}
 
 /// What a bind decision reads.
 #[derive(Debug, Default)]

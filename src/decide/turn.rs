@@ -6,13 +6,35 @@ use super::{
     Change, ClaimRow, ClaimState, Decided, NewReply, Subject, Writes, existing, hosted, key_reused,
     log, no_active_claim, open,
 };
+use super::{SessionRow, TurnRow};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
+use crate::model::HostIdentity;
 use crate::model::{
     CompleteRequest, EnqueueRequest, Ingress, LarkRef, Receipt, Released, TurnState,
 };
-use crate::store::{ClaimOutcome, Enqueue, HostIdentity, SessionRow, TurnRow};
 use crate::time::rfc3339;
+
+/// What an enqueue did.
+#[derive(Debug)]
+pub struct Enqueue {
+    pub turn: TurnRow,
+    /// The client_message_id was seen before with the same body.
+    pub duplicate: bool,
+}
+
+/// What a claim found.
+#[derive(Debug)]
+pub enum ClaimOutcome {
+    Claimed {
+        turn: Box<TurnRow>,
+        attempt: i64,
+        /// The claim id had already claimed this turn.
+        replayed: bool,
+    },
+    /// No turn is queued; nothing was stored.
+    Empty,
+}
 
 /// The most queued turns one session holds.
 pub const MAX_QUEUED: i64 = 10_000;

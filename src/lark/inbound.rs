@@ -12,9 +12,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::broker::{Broker, MAX_TEXT_BYTES};
+use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::error::Result;
 use crate::permission::lark_command;
-use crate::store::{LarkEvent, LarkIngest};
 
 /// A text message sent to the bot (or in a chat it is in).
 pub const MESSAGE_RECEIVE: &str = "im.message.receive_v1";

@@ -28,92 +28,19 @@ mod sync_sql;
 
 use async_trait::async_trait;
 
-pub use crate::decide::permission::Decision;
-pub use crate::decide::presence::Reported;
+use crate::decide::lark::{LarkEvent, LarkIngest};
+use crate::decide::permission::Decision;
+use crate::decide::presence::Reported;
+use crate::decide::session::{Bound, Closed};
+use crate::decide::turn::{ClaimOutcome, Enqueue, Releaser};
+use crate::decide::{EventRow, SessionRow, TurnRow};
 use crate::error::Result;
-use crate::model::{AgentPresence, AgentState, NotificationKind};
-use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
 use crate::model::{
-    BindRequest, CancelReason, Capabilities, ClaimedTurn, CompleteRequest, EnqueueRequest,
-    LarkLink, ListSessions, ListTurns, Origin, Receipt, RegisterAgentThread, Released, ReplyState,
-    ReplyStatus, Session, SessionPreview, SessionState, Turn, TurnState,
+    AgentState, AnsweredVia, Behavior, BindRequest, CompleteRequest, CreatePermissionRequest,
+    EnqueueRequest, HostIdentity, LarkLink, ListSessions, ListTurns, NotificationKind,
+    PermissionState, Receipt, RegisterAgentThread, Released, ReplyState,
 };
-pub use crate::permission::PermissionRow;
-use crate::time::rfc3339;
-
-pub use crate::model::HostIdentity;
-
-/// A stored session, host session id included: never answered as is.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct SessionRow {
-    pub session_id: String,
-    pub goal_id: String,
-    pub agent_id: String,
-    pub host_surface: String,
-    pub host_session_id: String,
-    pub executor_endpoint_id: String,
-    pub state: SessionState,
-    pub created_at: i64,
-    pub closed_at: Option<i64>,
-    pub queued_count: i64,
-    pub active_claim_id: Option<String>,
-    /// The next turn's seq and the next event's number: a decision taken on
-    /// the locked row numbers what it appends from them.
-    pub next_seq: i64,
-    pub next_event_no: i64,
-    /// Presence, as last reported ([`crate::decide::presence`]): the state,
-    /// since when (None: since the session's creation), and when a host was
-    /// last heard from (None: never).
-    pub agent_state: AgentState,
-    pub agent_since: Option<i64>,
-    pub agent_heard_at: Option<i64>,
-    /// When the holder of the active claim last said it is working on it
-    /// (None: it never did; a new claim starts with None):
-    /// [`crate::decide::turn::holder_gone`].
-    pub holder_heard_at: Option<i64>,
-}
-
-impl SessionRow {
-    /// The content-free projection, its presence as shown now.
-    pub fn projection(&self) -> Session {
-        let (state, since) = crate::decide::presence::shown(self, crate::time::now_ms());
-        Session {
-            session_id: self.session_id.clone(),
-            goal_id: self.goal_id.clone(),
-            agent_id: self.agent_id.clone(),
-            executor_endpoint_id: self.executor_endpoint_id.clone(),
-            host_surface: self.host_surface.clone(),
-            capabilities: Capabilities::ATTACHED,
-            state: self.state,
-            created_at: rfc3339(self.created_at),
-            closed_at: self.closed_at.map(rfc3339),
-            agent: AgentPresence {
-                state,
-                since: rfc3339(since),
-            },
-        }
-    }
-
-    pub fn is_bound_to(&self, host: &HostIdentity) -> bool {
-        self.host_surface == host.host_surface && self.host_session_id == host.host_session_id
-    }
-}
-
-impl From<Session> for SessionPreview {
-    fn from(s: Session) -> Self {
-        SessionPreview {
-            session_id: Some(s.session_id),
-            goal_id: s.goal_id,
-            agent_id: s.agent_id,
-            executor_endpoint_id: s.executor_endpoint_id,
-            host_surface: s.host_surface,
-            capabilities: s.capabilities,
-            state: s.state,
-            created_at: Some(s.created_at),
-            closed_at: s.closed_at,
-        }
-    }
-}
+use crate::permission::PermissionRow;
 
 /// The open sessions with an active claim, and when it was made (the
 /// statement of [`Store::held_sessions`], on either backend).
@@ -134,89 +61,6 @@ pub fn silent_sessions_sql(first: &str, second: &str) -> String {
          where state = 'open' and agent_state <> 'away' and agent_heard_at <= {first}
            and (agent_since is null or agent_since < agent_heard_at + {second})"
     )
-}
-
-/// A stored turn, with its content.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct TurnRow {
-    pub turn_id: String,
-    pub session_id: String,
-    pub seq: i64,
-    pub origin: Origin,
-    pub text: String,
-    pub client_message_id: Option<String>,
-    pub lark_chat_id: Option<String>,
-    pub lark_message_id: Option<String>,
-    pub state: TurnState,
-    pub enqueued_at: i64,
-    pub claimed_at: Option<i64>,
-    pub completed_at: Option<i64>,
-    pub claim_count: i64,
-    pub current_claim_id: Option<String>,
-    pub completion_id: Option<String>,
-    pub response: Option<String>,
-    pub cancel_reason: Option<CancelReason>,
-    /// The Lark reply's state, when the turn has one (a left join; absent
-    /// from rows that a write returns).
-    #[sqlx(default)]
-    pub reply_state: Option<ReplyState>,
-    #[sqlx(default)]
-    pub reply_attempts: Option<i64>,
-    #[sqlx(default)]
-    pub reply_error: Option<String>,
-}
-
-impl TurnRow {
-    /// The content-bearing readback.
-    pub fn readback(&self) -> Turn {
-        Turn {
-            turn_id: self.turn_id.clone(),
-            session_id: self.session_id.clone(),
-            seq: self.seq,
-            origin: self.origin,
-            text: self.text.clone(),
-            state: self.state,
-            enqueued_at: rfc3339(self.enqueued_at),
-            claimed_at: self.claimed_at.map(rfc3339),
-            completed_at: self.completed_at.map(rfc3339),
-            response: self
-                .response
-                .as_deref()
-                .and_then(|r| serde_json::from_str(r).ok()),
-            cancel_reason: self.cancel_reason,
-            reply: self.reply_state.map(|state| ReplyStatus {
-                channel: "lark".into(),
-                state,
-                attempts: self.reply_attempts.unwrap_or(0),
-                error: self.reply_error.clone(),
-            }),
-        }
-    }
-
-    pub fn claimed_turn(&self, attempt: i64) -> ClaimedTurn {
-        ClaimedTurn {
-            turn_id: self.turn_id.clone(),
-            seq: self.seq,
-            origin: self.origin,
-            text: self.text.clone(),
-            enqueued_at: rfc3339(self.enqueued_at),
-            attempt,
-        }
-    }
-}
-
-/// One entry of a session's event log.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct EventRow {
-    pub event_no: i64,
-    /// `turn`, `session` or `permission`.
-    pub kind: String,
-    pub turn_id: Option<String>,
-    pub seq: Option<i64>,
-    pub request_id: Option<String>,
-    pub state: String,
-    /// When it was logged.
-    pub at: i64,
 }
 
 /// How a page of a session's turns is read: forward (after `after_seq`,
@@ -251,64 +95,6 @@ impl TurnPage {
         }
         (turns, has_more)
     }
-}
-
-/// What a close did.
-#[derive(Debug)]
-pub struct Closed {
-    pub session: SessionRow,
-    /// Queued turns cancelled.
-    pub cancelled: u64,
-    /// Pending permission requests expired.
-    pub expired: u64,
-}
-
-/// An event accepted from Lark, reduced to what the store keeps.
-#[derive(Debug, Clone)]
-pub struct LarkEvent {
-    pub app_id: String,
-    pub event_id: String,
-    pub message_id: Option<String>,
-    pub chat_id: Option<String>,
-    /// The message text, when it is a text message.
-    pub text: Option<String>,
-    /// The sender's Lark open id, when Lark gave one.
-    pub sender: Option<String>,
-    /// `yes <id>` / `no <id>`, when the text (its @mentions removed) is one.
-    pub command: Option<crate::permission::LarkCommand>,
-}
-
-impl LarkEvent {
-    /// The request its `yes <id>` / `no <id>` names, for the store to load
-    /// from the linked session ([`crate::decide::lark::EventRows`]).
-    pub fn named_request(&self) -> Option<&str> {
-        self.command.as_ref().map(|c| c.request_id.as_str())
-    }
-}
-
-/// What became of a Lark event.
-#[derive(Debug)]
-pub enum LarkIngest {
-    /// Seen before (same event id, or same message id): nothing enqueued.
-    Duplicate,
-    /// Enqueued into the linked session.
-    Enqueued {
-        session_id: String,
-        turn: Box<TurnRow>,
-    },
-    /// No open session is linked to the chat: acknowledged, not enqueued.
-    Unlinked,
-    /// Not a text message: acknowledged, not enqueued.
-    Unsupported,
-    /// `yes <id>` / `no <id>` from an approver of the link: the request's
-    /// answer (written, or a replay); not enqueued.
-    Answered {
-        session_id: String,
-        decision: Decision,
-    },
-    /// An answer that nobody may give there or that changes nothing
-    /// ([`crate::decide::lark::event`]): acknowledged, not enqueued.
-    Ignored,
 }
 
 /// What an outbox message is, and so how Lark gets it.
@@ -419,35 +205,6 @@ pub struct ReplyUpdate {
     pub next_attempt_at: i64,
 }
 
-/// What a bind did.
-#[derive(Debug)]
-pub enum Bound {
-    Created(SessionRow),
-    /// The exact tuple with the same executor endpoint was already bound and open.
-    Existing(SessionRow),
-}
-
-/// What an enqueue did.
-#[derive(Debug)]
-pub struct Enqueue {
-    pub turn: TurnRow,
-    /// The client_message_id was seen before with the same body.
-    pub duplicate: bool,
-}
-
-/// What a claim found.
-#[derive(Debug)]
-pub enum ClaimOutcome {
-    Claimed {
-        turn: Box<TurnRow>,
-        attempt: i64,
-        /// The claim id had already claimed this turn.
-        replayed: bool,
-    },
-    /// No turn is queued; nothing was stored.
-    Empty,
-}
-
 /// Called with a session id whenever a change to that session may have been
 /// committed elsewhere (another replica): the broker wakes its local waiters.
 pub type ChangeHook = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
@@ -519,12 +276,8 @@ pub trait Store: Send + Sync + 'static {
         turn_id: String,
         completion: CompleteRequest,
     ) -> Result<Receipt>;
-    async fn release(
-        &self,
-        session_id: String,
-        claim_id: String,
-        by: crate::decide::turn::Releaser,
-    ) -> Result<Released>;
+    async fn release(&self, session_id: String, claim_id: String, by: Releaser)
+    -> Result<Released>;
     /// Closes the session, cancelling its queued turns and expiring its
     /// pending permission requests in the same transaction.
     /// With `release_active_claim`, an active claim is released first, in the

@@ -104,14 +104,16 @@ mod reads;
 mod rows;
 
 use super::retention::PruneStep;
-use super::{
-    Bound, ChangeHook, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent,
-    LarkIngest, Outbound, PermissionRow, ReplyJob, ReplyUpdate, Reported, SessionRow, Store,
-    TurnRow,
-};
-use crate::decide;
+use super::{ChangeHook, Outbound, ReplyJob, ReplyUpdate, Store};
+use crate::decide::lark::{LarkEvent, LarkIngest};
+use crate::decide::permission::Decision;
+use crate::decide::presence::Reported;
+use crate::decide::session::{Bound, Closed};
+use crate::decide::turn::{ClaimOutcome, Enqueue};
+use crate::decide::{self, EventRow, SessionRow, TurnRow};
 use crate::error::{Error, Result};
 use crate::ids::Minter;
+use crate::model::HostIdentity;
 use crate::model::{
     AgentState, AnsweredVia, Behavior, CreatePermissionRequest, NotificationKind, PermissionState,
 };
@@ -120,6 +122,7 @@ use crate::model::{
     RegisterAgentThread, Released,
 };
 use crate::permission;
+use crate::permission::PermissionRow;
 use crate::time::now_ms;
 use decisions::{bind, bind_rows, claim, close, complete, enqueue, release};
 use notify::{Announcer, listen};

@@ -27,8 +27,8 @@ pub const OLDEST_PRUNABLE: &str = "select session_id from sessions \
 /// A session's (`$1`) rows, children first; each removes at most 500 rows
 /// (a step stays a few milliseconds), and a step runs them in order until one removes something.
 pub const DELETE_CHILDREN: [&str; 7] = [
-    "delete from claims where claim_id in \
-     (select claim_id from claims where session_id = $1 limit 500)",
+    "delete from claims where turn_id in \
+     (select turn_id from turns where session_id = $1 order by seq limit 500)",
     "delete from lark_replies where turn_id in \
      (select turn_id from lark_replies where session_id = $1 limit 500)",
     "delete from session_events where session_id = $1 and event_no in \

@@ -27,13 +27,16 @@ use decisions::{
 };
 use writer::{Writer, nested};
 
-use super::{
-    Bound, ClaimOutcome, Closed, Decision, Enqueue, EventRow, HostIdentity, LarkEvent, LarkIngest,
-    Outbound, PermissionRow, ReplyJob, ReplyUpdate, Reported, SessionRow, Store, TurnPage, TurnRow,
-};
-use crate::decide;
+use super::{Outbound, ReplyJob, ReplyUpdate, Store, TurnPage};
+use crate::decide::lark::{LarkEvent, LarkIngest};
+use crate::decide::permission::Decision;
+use crate::decide::presence::Reported;
+use crate::decide::session::{Bound, Closed};
+use crate::decide::turn::{ClaimOutcome, Enqueue};
+use crate::decide::{self, EventRow, SessionRow, TurnRow};
 use crate::error::{Error, Result};
 use crate::ids::Minter;
+use crate::model::HostIdentity;
 use crate::model::{
     AgentState, AnsweredVia, Behavior, CreatePermissionRequest, NotificationKind, PermissionState,
 };
@@ -42,6 +45,7 @@ use crate::model::{
     RegisterAgentThread, Released,
 };
 use crate::permission;
+use crate::permission::PermissionRow;
 use crate::time::now_ms;
 
 /// A row of [`super::DUE_OUTBOX`].

@@ -11,13 +11,13 @@ use rusqlite::types::{FromSql, Value};
 use rusqlite::{Connection, OptionalExtension, Row, params_from_iter};
 
 use crate::decide::{ClaimRow, ClaimState};
+use crate::decide::{SessionRow, TurnRow};
 use crate::error::Result;
 use crate::model::{
     AgentState, AnsweredVia, CancelReason, Origin, PermissionState, ReplyState, SessionState,
     TurnState,
 };
 use crate::permission::PermissionRow;
-use crate::store::{SessionRow, TurnRow};
 
 /// A value a statement can bind.
 pub trait Bind {

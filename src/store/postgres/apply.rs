@@ -17,7 +17,7 @@ use sqlx::query::Query;
 use super::Step;
 use super::rows::text;
 use crate::decide::{Change, ClaimRow, Decided, NewEvent, NewReply, Writes};
-use crate::store::{SessionRow, TurnRow};
+use crate::decide::{SessionRow, TurnRow};
 
 type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
 

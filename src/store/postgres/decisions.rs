@@ -13,12 +13,15 @@ use super::load::{claim_rows, close_rows, complete_rows, enqueue_rows, release_r
 use super::rows::{SESSION_COLUMNS, TURN_COLUMNS, session_row, text, turn_row};
 use crate::decide::presence::Reported;
 use crate::decide::session::{BindRows, Close};
+use crate::decide::session::{Bound, Closed};
+use crate::decide::turn::{ClaimOutcome, Enqueue};
 use crate::decide::{self, NewEvent};
+use crate::decide::{SessionRow, TurnRow};
 use crate::ids::Minter;
+use crate::model::HostIdentity;
 use crate::model::{
     AgentState, BindRequest, CompleteRequest, EnqueueRequest, NotificationKind, Receipt, Released,
 };
-use crate::store::{Bound, ClaimOutcome, Closed, Enqueue, HostIdentity, SessionRow, TurnRow};
 use crate::time::now_ms;
 
 pub(super) async fn bind_rows(

@@ -9,11 +9,12 @@ use super::apply::decided;
 use super::decisions::earlier_turn;
 use super::permissions::load_permission;
 use super::{Step, lock_session};
+use crate::decide::SessionRow;
 use crate::decide::Writes;
 use crate::decide::lark::{self, EventRows};
+use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::ids::Minter;
 use crate::model::LarkLink;
-use crate::store::{LarkEvent, LarkIngest, SessionRow};
 use crate::time::now_ms;
 
 pub(super) async fn link(

@@ -26,7 +26,7 @@ use super::rows::{
 };
 use crate::decide::session::CloseRows;
 use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows};
-use crate::store::{SessionRow, TurnRow};
+use crate::decide::{SessionRow, TurnRow};
 
 /// One load statement: the locked session `s` (`$1`), the `joins`, and the
 /// `more` columns they bring.

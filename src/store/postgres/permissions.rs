@@ -11,10 +11,12 @@ use sqlx::postgres::{PgConnection, PgRow};
 use super::apply::decided;
 use super::rows::{enumeration, optional_enumeration, text, unstorable, utf8};
 use super::{Step, lock_session};
+use crate::decide::permission::Decision;
 use crate::decide::permission::{self, AnswerRows, CreateRows};
 use crate::decide::{Change, Decided, Writes};
+use crate::model::HostIdentity;
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest};
-use crate::store::{Decision, HostIdentity, PermissionRow};
+use crate::permission::PermissionRow;
 use crate::time::now_ms;
 
 pub(super) const PERMISSION_COLUMNS: &str = "session_id, request_id, tool_name, description, \

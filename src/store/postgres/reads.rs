@@ -7,10 +7,11 @@ use sqlx::postgres::{PgConnection, PgPool};
 use super::Step;
 use super::rows::{SESSION_COLUMNS, TURN_READBACK, session_row, text, turn_row, unstorable};
 use crate::decide;
+use crate::decide::{SessionRow, TurnRow};
 use crate::error::Result;
 use crate::model::{ListSessions, ListTurns};
+use crate::store::TurnPage;
 use crate::store::retention::{self, PruneStep};
-use crate::store::{SessionRow, TurnPage, TurnRow};
 
 pub(super) async fn load_session<'e, E>(db: E, session_id: &str) -> sqlx::Result<Option<SessionRow>>
 where

@@ -9,7 +9,7 @@ use sqlx::Row;
 use sqlx::postgres::PgRow;
 
 use crate::decide::ClaimRow;
-use crate::store::{SessionRow, TurnRow};
+use crate::decide::{SessionRow, TurnRow};
 
 /// An enumeration as the text the columns hold (its snake_case name).
 pub(super) use crate::model::wire as text;

@@ -8,15 +8,18 @@ use rusqlite::Connection;
 use super::{SESSION_COLUMNS, load_session, load_turn, sql};
 use crate::decide::presence::Reported;
 use crate::decide::session::{BindRows, Close, CloseRows};
+use crate::decide::session::{Bound, Closed};
+use crate::decide::turn::{ClaimOutcome, Enqueue};
 use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows, Releaser};
 use crate::decide::{self, Change, ClaimRow, Decided, NewEvent, Writes};
+use crate::decide::{SessionRow, TurnRow};
 use crate::error::Result;
 use crate::ids::Minter;
+use crate::model::HostIdentity;
 use crate::model::{
     AgentState, BindRequest, CompleteRequest, EnqueueRequest, NotificationKind, Receipt, Released,
     SessionState,
 };
-use crate::store::{Bound, ClaimOutcome, Closed, Enqueue, HostIdentity, SessionRow, TurnRow};
 use crate::time::now_ms;
 
 fn load_claim(conn: &Connection, claim_id: &str) -> Result<Option<ClaimRow>> {

@@ -9,10 +9,10 @@ use super::decisions::{decided, earlier_turn};
 use super::{load_permission, load_session, sql};
 use crate::decide::Writes;
 use crate::decide::lark::{self, EventRows};
+use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::error::Result;
 use crate::ids::Minter;
 use crate::model::LarkLink;
-use crate::store::{LarkEvent, LarkIngest};
 use crate::time::now_ms;
 
 pub(super) fn link(

@@ -7,11 +7,12 @@ use rusqlite::Connection;
 
 use super::decisions::decided;
 use super::{load_permission, load_session, sql};
+use crate::decide::permission::Decision;
 use crate::decide::permission::{self, AnswerRows, CreateRows};
 use crate::decide::{Change, Decided, Writes};
 use crate::error::Result;
+use crate::model::HostIdentity;
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest};
-use crate::store::{Decision, HostIdentity};
 use crate::time::now_ms;
 
 pub(super) fn create(

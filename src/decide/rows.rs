@@ -1,0 +1,149 @@
+//! The rows the decisions read and write, as stored: a session (with its
+//! counters and presence), a turn (with its content) and an entry of a
+//! session's event log. Each store reads them with its own SQL; their
+//! projections are the contract's answers.
+
+use crate::model::{
+    AgentPresence, AgentState, CancelReason, Capabilities, ClaimedTurn, HostIdentity, Origin,
+    ReplyState, ReplyStatus, Session, SessionState, Turn, TurnState,
+};
+use crate::time::rfc3339;
+
+/// A stored session, host session id included: never answered as is.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SessionRow {
+    pub session_id: String,
+    pub goal_id: String,
+    pub agent_id: String,
+    pub host_surface: String,
+    pub host_session_id: String,
+    pub executor_endpoint_id: String,
+    pub state: SessionState,
+    pub created_at: i64,
+    pub closed_at: Option<i64>,
+    pub queued_count: i64,
+    pub active_claim_id: Option<String>,
+    /// The next turn's seq and the next event's number: a decision taken on
+    /// the locked row numbers what it appends from them.
+    pub next_seq: i64,
+    pub next_event_no: i64,
+    /// Presence, as last reported ([`crate::decide::presence`]): the state,
+    /// since when (None: since the session's creation), and when a host was
+    /// last heard from (None: never).
+    pub agent_state: AgentState,
+    pub agent_since: Option<i64>,
+    pub agent_heard_at: Option<i64>,
+    /// When the holder of the active claim last said it is working on it
+    /// (None: it never did; a new claim starts with None):
+    /// [`crate::decide::turn::holder_gone`].
+    pub holder_heard_at: Option<i64>,
+}
+
+impl SessionRow {
+    /// The content-free projection, its presence as shown now.
+    pub fn projection(&self) -> Session {
+        let (state, since) = crate::decide::presence::shown(self, crate::time::now_ms());
+        Session {
+            session_id: self.session_id.clone(),
+            goal_id: self.goal_id.clone(),
+            agent_id: self.agent_id.clone(),
+            executor_endpoint_id: self.executor_endpoint_id.clone(),
+            host_surface: self.host_surface.clone(),
+            capabilities: Capabilities::ATTACHED,
+            state: self.state,
+            created_at: rfc3339(self.created_at),
+            closed_at: self.closed_at.map(rfc3339),
+            agent: AgentPresence {
+                state,
+                since: rfc3339(since),
+            },
+        }
+    }
+
+    pub fn is_bound_to(&self, host: &HostIdentity) -> bool {
+        self.host_surface == host.host_surface && self.host_session_id == host.host_session_id
+    }
+}
+
+/// A stored turn, with its content.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TurnRow {
+    pub turn_id: String,
+    pub session_id: String,
+    pub seq: i64,
+    pub origin: Origin,
+    pub text: String,
+    pub client_message_id: Option<String>,
+    pub lark_chat_id: Option<String>,
+    pub lark_message_id: Option<String>,
+    pub state: TurnState,
+    pub enqueued_at: i64,
+    pub claimed_at: Option<i64>,
+    pub completed_at: Option<i64>,
+    pub claim_count: i64,
+    pub current_claim_id: Option<String>,
+    pub completion_id: Option<String>,
+    pub response: Option<String>,
+    pub cancel_reason: Option<CancelReason>,
+    /// The Lark reply's state, when the turn has one (a left join; absent
+    /// from rows that a write returns).
+    #[sqlx(default)]
+    pub reply_state: Option<ReplyState>,
+    #[sqlx(default)]
+    pub reply_attempts: Option<i64>,
+    #[sqlx(default)]
+    pub reply_error: Option<String>,
+}
+
+impl TurnRow {
+    /// The content-bearing readback.
+    pub fn readback(&self) -> Turn {
+        Turn {
+            turn_id: self.turn_id.clone(),
+            session_id: self.session_id.clone(),
+            seq: self.seq,
+            origin: self.origin,
+            text: self.text.clone(),
+            state: self.state,
+            enqueued_at: rfc3339(self.enqueued_at),
+            claimed_at: self.claimed_at.map(rfc3339),
+            completed_at: self.completed_at.map(rfc3339),
+            response: self
+                .response
+                .as_deref()
+                .and_then(|r| serde_json::from_str(r).ok()),
+            cancel_reason: self.cancel_reason,
+            reply: self.reply_state.map(|state| ReplyStatus {
+                channel: "lark".into(),
+                state,
+                attempts: self.reply_attempts.unwrap_or(0),
+                error: self.reply_error.clone(),
+            }),
+        }
+    }
+
+    pub fn claimed_turn(&self, attempt: i64) -> ClaimedTurn {
+        ClaimedTurn {
+            turn_id: self.turn_id.clone(),
+            seq: self.seq,
+            origin: self.origin,
+            text: self.text.clone(),
+            enqueued_at: rfc3339(self.enqueued_at),
+            attempt,
+        }
+    }
+}
+
+/// One entry of a session's event log.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EventRow {
+    pub event_no: i64,
+    /// `turn`, `session` or `permission`.
+    pub kind: String,
+    pub turn_id: Option<String>,
+    pub seq: Option<i64>,
+    pub request_id: Option<String>,
+    pub state: String,
+    /// When it was logged.
+    pub at: i64,
+}
