@@ -41,6 +41,8 @@ pub const MAX_WAIT_SECONDS: u64 = 1800;
 /// How often a parked claim re-checks the store anyway, so that its host
 /// counts as heard from (presence) however long it parks.
 const PARKED_HEARD_EVERY: Duration = Duration::from_secs(60);
+/// The largest request body, in bytes (an HTTP request, a Lark event).
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 /// The longest message text, in bytes.
 pub const MAX_TEXT_BYTES: usize = 64 * 1024;
 /// The longest completion response (serialized JSON), in bytes.

@@ -4,7 +4,11 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use utoipa::{IntoParams, ToSchema};
+use serde_json::json;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::extensions::Extensions;
+use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, OneOfBuilder, Schema, Type};
+use utoipa::{IntoParams, PartialSchema, ToSchema};
 
 /// Where a message came from. Web and Lark share the one queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
@@ -277,7 +281,7 @@ pub struct RegisterAgentThread {
 #[schema(example = json!({"registered": true, "goal_id": "g-1", "agent_id": "agent-7", "host_surface": "codex-cli"}))]
 pub struct Registered {
     /// Always true.
-    #[schema(schema_with = crate::openapi::always_true)]
+    #[schema(schema_with = always_true)]
     pub registered: bool,
     pub goal_id: String,
     pub agent_id: String,
@@ -387,7 +391,7 @@ pub struct SessionPreview {
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 pub struct BindPreview {
     /// Always true.
-    #[schema(schema_with = crate::openapi::always_true)]
+    #[schema(schema_with = always_true)]
     pub dry_run: bool,
     pub would_create: bool,
     pub session: SessionPreview,
@@ -539,7 +543,7 @@ pub enum ClaimAnswer {
 #[schema(example = json!({"claimed": true, "session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "claim_id": "claim-1", "turn": {"turn_id": "turn_01JD8X6A0B1C2D3E4F5G6H7J8K", "seq": 1, "origin": "web", "text": "Please summarise the failing test.", "enqueued_at": "2026-11-30T10:00:01.000Z", "attempt": 1}, "turn_state": "claimed"}))]
 pub struct Claimed {
     /// Always true: `claimed` tells the two answers apart.
-    #[schema(schema_with = crate::openapi::always_true)]
+    #[schema(schema_with = always_true)]
     pub claimed: bool,
     pub session_id: String,
     pub claim_id: String,
@@ -553,7 +557,7 @@ pub struct Claimed {
 #[schema(example = json!({"claimed": false, "session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "waited_ms": 30000}))]
 pub struct NotClaimed {
     /// Always false: `claimed` tells the two answers apart.
-    #[schema(schema_with = crate::openapi::always_false)]
+    #[schema(schema_with = always_false)]
     pub claimed: bool,
     pub session_id: String,
     pub waited_ms: u64,
@@ -589,7 +593,7 @@ pub struct CompleteRequest {
     )]
     pub completion_id: String,
     /// Up to 1 MiB.
-    #[schema(value_type = crate::openapi::TurnResponse)]
+    #[schema(value_type = TurnResponse)]
     pub response: serde_json::Map<String, Value>,
 }
 
@@ -598,7 +602,7 @@ pub struct CompleteRequest {
 #[schema(example = json!({"completed": true, "session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "turn_id": "turn_01JD8X6A0B1C2D3E4F5G6H7J8K", "claim_id": "claim-1", "completion_id": "done-1", "completed_at": "2026-11-30T10:00:05.000Z", "replayed": false}))]
 pub struct Receipt {
     /// Always true.
-    #[schema(schema_with = crate::openapi::always_true)]
+    #[schema(schema_with = always_true)]
     pub completed: bool,
     pub session_id: String,
     pub turn_id: String,
@@ -667,7 +671,7 @@ pub enum ReleasedBy {
 #[schema(example = json!({"released": true, "turn_id": "turn_01JD8X6A0B1C2D3E4F5G6H7J8K"}))]
 pub struct Released {
     /// Always true.
-    #[schema(schema_with = crate::openapi::always_true)]
+    #[schema(schema_with = always_true)]
     pub released: bool,
     pub turn_id: String,
 }
@@ -690,7 +694,7 @@ pub struct Turn {
     #[schema(required = true)]
     pub completed_at: Option<String>,
     /// The host's response, as given; null until the turn is completed.
-    #[schema(value_type = Option<crate::openapi::TurnResponse>, required = true)]
+    #[schema(value_type = Option<TurnResponse>, required = true)]
     pub response: Option<Value>,
     /// Null unless the turn is cancelled.
     #[schema(required = true)]
@@ -760,7 +764,7 @@ pub struct LarkLinkRequest {
     /// on Lark can (the Web page and the API still can). Each link replaces
     /// the list: send the whole list every time. A repeated id counts once.
     #[serde(default)]
-    #[schema(value_type = Vec<crate::openapi::LarkOpenId>, max_items = 50)]
+    #[schema(value_type = Vec<LarkOpenId>, max_items = 50)]
     pub approvers: Vec<String>,
 }
 
@@ -775,7 +779,7 @@ pub struct LarkLink {
     pub chat_id: Option<String>,
     /// The open ids that may answer permission requests from the chat, in
     /// the order given; empty when none (or no chat is linked).
-    #[schema(value_type = Vec<crate::openapi::LarkOpenId>, max_items = 50)]
+    #[schema(value_type = Vec<LarkOpenId>, max_items = 50)]
     pub approvers: Vec<String>,
 }
 
@@ -786,18 +790,6 @@ impl LarkLink {
             session_id,
             chat_id: None,
             approvers: Vec::new(),
-        }
-    }
-
-    /// The link as stored: its chat and its approvers' stored form.
-    pub fn stored(session_id: &str, link: Option<(String, String)>) -> Self {
-        match link {
-            Some((chat_id, approvers)) => Self {
-                session_id: session_id.to_owned(),
-                chat_id: Some(chat_id),
-                approvers: crate::permission::approvers_from_stored(&approvers),
-            },
-            None => Self::none(session_id.to_owned()),
         }
     }
 }
@@ -1051,6 +1043,143 @@ impl From<Session> for SessionPreview {
             closed_at: s.closed_at,
         }
     }
+}
+
+/// The longest Lark open id accepted as an approver.
+pub const MAX_OPEN_ID_BYTES: usize = 64;
+
+// Schemas the document gives to fields whose Rust type says less.
+
+/// A schema with one allowed value (`const`), so a typed client can narrow a
+/// union on it. utoipa has no attribute for `const`; JSON Schema 2020-12 (and
+/// so OpenAPI 3.1) does.
+pub(crate) fn constant(value: Value, schema_type: Type) -> Schema {
+    let keyword: Extensions = [("const", value)].into_iter().collect();
+    ObjectBuilder::new()
+        .schema_type(schema_type)
+        .extensions(Some(keyword))
+        .build()
+        .into()
+}
+
+/// For `#[schema(schema_with = …)]` on a field that is always `true`.
+pub(crate) fn always_true() -> Schema {
+    constant(json!(true), Type::Boolean)
+}
+
+/// For `#[schema(schema_with = …)]` on a field that is always `false`.
+pub(crate) fn always_false() -> Schema {
+    constant(json!(false), Type::Boolean)
+}
+
+/// A turn's response: the document's name for the JSON object a host
+/// completes a turn with (the code keeps it as a JSON map, exactly as given).
+pub struct TurnResponse;
+
+impl PartialSchema for TurnResponse {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .description(Some(
+                "The host's response: a JSON object with at least a string `message` that is not blank (not empty, not only whitespace: 400 `invalid_request`); \
+                 other fields are kept and read back exactly as given.",
+            ))
+            .property(
+                "message",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .min_length(Some(1))
+                    .pattern(Some(r"\S"))
+                    .description(Some("The answer for the people in the chat: not blank.")),
+            )
+            .required("message")
+            .additional_properties(Some(AdditionalProperties::FreeForm(true)))
+            .examples([
+                json!({"message": "The test fails because the fixture is stale.", "tokens": 812}),
+            ])
+            .into()
+    }
+}
+
+impl ToSchema for TurnResponse {}
+
+/// A Lark open id, as a chat link's approver (checked by
+/// [`crate::permission::approvers`]).
+pub struct LarkOpenId;
+
+impl PartialSchema for LarkOpenId {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(4))
+            .max_length(Some(MAX_OPEN_ID_BYTES))
+            .pattern(Some(r"^ou_[0-9A-Za-z_-]+$"))
+            .description(Some(
+                "A Lark user's open id (`ou_…`), as in an event's `sender.sender_id.open_id`.",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for LarkOpenId {}
+
+/// One Server-Sent Event of a stream, as the document describes it: its
+/// `event:` name (a constant), its `id:` when it has one, and its `data:`
+/// line, JSON of the named schema (`contentMediaType` + `contentSchema`).
+pub(crate) fn sse_event<Data: ToSchema>(name: &str, with_id: bool, description: &str) -> Schema {
+    let content_schema: Extensions = [(
+        "contentSchema",
+        json!({"$ref": format!("#/components/schemas/{}", Data::name())}),
+    )]
+    .into_iter()
+    .collect();
+    let mut event = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .title(Some(format!("event: {name}")))
+        .description(Some(description))
+        .property("event", crate::model::constant(json!(name), Type::String))
+        .required("event")
+        .property(
+            "data",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .content_media_type("application/json")
+                .extensions(Some(content_schema)),
+        )
+        .required("data");
+    if with_id {
+        event = event
+            .property(
+                "id",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .pattern(Some("^[0-9]+$"))
+                    .description(Some("The per-session event number: 1, 2, 3, …")),
+            )
+            .required("id");
+    }
+    event.build().into()
+}
+
+/// Lists `T` and what it refers to among the document's schemas, as a
+/// derived `ToSchema` does for its fields.
+pub(crate) fn register<T: ToSchema>(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+    schemas.push((T::name().into(), T::schema()));
+    T::schemas(schemas);
+}
+
+/// A stream of events, described by the schema of one event: under OpenAPI
+/// 3.1 a `text/event-stream` schema describes each event of the stream (what
+/// 3.2 names `itemSchema`), and tools such as schemathesis check each event
+/// against it.
+pub(crate) fn sse_stream(description: &str, events: Vec<Schema>) -> RefOr<Schema> {
+    events
+        .into_iter()
+        .fold(
+            OneOfBuilder::new().description(Some(description)),
+            |one_of, event| one_of.item(event),
+        )
+        .into()
 }
 
 #[cfg(test)]

@@ -7,7 +7,9 @@
 //! waiting.
 
 use crate::error::{Error, Result};
-use crate::model::{AnsweredVia, Behavior, PermissionRequest, PermissionState};
+use crate::model::{
+    AnsweredVia, Behavior, LarkLink, MAX_OPEN_ID_BYTES, PermissionRequest, PermissionState,
+};
 use crate::time::rfc3339;
 
 /// A stored permission request, with its content.
@@ -57,8 +59,6 @@ pub fn is_settled(row: &PermissionRow) -> bool {
 
 /// The most approvers one chat link holds.
 pub const MAX_APPROVERS: usize = 50;
-/// The longest Lark open id accepted as an approver.
-pub const MAX_OPEN_ID_BYTES: usize = 64;
 
 /// A chat link's approver list, checked: at most [`MAX_APPROVERS`] Lark open
 /// ids (`ou_` and ASCII letters, digits, `_` or `-`, at most
@@ -153,6 +153,20 @@ fn cut(text: &str, chars: usize) -> String {
     match text.char_indices().nth(chars) {
         Some((end, _)) => format!("{}…", &text[..end]),
         None => text.to_owned(),
+    }
+}
+
+impl LarkLink {
+    /// The link as stored: its chat and its approvers' stored form.
+    pub fn stored(session_id: &str, link: Option<(String, String)>) -> Self {
+        match link {
+            Some((chat_id, approvers)) => Self {
+                session_id: session_id.to_owned(),
+                chat_id: Some(chat_id),
+                approvers: approvers_from_stored(&approvers),
+            },
+            None => Self::none(session_id.to_owned()),
+        }
     }
 }
 

@@ -229,6 +229,7 @@ impl App {
             keep_alive: config.keep_alive,
             lark: config.lark.map(Arc::new),
             lark_connector,
+            openapi: crate::openapi::document_json,
         };
         Self {
             state,

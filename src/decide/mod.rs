@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::HostIdentity;
-use crate::model::SessionState;
+use crate::model::{CancelReason, PermissionState, SessionState, TurnState};
 use crate::permission::PermissionRow;
 pub use rows::{EventRow, SessionRow, TurnRow};
 
@@ -116,15 +116,38 @@ pub struct SeenLarkEvent {
     pub at: i64,
 }
 
-/// What a decision writes, applied by the store in this order (Lark event
-/// guard, link, permission request, its chat message; then turn, claim,
-/// session, event, reply), in the decision's transaction.
+/// A close's sweep of its session: every queued turn becomes `cancelled`
+/// (with `cancel_reason`), one `turn` event each, numbered from
+/// `cancelled_from` in seq order; every pending permission request becomes
+/// `expired`, answered at `at`, one `permission` event each, numbered from
+/// `expired_from` in creation order. The decision counted both on the locked
+/// session and numbered their events; the store writes each in one set-based
+/// statement.
+#[derive(Debug, Clone)]
+pub struct Sweep {
+    pub session_id: String,
+    pub cancelled: TurnState,
+    pub cancel_reason: CancelReason,
+    pub cancelled_from: i64,
+    pub expired: PermissionState,
+    pub expired_from: i64,
+    pub at: i64,
+}
+
+/// What a decision writes, applied by the store in this order (a step taken
+/// first, then the Lark event guard, link, permission request, its chat
+/// message, a close's sweep; then turn, claim, session, event, reply), in the
+/// decision's transaction.
 #[derive(Debug, Default)]
 pub struct Writes {
+    /// The writes of a step the decision takes first (a close's release of
+    /// the active claim, whose turn the sweep then cancels with the rest).
+    pub before: Option<Box<Writes>>,
     pub lark_event: Option<SeenLarkEvent>,
     pub link: Option<LinkChange>,
     pub permission: Option<Change<PermissionRow>>,
     pub permission_message: Option<NewPermissionMessage>,
+    pub sweep: Option<Sweep>,
     pub turn: Option<Change<TurnRow>>,
     pub claim: Option<Change<ClaimRow>>,
     /// The session after the decision: its counters (`next_seq`,

@@ -2,13 +2,13 @@
 //! tuple, same executor answered again) and close (refused while a claim is
 //! active; what it cancels and expires).
 
-use super::{ClaimRow, NewEvent, Subject, Writes, existing, log, no_active_claim};
+use super::{
+    ClaimRow, Decided, LinkChange, Subject, Sweep, Writes, existing, log, no_active_claim,
+};
 use super::{SessionRow, TurnRow};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
-use crate::model::{
-    AgentState, BindRequest, CancelReason, PermissionState, SessionState, TurnState,
-};
+use crate::model::{AgentState, BindRequest, CancelReason, SessionState, TurnState};
 
 /// What a bind did.
 #[derive(Debug)]
@@ -97,52 +97,22 @@ pub struct CloseRows {
     pub pending: i64,
 }
 
-/// What a close does.
-#[derive(Debug)]
-pub enum Close {
-    /// Closed already: answered again, nothing written.
-    Replayed(Closed),
-    Close(Closing),
-}
-
-/// The writes of a close: first, when the close releases the active claim,
-/// that release (`released`: its turn back in the queue, the claim spent, its
-/// `released` event); then every queued turn becomes `cancelled` with
-/// `cancel_reason`, one event each, numbered from
-/// `cancelled_from` in seq order; every pending permission request becomes
-/// `expired`, one `permission` event each, numbered from `expired_from` in
-/// creation order; then the session's own `closed` event. Its Lark link goes.
-#[derive(Debug)]
-pub struct Closing {
-    /// The release of the active claim, applied before the rest.
-    pub released: Option<Box<Writes>>,
-    /// The session after the close (closed, nothing queued, its event
-    /// counter past the close's events).
-    pub session: SessionRow,
-    pub cancelled: TurnState,
-    pub cancel_reason: CancelReason,
-    pub expired: PermissionState,
-    pub cancelled_from: i64,
-    pub expired_from: i64,
-    pub event: NewEvent,
-}
-
 /// A close, in this order: unknown session 404; closed already answers
 /// again; an active claim 409 `claim_active`, unless the owner asked to
 /// release it (`release_active_claim`): then its turn goes back to the queue
 /// (its attempt counted, a late completion fenced) and is cancelled with the
 /// others, in one step.
-pub fn close(rows: CloseRows, release_active_claim: bool, now: i64) -> Result<Close> {
+pub fn close(rows: CloseRows, release_active_claim: bool, now: i64) -> Result<Decided<Closed>> {
     let mut session = existing(rows.session)?;
     if session.state == SessionState::Closed {
-        return Ok(Close::Replayed(Closed {
+        return Ok(Decided::nothing(Closed {
             session,
             cancelled: 0,
             expired: 0,
         }));
     }
     let mut queued = rows.queued;
-    let released = match (release_active_claim, &session.active_claim_id) {
+    let before = match (release_active_claim, &session.active_claim_id) {
         (true, Some(_)) => {
             let (Some(claim), Some(turn)) = (rows.active, rows.active_turn) else {
                 return Err(Error::store(
@@ -163,23 +133,38 @@ pub fn close(rows: CloseRows, release_active_claim: bool, now: i64) -> Result<Cl
             None
         }
     };
-    let cancelled_from = session.next_event_no;
-    let expired_from = cancelled_from + queued;
-    session.next_event_no = expired_from + rows.pending;
+    let sweep = Sweep {
+        session_id: session.session_id.clone(),
+        cancelled: TurnState::Cancelled,
+        cancel_reason: CancelReason::SessionClosed,
+        cancelled_from: session.next_event_no,
+        expired: super::permission::EXPIRED_ON_CLOSE,
+        expired_from: session.next_event_no + queued,
+        at: now,
+    };
+    session.next_event_no = sweep.expired_from + rows.pending;
     session.state = SessionState::Closed;
     session.closed_at = Some(now);
     session.queued_count = 0;
     let event = log(&mut session, Subject::Session, "closed", now);
-    Ok(Close::Close(Closing {
-        released,
-        session,
-        cancelled: TurnState::Cancelled,
-        cancel_reason: CancelReason::SessionClosed,
-        expired: super::permission::EXPIRED_ON_CLOSE,
-        cancelled_from,
-        expired_from,
-        event,
-    }))
+    Ok(Decided {
+        answer: Closed {
+            session: session.clone(),
+            cancelled: queued as u64,
+            expired: rows.pending as u64,
+        },
+        writes: Writes {
+            before,
+            link: Some(LinkChange {
+                session_id: session.session_id.clone(),
+                link: None,
+            }),
+            sweep: Some(sweep),
+            session: Some(session),
+            event: Some(event),
+            ..Writes::default()
+        },
+    })
 }
 
 #[cfg(test)]
@@ -187,6 +172,7 @@ mod tests {
     use super::*;
     use crate::decide::tests::session;
     use crate::decide::{Change, ClaimState};
+    use crate::model::PermissionState;
 
     fn request(executor: &str) -> BindRequest {
         BindRequest {
@@ -234,7 +220,8 @@ mod tests {
             session: Some(session(SessionState::Closed)),
             ..CloseRows::default()
         };
-        assert!(matches!(close(closed, false, 5), Ok(Close::Replayed(_))));
+        let replayed = close(closed, false, 5).expect("a replay");
+        assert!(replayed.writes.session.is_none() && replayed.writes.sweep.is_none());
         let held = ClaimRow {
             claim_id: "c1".into(),
             session_id: "ses_1".into(),
@@ -278,10 +265,11 @@ mod tests {
         let refused = close(busy.clone(), false, 5);
         assert_eq!(refused.expect_err("a refusal").code, ErrorCode::ClaimActive);
         // The owner's close with release_active_claim: released, then cancelled with the rest.
-        let Ok(Close::Close(closing)) = close(busy, true, 5) else {
+        let Ok(closing) = close(busy, true, 5) else {
             panic!("a close that releases the active claim closes")
         };
-        let released = closing.released.expect("the release's writes");
+        let closing = closing.writes;
+        let released = closing.before.expect("the release's writes");
         assert!(
             matches!(released.turn, Some(Change::Update(ref t)) if t.state == TurnState::Queued)
         );
@@ -290,26 +278,35 @@ mod tests {
         );
         let before = session(SessionState::Open);
         assert_eq!(released.event.unwrap().event_no, before.next_event_no);
-        assert_eq!(closing.cancelled_from, before.next_event_no + 1);
-        assert_eq!(closing.session.active_claim_id, None);
+        assert_eq!(
+            closing.sweep.unwrap().cancelled_from,
+            before.next_event_no + 1
+        );
+        assert_eq!(closing.session.unwrap().active_claim_id, None);
         let open = CloseRows {
             session: Some(session(SessionState::Open)),
             queued: 3,
             pending: 2,
             ..CloseRows::default()
         };
-        let Ok(Close::Close(closing)) = close(open, false, 5) else {
+        let Ok(closing) = close(open, false, 5) else {
             panic!("an open session without a claim closes")
         };
+        assert_eq!((closing.answer.cancelled, closing.answer.expired), (3, 2));
+        let closing = closing.writes;
         let before = session(SessionState::Open);
-        assert_eq!(closing.cancel_reason, CancelReason::SessionClosed);
-        assert_eq!(closing.expired, PermissionState::Expired);
+        let sweep = closing.sweep.expect("a sweep");
+        assert_eq!(sweep.cancel_reason, CancelReason::SessionClosed);
+        assert_eq!(sweep.expired, PermissionState::Expired);
         // Cancelled turns, then expired requests, then the close itself.
-        assert_eq!(closing.cancelled_from, before.next_event_no);
-        assert_eq!(closing.expired_from, before.next_event_no + 3);
-        assert_eq!(closing.event.event_no, before.next_event_no + 5);
-        assert_eq!(closing.event.state, "closed");
-        let after = &closing.session;
+        assert_eq!(sweep.cancelled_from, before.next_event_no);
+        assert_eq!(sweep.expired_from, before.next_event_no + 3);
+        let event = closing.event.expect("the closed event");
+        assert_eq!(event.event_no, before.next_event_no + 5);
+        assert_eq!(event.state, "closed");
+        // Its Lark link goes.
+        assert!(matches!(closing.link, Some(LinkChange { link: None, .. })));
+        let after = closing.session.as_ref().expect("the session");
         assert_eq!(after.next_event_no, before.next_event_no + 6);
         assert_eq!(
             (after.state, after.closed_at, after.queued_count),

@@ -15,7 +15,12 @@ use super::{AppJson, AppPath, AppState, replayed_header};
 use crate::broker::Answer;
 use crate::error::{Error, ErrorBody, Result};
 use crate::metrics::Open;
-use crate::model::{ClaimAnswer, ClaimRequest, ReleaseRequest, Released};
+use crate::model::{
+    ClaimAnswer, ClaimRequest, ReleaseRequest, Released, register, sse_event, sse_stream,
+};
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::Schema;
+use utoipa::{PartialSchema, ToSchema};
 
 pub fn router() -> axum::Router<AppState> {
     axum::Router::new()
@@ -57,7 +62,7 @@ pub fn router() -> axum::Router<AppState> {
     request_body = ClaimRequest,
     responses(
         (status = 200, description = "The claimed turn, or `claimed: false` after a wait.",
-            content((ClaimAnswer = "application/json"), (crate::openapi::ClaimEventStream = "text/event-stream"))),
+            content((ClaimAnswer = "application/json"), (ClaimEventStream = "text/event-stream"))),
         (status = 400, description = "`invalid_request`.", body = ErrorBody),
         (status = 401, description = "`unauthorized`.", body = ErrorBody),
         (status = 403, description = "`host_mismatch`.", body = ErrorBody),
@@ -171,4 +176,35 @@ pub async fn release(
     Ok(Json(
         state.broker.release(&session_id, &claim_id, by).await?,
     ))
+}
+
+/// The `text/event-stream` answer of a claim.
+pub struct ClaimEventStream;
+
+impl PartialSchema for ClaimEventStream {
+    fn schema() -> RefOr<Schema> {
+        sse_stream(
+            "A claim answered as Server-Sent Events: a comment line every 15 s while the \
+             claim is parked, then exactly one event, then the stream ends.",
+            vec![
+                sse_event::<ClaimAnswer>(
+                    "claim",
+                    false,
+                    "The claim's answer, as the JSON mode answers it.",
+                ),
+                sse_event::<ErrorBody>(
+                    "error",
+                    false,
+                    "The session closed while the claim was parked.",
+                ),
+            ],
+        )
+    }
+}
+
+impl ToSchema for ClaimEventStream {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        register::<ClaimAnswer>(schemas);
+        register::<ErrorBody>(schemas);
+    }
 }

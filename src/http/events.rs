@@ -12,6 +12,13 @@ use futures_util::StreamExt;
 
 use super::{AppPath, AppState};
 use crate::error::{Error, ErrorBody, Result};
+use crate::model::{
+    AgentEventData, NotificationEventData, PermissionEventData, SessionEventData, TurnEventData,
+    register, sse_event, sse_stream,
+};
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::Schema;
+use utoipa::{PartialSchema, ToSchema};
 
 pub fn router() -> axum::Router<AppState> {
     axum::Router::new().route("/v1/sessions/{session_id}/events", get(events))
@@ -42,7 +49,7 @@ pub fn router() -> axum::Router<AppState> {
         ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this event number (0: from the first event)."),
     ),
     responses(
-        (status = 200, description = "The event stream.", content_type = "text/event-stream", body = crate::openapi::SessionEventStream),
+        (status = 200, description = "The event stream.", content_type = "text/event-stream", body = SessionEventStream),
         (status = 400, description = "`invalid_request` (a Last-Event-ID that is not a number).", body = ErrorBody),
         (status = 401, description = "`unauthorized`.", body = ErrorBody),
         (status = 404, description = "`not_found`.", body = ErrorBody),
@@ -85,4 +92,53 @@ pub async fn events(
         Sse::new(stream).keep_alive(KeepAlive::new().interval(state.keep_alive)),
     )
         .into_response())
+}
+
+/// The `text/event-stream` answer of a session's event stream.
+pub struct SessionEventStream;
+
+impl PartialSchema for SessionEventStream {
+    fn schema() -> RefOr<Schema> {
+        sse_stream(
+            "The session's event log as Server-Sent Events, in order; a comment line every \
+             15 s keeps proxies open.",
+            vec![
+                sse_event::<TurnEventData>(
+                    "turn",
+                    true,
+                    "A turn was queued, claimed, completed, released or cancelled.",
+                ),
+                sse_event::<PermissionEventData>(
+                    "permission",
+                    true,
+                    "A permission request was made, answered or expired.",
+                ),
+                sse_event::<AgentEventData>(
+                    "agent",
+                    true,
+                    "The session's agent presence changed (working, waiting, away).",
+                ),
+                sse_event::<NotificationEventData>(
+                    "notification",
+                    true,
+                    "The agent waits for someone at its terminal (its text is not stored).",
+                ),
+                sse_event::<SessionEventData>(
+                    "session",
+                    true,
+                    "The session closed; the stream then ends.",
+                ),
+            ],
+        )
+    }
+}
+
+impl ToSchema for SessionEventStream {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        register::<TurnEventData>(schemas);
+        register::<PermissionEventData>(schemas);
+        register::<AgentEventData>(schemas);
+        register::<NotificationEventData>(schemas);
+        register::<SessionEventData>(schemas);
+    }
 }

@@ -35,8 +35,7 @@ use crate::broker::Broker;
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::Health;
 
-/// The largest request body, in bytes.
-pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+pub use crate::broker::MAX_BODY_BYTES;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -49,6 +48,10 @@ pub struct AppState {
     pub lark: Option<Arc<crate::lark::LarkConfig>>,
     /// The long connection's state, when the connector uses it.
     pub lark_connector: Option<Arc<crate::lark::long_connection::ConnectorStatus>>,
+    /// This API's OpenAPI document (`/openapi.json`), given by whoever wires
+    /// the app: the document is generated from these routes, so they cannot
+    /// name its generator.
+    pub openapi: fn() -> String,
 }
 
 /// The owner token; never printed.
@@ -204,10 +207,10 @@ pub async fn healthz(State(state): State<AppState>) -> Result<Json<Health>> {
 /// This OpenAPI 3.1 document.
 #[utoipa::path(get, path = "/openapi.json", operation_id = "openapi", tag = "operations",
     responses((status = 200, description = "The OpenAPI document.", content_type = "application/json", body = Object)))]
-pub async fn openapi_json() -> Response {
+pub async fn openapi_json(State(state): State<AppState>) -> Response {
     (
         [(header::CONTENT_TYPE, "application/json")],
-        crate::openapi::document_json(),
+        (state.openapi)(),
     )
         .into_response()
 }

@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_util::sync::CancellationToken;
 
+pub use super::ClientConfig;
 use super::LarkConfig;
 use super::frame::{CONTROL, DATA, Frame};
 use super::inbound::{self, Envelope};
@@ -46,29 +47,10 @@ const PONG_INTERVALS: u32 = 3;
 const FRAGMENT_TTL: Duration = Duration::from_secs(10);
 /// The largest event (as the webhook's body limit) and the most fragment
 /// bytes held at once, over all sets.
-const MAX_EVENT_BYTES: usize = crate::http::MAX_BODY_BYTES;
+const MAX_EVENT_BYTES: usize = crate::broker::MAX_BODY_BYTES;
 const MAX_BUFFERED_BYTES: usize = 4 * MAX_EVENT_BYTES;
 /// The most fragments one event may come in.
 const MAX_FRAGMENTS: usize = 256;
-
-/// The connection's settings (LARK.md's defaults until Lark sends its own).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClientConfig {
-    pub ping_interval: Duration,
-    pub reconnect_interval: Duration,
-    /// The first reconnect waits a random delay up to this.
-    pub reconnect_nonce: Duration,
-}
-
-impl Default for ClientConfig {
-    fn default() -> Self {
-        Self {
-            ping_interval: Duration::from_secs(120),
-            reconnect_interval: Duration::from_secs(120),
-            reconnect_nonce: Duration::from_secs(30),
-        }
-    }
-}
 
 /// A ClientConfig as Lark sends it (seconds). `ReconnectCount` is not
 /// honoured: an owner-local broker reconnects for as long as it runs.

@@ -50,7 +50,7 @@ pub struct LarkConfig {
     pub freshness: Duration,
     /// The long connection's settings until Lark sends its own (LARK.md's
     /// defaults; shorter in tests).
-    pub long_connection: long_connection::ClientConfig,
+    pub long_connection: ClientConfig,
 }
 
 impl LarkConfig {
@@ -73,7 +73,7 @@ impl LarkConfig {
             retry_max: Duration::from_secs(300),
             max_attempts: 12,
             freshness: Duration::from_secs(300),
-            long_connection: long_connection::ClientConfig::default(),
+            long_connection: ClientConfig::default(),
         }
     }
 
@@ -100,5 +100,24 @@ impl std::fmt::Debug for LarkConfig {
             )
             .field("base_url", &self.base_url)
             .finish()
+    }
+}
+
+/// The long connection's settings (LARK.md's defaults until Lark sends its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientConfig {
+    pub ping_interval: Duration,
+    pub reconnect_interval: Duration,
+    /// The first reconnect waits a random delay up to this.
+    pub reconnect_nonce: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            ping_interval: Duration::from_secs(120),
+            reconnect_interval: Duration::from_secs(120),
+            reconnect_nonce: Duration::from_secs(30),
+        }
     }
 }

@@ -15,6 +15,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
 };
 
+mod apply;
 mod decisions;
 mod lark;
 mod permissions;

@@ -545,3 +545,16 @@ impl Host {
 pub fn completion_id(turn_id: &str) -> String {
     format!("mcp-reply-{turn_id}")
 }
+
+/// How the bridge retries the broker: from 250 ms up to 30 s, jittered, for ever.
+pub fn backoff() -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(std::time::Duration::from_millis(250))
+        .with_max_delay(std::time::Duration::from_secs(30))
+        .with_jitter()
+        .without_max_times()
+}
+
+pub fn log_problem(problem: &Problem, after: std::time::Duration) {
+    tracing::warn!("{problem}; retrying in {:.1} s", after.as_secs_f64());
+}

@@ -21,8 +21,7 @@ use rmcp::{Peer, RoleServer};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::host::{Host, Problem};
-use super::server::{backoff, log_problem};
+use super::host::{Host, Problem, backoff, log_problem};
 use crate::model::PermissionState;
 
 /// The capability that turns the relay on, and its two notifications.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
+use backon::{BackoffBuilder, Retryable};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomNotification,
     Implementation, InitializeRequestParams, InitializeResult, JsonObject, ListToolsResult,
@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::host::{Held, Host, Problem};
+use super::host::{Held, Host, Problem, backoff, log_problem};
 use super::permissions::{self, PermissionRequestParams, Relay};
 use crate::model::wire;
 
@@ -252,19 +252,6 @@ impl Server {
             }
         }
     }
-}
-
-/// How the bridge retries the broker: from 250 ms up to 30 s, jittered, for ever.
-pub fn backoff() -> ExponentialBuilder {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(250))
-        .with_max_delay(Duration::from_secs(30))
-        .with_jitter()
-        .without_max_times()
-}
-
-pub fn log_problem(problem: &Problem, after: Duration) {
-    tracing::warn!("{problem}; retrying in {:.1} s", after.as_secs_f64());
 }
 
 impl ServerHandler for Server {

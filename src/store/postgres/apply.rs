@@ -16,7 +16,7 @@ use sqlx::query::Query;
 
 use super::Step;
 use super::rows::text;
-use crate::decide::{Change, ClaimRow, Decided, NewEvent, NewReply, Writes};
+use crate::decide::{Change, ClaimRow, Decided, NewEvent, NewReply, Sweep, Writes};
 use crate::decide::{SessionRow, TurnRow};
 
 type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
@@ -172,8 +172,19 @@ fn bind_reply<'q>(query: PgQuery<'q>, r: &'q NewReply) -> PgQuery<'q> {
 /// turn, claim, session, event and reply in one statement (nothing to write:
 /// no statement).
 pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
-    super::lark::apply(conn, writes).await?;
-    super::permissions::apply(conn, writes).await?;
+    if let Some(before) = &writes.before {
+        apply_step(conn, before).await?;
+    }
+    apply_step(conn, writes).await
+}
+
+/// One step's writes (not the step taken before it).
+async fn apply_step(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
+    lark_writes(conn, writes).await?;
+    permission_writes(conn, writes).await?;
+    if let Some(sweep) = &writes.sweep {
+        sweep_session(conn, sweep).await?;
+    }
     let mut parts = Vec::new();
     if let Some(change) = &writes.turn {
         parts.push(match change {
@@ -220,10 +231,153 @@ pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> Step<()> 
     Ok(())
 }
 
+/// A close's sweep: the session's queued turns cancelled and its pending
+/// permission requests expired, each with its numbered event.
+async fn sweep_session(conn: &mut PgConnection, sweep: &Sweep) -> sqlx::Result<()> {
+    sqlx::query(
+        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
+         select session_id, $1 - 1 + row_number() over (order by seq), 'turn', turn_id, seq,
+                $2, $3
+         from turns where session_id = $4 and state = 'queued'",
+    )
+    .bind(sweep.cancelled_from)
+    .bind(text(&sweep.cancelled))
+    .bind(sweep.at)
+    .bind(&sweep.session_id)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "update turns set state = $1, cancel_reason = $2
+         where session_id = $3 and state = 'queued'",
+    )
+    .bind(text(&sweep.cancelled))
+    .bind(text(&sweep.cancel_reason))
+    .bind(&sweep.session_id)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "insert into session_events (session_id, event_no, kind, request_id, state, at)
+         select session_id, $1 - 1 + row_number() over (order by created_at, request_id),
+                'permission', request_id, $2, $3
+         from permission_requests where session_id = $4 and state = 'pending'",
+    )
+    .bind(sweep.expired_from)
+    .bind(sweep.expired.as_str())
+    .bind(sweep.at)
+    .bind(&sweep.session_id)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "update permission_requests set state = $1, answered_at = $2
+         where session_id = $3 and state = 'pending'",
+    )
+    .bind(sweep.expired.as_str())
+    .bind(sweep.at)
+    .bind(&sweep.session_id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 /// Applies a decision's writes and answers its answer.
 pub(super) async fn decided<T>(conn: &mut PgConnection, decided: Decided<T>) -> Step<T> {
     apply(conn, &decided.writes).await?;
     Ok(decided.answer)
+}
+
+/// Writes a decision's Lark event guard and link change, if any.
+async fn lark_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<()> {
+    if let Some(e) = &writes.lark_event {
+        sqlx::query(
+            "insert into lark_events (app_id, event_id, message_id, received_at)
+             values ($1, $2, $3, $4)",
+        )
+        .bind(&e.app_id)
+        .bind(&e.event_id)
+        .bind(&e.message_id)
+        .bind(e.at)
+        .execute(&mut *conn)
+        .await?;
+    }
+    let Some(change) = &writes.link else {
+        return Ok(());
+    };
+    sqlx::query("delete from lark_links where session_id = $1")
+        .bind(&change.session_id)
+        .execute(&mut *conn)
+        .await?;
+    if let Some(link) = &change.link {
+        // The same chat linked to another session at this very moment: this
+        // insert waits for that transaction, fails if it committed, and the
+        // decision taken again answers chat_linked.
+        sqlx::query(
+            "insert into lark_links (chat_id, session_id, linked_at, approvers)
+             values ($1, $2, $3, $4)",
+        )
+        .bind(&link.chat_id)
+        .bind(&change.session_id)
+        .bind(link.at)
+        .bind(&link.approvers)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Writes a decision's permission request and its chat message, if any,
+/// under the session's row lock.
+async fn permission_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<()> {
+    match &writes.permission {
+        Some(Change::Insert(row)) => {
+            sqlx::query(
+                "insert into permission_requests (session_id, request_id, tool_name, description,
+                     input_preview, state, created_at, answered_at, answered_via)
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            )
+            .bind(&row.session_id)
+            .bind(&row.request_id)
+            .bind(&row.tool_name)
+            .bind(row.description.as_bytes())
+            .bind(row.input_preview.as_bytes())
+            .bind(row.state.as_str())
+            .bind(row.created_at)
+            .bind(row.answered_at)
+            .bind(row.answered_via.as_ref().map(text))
+            .execute(&mut *conn)
+            .await?;
+        }
+        Some(Change::Update(row)) => {
+            sqlx::query(
+                "update permission_requests set state = $1, answered_at = $2, answered_via = $3,
+                     relayed_at = $6
+                 where session_id = $4 and request_id = $5",
+            )
+            .bind(row.state.as_str())
+            .bind(row.answered_at)
+            .bind(row.answered_via.as_ref().map(text))
+            .bind(&row.session_id)
+            .bind(&row.request_id)
+            .bind(row.relayed_at)
+            .execute(&mut *conn)
+            .await?;
+        }
+        None => {}
+    }
+    if let Some(m) = &writes.permission_message {
+        sqlx::query(
+            "insert into lark_permission_messages (session_id, request_id, chat_id, text, state,
+                 next_attempt_at, created_at, updated_at)
+             values ($1, $2, $3, $4, 'pending', $5, $5, $5)",
+        )
+        .bind(&m.session_id)
+        .bind(&m.request_id)
+        .bind(&m.chat_id)
+        .bind(m.text.as_bytes())
+        .bind(m.at)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

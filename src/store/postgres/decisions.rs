@@ -8,14 +8,14 @@
 use sqlx::postgres::PgConnection;
 
 use super::Step;
-use super::apply::{INSERT_EVENT, UPDATE_SESSION, bind_event, bind_session, decided};
+use super::apply::decided;
 use super::load::{claim_rows, close_rows, complete_rows, enqueue_rows, release_rows};
 use super::rows::{SESSION_COLUMNS, TURN_COLUMNS, session_row, text, turn_row};
+use crate::decide;
 use crate::decide::presence::Reported;
-use crate::decide::session::{BindRows, Close};
+use crate::decide::session::BindRows;
 use crate::decide::session::{Bound, Closed};
 use crate::decide::turn::{ClaimOutcome, Enqueue};
-use crate::decide::{self, NewEvent};
 use crate::decide::{SessionRow, TurnRow};
 use crate::ids::Minter;
 use crate::model::HostIdentity;
@@ -90,21 +90,6 @@ pub(super) async fn bind(
     Ok(bound)
 }
 
-/// Writes back what a decision changes in a (locked) session row.
-pub(super) async fn write_session(conn: &mut PgConnection, s: &SessionRow) -> sqlx::Result<()> {
-    bind_session(sqlx::query(UPDATE_SESSION), s)
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
-pub(super) async fn insert_event(conn: &mut PgConnection, e: &NewEvent) -> sqlx::Result<()> {
-    bind_event(sqlx::query(INSERT_EVENT), e)
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
 /// The session's turn enqueued with this `client_message_id`, if any.
 pub(super) async fn earlier_turn(
     conn: &mut PgConnection,
@@ -174,77 +159,11 @@ pub(super) async fn close(
     release_active_claim: bool,
 ) -> Step<Closed> {
     let rows = close_rows(conn, session_id).await?;
-    let closing = match decide::session::close(rows, release_active_claim, now_ms())? {
-        Close::Replayed(closed) => return Ok(closed),
-        Close::Close(closing) => closing,
-    };
-    // The released turn is queued again, so the cancellation below takes it.
-    if let Some(released) = closing.released {
-        decided(
-            conn,
-            decide::Decided {
-                answer: (),
-                writes: *released,
-            },
-        )
-        .await?;
-    }
-    let at = closing.event.at;
-    let cancelled = sqlx::query(
-        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
-         select session_id, $1 - 1 + row_number() over (order by seq), 'turn', turn_id, seq,
-                $2, $3
-         from turns where session_id = $4 and state = 'queued'",
+    decided(
+        conn,
+        decide::session::close(rows, release_active_claim, now_ms())?,
     )
-    .bind(closing.cancelled_from)
-    .bind(text(&closing.cancelled))
-    .bind(at)
-    .bind(session_id)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    sqlx::query(
-        "update turns set state = $1, cancel_reason = $2
-         where session_id = $3 and state = 'queued'",
-    )
-    .bind(text(&closing.cancelled))
-    .bind(text(&closing.cancel_reason))
-    .bind(session_id)
-    .execute(&mut *conn)
-    .await?;
-    let expired = sqlx::query(
-        "insert into session_events (session_id, event_no, kind, request_id, state, at)
-         select session_id, $1 - 1 + row_number() over (order by created_at, request_id),
-                'permission', request_id, $2, $3
-         from permission_requests where session_id = $4 and state = 'pending'",
-    )
-    .bind(closing.expired_from)
-    .bind(closing.expired.as_str())
-    .bind(at)
-    .bind(session_id)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    sqlx::query(
-        "update permission_requests set state = $1, answered_at = $2
-         where session_id = $3 and state = 'pending'",
-    )
-    .bind(closing.expired.as_str())
-    .bind(at)
-    .bind(session_id)
-    .execute(&mut *conn)
-    .await?;
-    write_session(conn, &closing.session).await?;
-    insert_event(conn, &closing.event).await?;
-    sqlx::query("delete from lark_links where session_id = $1")
-        .bind(session_id)
-        .execute(&mut *conn)
-        .await?;
-    Ok(Closed {
-        session: closing.session,
-        cancelled,
-        expired,
-    })
+    .await
 }
 
 /// A silent agent announced away, under the session's row lock.

@@ -10,7 +10,6 @@ use super::decisions::earlier_turn;
 use super::permissions::load_permission;
 use super::{Step, lock_session};
 use crate::decide::SessionRow;
-use crate::decide::Writes;
 use crate::decide::lark::{self, EventRows};
 use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::ids::Minter;
@@ -118,43 +117,4 @@ pub(super) async fn event(
 ) -> Step<LarkIngest> {
     let rows = event_rows(conn, event).await?;
     decided(conn, lark::event(rows, event.clone(), minter, now_ms())?).await
-}
-
-/// Writes a decision's Lark event guard and link change, if any.
-pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<()> {
-    if let Some(e) = &writes.lark_event {
-        sqlx::query(
-            "insert into lark_events (app_id, event_id, message_id, received_at)
-             values ($1, $2, $3, $4)",
-        )
-        .bind(&e.app_id)
-        .bind(&e.event_id)
-        .bind(&e.message_id)
-        .bind(e.at)
-        .execute(&mut *conn)
-        .await?;
-    }
-    let Some(change) = &writes.link else {
-        return Ok(());
-    };
-    sqlx::query("delete from lark_links where session_id = $1")
-        .bind(&change.session_id)
-        .execute(&mut *conn)
-        .await?;
-    if let Some(link) = &change.link {
-        // The same chat linked to another session at this very moment: this
-        // insert waits for that transaction, fails if it committed, and the
-        // decision taken again answers chat_linked.
-        sqlx::query(
-            "insert into lark_links (chat_id, session_id, linked_at, approvers)
-             values ($1, $2, $3, $4)",
-        )
-        .bind(&link.chat_id)
-        .bind(&change.session_id)
-        .bind(link.at)
-        .bind(&link.approvers)
-        .execute(&mut *conn)
-        .await?;
-    }
-    Ok(())
 }

@@ -9,11 +9,11 @@ use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgRow};
 
 use super::apply::decided;
-use super::rows::{enumeration, optional_enumeration, text, unstorable, utf8};
+use super::rows::{enumeration, optional_enumeration, unstorable, utf8};
 use super::{Step, lock_session};
+use crate::decide::Decided;
 use crate::decide::permission::Decision;
 use crate::decide::permission::{self, AnswerRows, CreateRows};
-use crate::decide::{Change, Decided, Writes};
 use crate::model::HostIdentity;
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest};
 use crate::permission::PermissionRow;
@@ -135,60 +135,4 @@ async fn on_request(
         existing: load_permission(&mut *conn, session_id, request_id).await?,
     };
     decided(conn, decide(rows, now_ms())?).await
-}
-
-/// Writes a decision's permission request and its chat message, if any,
-/// under the session's row lock.
-pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<()> {
-    match &writes.permission {
-        Some(Change::Insert(row)) => {
-            sqlx::query(
-                "insert into permission_requests (session_id, request_id, tool_name, description,
-                     input_preview, state, created_at, answered_at, answered_via)
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            )
-            .bind(&row.session_id)
-            .bind(&row.request_id)
-            .bind(&row.tool_name)
-            .bind(row.description.as_bytes())
-            .bind(row.input_preview.as_bytes())
-            .bind(row.state.as_str())
-            .bind(row.created_at)
-            .bind(row.answered_at)
-            .bind(row.answered_via.as_ref().map(text))
-            .execute(&mut *conn)
-            .await?;
-        }
-        Some(Change::Update(row)) => {
-            sqlx::query(
-                "update permission_requests set state = $1, answered_at = $2, answered_via = $3,
-                     relayed_at = $6
-                 where session_id = $4 and request_id = $5",
-            )
-            .bind(row.state.as_str())
-            .bind(row.answered_at)
-            .bind(row.answered_via.as_ref().map(text))
-            .bind(&row.session_id)
-            .bind(&row.request_id)
-            .bind(row.relayed_at)
-            .execute(&mut *conn)
-            .await?;
-        }
-        None => {}
-    }
-    if let Some(m) = &writes.permission_message {
-        sqlx::query(
-            "insert into lark_permission_messages (session_id, request_id, chat_id, text, state,
-                 next_attempt_at, created_at, updated_at)
-             values ($1, $2, $3, $4, 'pending', $5, $5, $5)",
-        )
-        .bind(&m.session_id)
-        .bind(&m.request_id)
-        .bind(&m.chat_id)
-        .bind(m.text.as_bytes())
-        .bind(m.at)
-        .execute(&mut *conn)
-        .await?;
-    }
-    Ok(())
 }

@@ -5,9 +5,9 @@
 
 use rusqlite::Connection;
 
-use super::decisions::{decided, earlier_turn};
+use super::apply::decided;
+use super::decisions::earlier_turn;
 use super::{load_permission, load_session, sql};
-use crate::decide::Writes;
 use crate::decide::lark::{self, EventRows};
 use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::error::Result;
@@ -74,37 +74,4 @@ fn event_rows(conn: &Connection, event: &LarkEvent) -> Result<EventRows> {
 pub(super) fn event(conn: &Connection, event: LarkEvent, minter: &Minter) -> Result<LarkIngest> {
     let rows = event_rows(conn, &event)?;
     decided(conn, lark::event(rows, event, minter, now_ms())?)
-}
-
-/// Writes a decision's Lark event guard and link change, if any.
-pub(super) fn apply(conn: &Connection, writes: &Writes) -> Result<()> {
-    if let Some(e) = &writes.lark_event {
-        sql::query(
-            "insert into lark_events (app_id, event_id, message_id, received_at)
-             values (?, ?, ?, ?)",
-        )
-        .bind(&e.app_id)
-        .bind(&e.event_id)
-        .bind(&e.message_id)
-        .bind(e.at)
-        .execute(conn)?;
-    }
-    let Some(change) = &writes.link else {
-        return Ok(());
-    };
-    sql::query("delete from lark_links where session_id = ?")
-        .bind(&change.session_id)
-        .execute(conn)?;
-    if let Some(link) = &change.link {
-        sql::query(
-            "insert into lark_links (chat_id, session_id, linked_at, approvers)
-             values (?, ?, ?, ?)",
-        )
-        .bind(&link.chat_id)
-        .bind(&change.session_id)
-        .bind(link.at)
-        .bind(&link.approvers)
-        .execute(conn)?;
-    }
-    Ok(())
 }

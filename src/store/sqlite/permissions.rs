@@ -5,11 +5,11 @@
 
 use rusqlite::Connection;
 
-use super::decisions::decided;
+use super::apply::decided;
 use super::{load_permission, load_session, sql};
+use crate::decide::Decided;
 use crate::decide::permission::Decision;
 use crate::decide::permission::{self, AnswerRows, CreateRows};
-use crate::decide::{Change, Decided, Writes};
 use crate::error::Result;
 use crate::model::HostIdentity;
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest};
@@ -78,58 +78,4 @@ fn on_request(
         existing: load_permission(conn, session_id, request_id)?,
     };
     decided(conn, decide(rows, now_ms())?)
-}
-
-/// Writes a decision's permission request and its chat message, if any.
-pub(super) fn apply(conn: &Connection, writes: &Writes) -> Result<()> {
-    match &writes.permission {
-        Some(Change::Insert(row)) => {
-            sql::query(
-                "insert into permission_requests (session_id, request_id, tool_name, description,
-                     input_preview, state, created_at, answered_at, answered_via)
-                 values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            )
-            .bind(&row.session_id)
-            .bind(&row.request_id)
-            .bind(&row.tool_name)
-            .bind(&row.description)
-            .bind(&row.input_preview)
-            .bind(row.state)
-            .bind(row.created_at)
-            .bind(row.answered_at)
-            .bind(row.answered_via)
-            .execute(conn)?;
-        }
-        Some(Change::Update(row)) => {
-            sql::query(
-                "update permission_requests set state = ?, answered_at = ?, answered_via = ?,
-                     relayed_at = ?
-                 where session_id = ? and request_id = ?",
-            )
-            .bind(row.state)
-            .bind(row.answered_at)
-            .bind(row.answered_via)
-            .bind(row.relayed_at)
-            .bind(&row.session_id)
-            .bind(&row.request_id)
-            .execute(conn)?;
-        }
-        None => {}
-    }
-    if let Some(m) = &writes.permission_message {
-        sql::query(
-            "insert into lark_permission_messages (session_id, request_id, chat_id, text, state,
-                 next_attempt_at, created_at, updated_at)
-             values (?, ?, ?, ?, 'pending', ?, ?, ?)",
-        )
-        .bind(&m.session_id)
-        .bind(&m.request_id)
-        .bind(&m.chat_id)
-        .bind(&m.text)
-        .bind(m.at)
-        .bind(m.at)
-        .bind(m.at)
-        .execute(conn)?;
-    }
-    Ok(())
 }

@@ -1,0 +1,325 @@
+//! Writing what a decision returns: each [`Writes`] applied in its order,
+//! in the decision's transaction on the writer's connection. Every table a
+//! decision changes is written here and nowhere else.
+
+use rusqlite::Connection;
+
+use super::sql;
+use crate::decide::{
+    Change, ClaimRow, Decided, NewEvent, NewReply, SessionRow, Sweep, TurnRow, Writes,
+};
+use crate::error::Result;
+use crate::model::SessionState;
+
+/// Applies a decision's writes and answers its answer.
+pub(super) fn decided<T>(conn: &Connection, decided: Decided<T>) -> Result<T> {
+    apply(conn, decided.writes)?;
+    Ok(decided.answer)
+}
+
+/// Applies a decision's writes, in their order.
+fn apply(conn: &Connection, mut writes: Writes) -> Result<()> {
+    if let Some(before) = writes.before.take() {
+        apply(conn, *before)?;
+    }
+    lark_writes(conn, &writes)?;
+    permission_writes(conn, &writes)?;
+    if let Some(sweep) = &writes.sweep {
+        sweep_session(conn, sweep)?;
+    }
+    if let Some(turn) = writes.turn {
+        write_turn(conn, turn)?;
+    }
+    if let Some(claim) = writes.claim {
+        write_claim(conn, claim)?;
+    }
+    if let Some(s) = writes.session {
+        write_session(conn, &s)?;
+    }
+    if let Some(e) = writes.event {
+        insert_event(conn, &e)?;
+    }
+    if let Some(reply) = writes.reply {
+        insert_reply(conn, &reply)?;
+    }
+    Ok(())
+}
+
+/// Writes back what a decision changes in a (locked) session row. A session
+/// that is still open has only its counters and active claim changed (open
+/// is never entered again once left), so that statement leaves `state` and
+/// `closed_at` alone: assigning them, even unchanged, makes SQLite rewrite
+/// the entries of every index whose columns or condition name them
+/// (`sessions_open_tuple`, `sessions_closed`) on every write of a turn.
+fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
+    let open = s.state == SessionState::Open;
+    let mut update = sql::query(if open {
+        "update sessions set next_seq = ?1, next_event_no = ?2, queued_count = ?3,
+             active_claim_id = ?4, agent_state = ?6, agent_since = ?7, agent_heard_at = ?8,
+             holder_heard_at = ?9
+         where session_id = ?5"
+    } else {
+        "update sessions set next_seq = ?1, next_event_no = ?2, queued_count = ?3,
+             active_claim_id = ?4, agent_state = ?6, agent_since = ?7, agent_heard_at = ?8,
+             holder_heard_at = ?9, state = ?10, closed_at = ?11
+         where session_id = ?5"
+    })
+    .bind(s.next_seq)
+    .bind(s.next_event_no)
+    .bind(s.queued_count)
+    .bind(&s.active_claim_id)
+    .bind(&s.session_id)
+    .bind(s.agent_state)
+    .bind(s.agent_since)
+    .bind(s.agent_heard_at)
+    .bind(s.holder_heard_at);
+    if !open {
+        update = update.bind(s.state).bind(s.closed_at);
+    }
+    update.execute(conn)?;
+    Ok(())
+}
+
+fn insert_event(conn: &Connection, e: &NewEvent) -> Result<()> {
+    sql::query(
+        "insert into session_events
+             (session_id, event_no, kind, turn_id, seq, request_id, state, at)
+         values (?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&e.session_id)
+    .bind(e.event_no)
+    .bind(e.kind)
+    .bind(&e.turn_id)
+    .bind(e.seq)
+    .bind(&e.request_id)
+    .bind(e.state)
+    .bind(e.at)
+    .execute(conn)?;
+    Ok(())
+}
+
+/// A close's sweep: the session's queued turns cancelled and its pending
+/// permission requests expired, each with its numbered event.
+fn sweep_session(conn: &Connection, sweep: &Sweep) -> Result<()> {
+    sql::query(
+        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
+         select session_id, ?1 - 1 + row_number() over (order by seq), 'turn', turn_id, seq,
+                ?2, ?3
+         from turns where session_id = ?4 and state = 'queued'",
+    )
+    .bind(sweep.cancelled_from)
+    .bind(sweep.cancelled)
+    .bind(sweep.at)
+    .bind(&sweep.session_id)
+    .execute(conn)?;
+    sql::query(
+        "update turns set state = ?, cancel_reason = ? where session_id = ? and state = 'queued'",
+    )
+    .bind(sweep.cancelled)
+    .bind(sweep.cancel_reason)
+    .bind(&sweep.session_id)
+    .execute(conn)?;
+    sql::query(
+        "insert into session_events (session_id, event_no, kind, request_id, state, at)
+         select session_id, ?1 - 1 + row_number() over (order by created_at, request_id),
+                'permission', request_id, ?2, ?3
+         from permission_requests where session_id = ?4 and state = 'pending'",
+    )
+    .bind(sweep.expired_from)
+    .bind(sweep.expired)
+    .bind(sweep.at)
+    .bind(&sweep.session_id)
+    .execute(conn)?;
+    sql::query(
+        "update permission_requests set state = ?, answered_at = ?
+         where session_id = ? and state = 'pending'",
+    )
+    .bind(sweep.expired)
+    .bind(sweep.at)
+    .bind(&sweep.session_id)
+    .execute(conn)?;
+    Ok(())
+}
+
+fn write_turn(conn: &Connection, change: Change<TurnRow>) -> Result<()> {
+    match change {
+        Change::Insert(t) => {
+            sql::query(
+                "insert into turns (turn_id, session_id, seq, origin, text, client_message_id,
+                     lark_chat_id, lark_message_id, state, enqueued_at)
+                 values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            )
+            .bind(&t.turn_id)
+            .bind(&t.session_id)
+            .bind(t.seq)
+            .bind(t.origin)
+            .bind(&t.text)
+            .bind(&t.client_message_id)
+            .bind(&t.lark_chat_id)
+            .bind(&t.lark_message_id)
+            .bind(t.state)
+            .bind(t.enqueued_at)
+            .execute(conn)?;
+        }
+        // A claim or a release leaves the completion's columns as they were
+        // (unset: a completed turn is final), so its statement does not name
+        // them: SQLite rewrites an index entry whenever a column it covers
+        // is assigned, changed or not, and `completion_id` is indexed.
+        Change::Update(t) => {
+            let completes = t.completion_id.is_some();
+            let mut update = sql::query(if completes {
+                "update turns set state = ?1, claimed_at = ?2, claim_count = ?3,
+                     current_claim_id = ?4, completed_at = ?6, completion_id = ?7, response = ?8
+                 where turn_id = ?5"
+            } else {
+                "update turns set state = ?1, claimed_at = ?2, claim_count = ?3,
+                     current_claim_id = ?4
+                 where turn_id = ?5"
+            })
+            .bind(t.state)
+            .bind(t.claimed_at)
+            .bind(t.claim_count)
+            .bind(&t.current_claim_id)
+            .bind(&t.turn_id);
+            if completes {
+                update = update
+                    .bind(t.completed_at)
+                    .bind(&t.completion_id)
+                    .bind(&t.response);
+            }
+            update.execute(conn)?;
+        }
+    }
+    Ok(())
+}
+
+fn write_claim(conn: &Connection, change: Change<ClaimRow>) -> Result<()> {
+    match change {
+        Change::Insert(c) => {
+            sql::query(
+                "insert into claims (claim_id, session_id, turn_id, attempt, state, claimed_at)
+                 values (?, ?, ?, ?, ?, ?)",
+            )
+            .bind(&c.claim_id)
+            .bind(&c.session_id)
+            .bind(&c.turn_id)
+            .bind(c.attempt)
+            .bind(c.state)
+            .bind(c.claimed_at)
+            .execute(conn)?;
+        }
+        Change::Update(c) => {
+            sql::query("update claims set state = ?, released_at = ? where claim_id = ?")
+                .bind(c.state)
+                .bind(c.released_at)
+                .bind(&c.claim_id)
+                .execute(conn)?;
+        }
+    }
+    Ok(())
+}
+
+fn insert_reply(conn: &Connection, r: &NewReply) -> Result<()> {
+    sql::query(
+        "insert into lark_replies (turn_id, session_id, chat_id, message_id, text, state,
+             next_attempt_at, created_at, updated_at)
+         values (?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
+    )
+    .bind(&r.turn_id)
+    .bind(&r.session_id)
+    .bind(&r.chat_id)
+    .bind(&r.message_id)
+    .bind(&r.text)
+    .bind(r.at)
+    .bind(r.at)
+    .bind(r.at)
+    .execute(conn)?;
+    Ok(())
+}
+
+/// Writes a decision's Lark event guard and link change, if any.
+fn lark_writes(conn: &Connection, writes: &Writes) -> Result<()> {
+    if let Some(e) = &writes.lark_event {
+        sql::query(
+            "insert into lark_events (app_id, event_id, message_id, received_at)
+             values (?, ?, ?, ?)",
+        )
+        .bind(&e.app_id)
+        .bind(&e.event_id)
+        .bind(&e.message_id)
+        .bind(e.at)
+        .execute(conn)?;
+    }
+    let Some(change) = &writes.link else {
+        return Ok(());
+    };
+    sql::query("delete from lark_links where session_id = ?")
+        .bind(&change.session_id)
+        .execute(conn)?;
+    if let Some(link) = &change.link {
+        sql::query(
+            "insert into lark_links (chat_id, session_id, linked_at, approvers)
+             values (?, ?, ?, ?)",
+        )
+        .bind(&link.chat_id)
+        .bind(&change.session_id)
+        .bind(link.at)
+        .bind(&link.approvers)
+        .execute(conn)?;
+    }
+    Ok(())
+}
+
+/// Writes a decision's permission request and its chat message, if any.
+fn permission_writes(conn: &Connection, writes: &Writes) -> Result<()> {
+    match &writes.permission {
+        Some(Change::Insert(row)) => {
+            sql::query(
+                "insert into permission_requests (session_id, request_id, tool_name, description,
+                     input_preview, state, created_at, answered_at, answered_via)
+                 values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            )
+            .bind(&row.session_id)
+            .bind(&row.request_id)
+            .bind(&row.tool_name)
+            .bind(&row.description)
+            .bind(&row.input_preview)
+            .bind(row.state)
+            .bind(row.created_at)
+            .bind(row.answered_at)
+            .bind(row.answered_via)
+            .execute(conn)?;
+        }
+        Some(Change::Update(row)) => {
+            sql::query(
+                "update permission_requests set state = ?, answered_at = ?, answered_via = ?,
+                     relayed_at = ?
+                 where session_id = ? and request_id = ?",
+            )
+            .bind(row.state)
+            .bind(row.answered_at)
+            .bind(row.answered_via)
+            .bind(row.relayed_at)
+            .bind(&row.session_id)
+            .bind(&row.request_id)
+            .execute(conn)?;
+        }
+        None => {}
+    }
+    if let Some(m) = &writes.permission_message {
+        sql::query(
+            "insert into lark_permission_messages (session_id, request_id, chat_id, text, state,
+                 next_attempt_at, created_at, updated_at)
+             values (?, ?, ?, ?, 'pending', ?, ?, ?)",
+        )
+        .bind(&m.session_id)
+        .bind(&m.request_id)
+        .bind(&m.chat_id)
+        .bind(&m.text)
+        .bind(m.at)
+        .bind(m.at)
+        .bind(m.at)
+        .execute(conn)?;
+    }
+    Ok(())
+}
