@@ -2,6 +2,15 @@
 //! limits), hands each decision to the store, and parks claims on an empty
 //! queue until a turn is committed, the session closes, the wait ends or the
 //! broker shuts down. It knows nothing of HTTP.
+//!
+//! The wake path: every waiter (a parked claim, a permission wait, an event
+//! stream) subscribes to its session's signal ([`Wakeups`]) before it reads
+//! the store; the store's change feed ([`crate::store::ChangeFeed`]: what a
+//! committed decision changed, or on PostgreSQL what another replica
+//! announced) is the one place that fires those signals ([`Broker::new`]).
+//! On SQLite an enqueue that finds a parked claim ([`crate::handoff`]) has
+//! the store claim for it in the enqueue's own commit and hands it the
+//! outcome directly ([`Broker::enqueue`], [`Broker::claim`]).
 
 mod holders;
 pub use holders::DEFAULT_SILENCE as DEFAULT_HOLDER_SILENCE;
@@ -13,7 +22,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::decide::lark::{Clicked, LarkClick};
 use crate::decide::lark::{LarkEvent, LarkIngest};
+use crate::decide::permission::Decision;
 use crate::decide::session::Bound;
 use crate::decide::turn::ClaimOutcome;
 use crate::decide::turn::Releaser;
@@ -32,7 +43,7 @@ use crate::model::{
     SessionList, SessionPreview, SessionState, Turn, TurnList,
 };
 use crate::model::{LarkLink, LarkLinkRequest};
-use crate::store::Store;
+use crate::store::{Change, Store};
 use crate::time::rfc3339;
 use crate::wakeup::Wakeups;
 
@@ -100,12 +111,23 @@ impl Broker {
     pub fn new(store: Arc<dyn Store>, shutdown: CancellationToken) -> Self {
         let claimable: Arc<Wakeups> = Default::default();
         let changes: Arc<Wakeups> = Default::default();
-        // Changes committed by other replicas wake the waiters of this one.
+        // Every wake-up comes from here: what the store's committed
+        // decisions (this broker's, or another replica's) changed.
         let (wake_claims, wake_streams) = (claimable.clone(), changes.clone());
-        store.watch(Arc::new(move |session_id: &str| {
-            wake_claims.wake(session_id);
-            wake_streams.wake(session_id);
-        }));
+        store
+            .feed()
+            .subscribe(Arc::new(move |change: &Change| match change {
+                Change::Session(changed) => {
+                    if changed.claimable {
+                        wake_claims.wake(&changed.session_id);
+                    }
+                    wake_streams.wake(&changed.session_id);
+                }
+                Change::Unknown => {
+                    wake_claims.wake_all();
+                    wake_streams.wake_all();
+                }
+            }));
         Self {
             store,
             claimable,
@@ -277,7 +299,6 @@ impl Broker {
         };
         if !done.duplicate {
             self.metrics.turn("enqueued", 1);
-            self.changed(session_id);
         }
         let turn = done.turn;
         Ok(Answer {
@@ -346,7 +367,6 @@ impl Broker {
                     woken_at = Some(Instant::now());
                     None
                 }
-                _ = self.recheck() => None,
                 // A long park is heard from now and then (presence).
                 _ = tokio::time::sleep(PARKED_HEARD_EVERY) => None,
                 _ = tokio::time::sleep_until(deadline) => {
@@ -417,7 +437,6 @@ impl Broker {
         };
         if !replayed {
             self.metrics.turn("claimed", 1);
-            self.changes.wake(session_id);
         }
         if let Some(woken_at) = woken_at {
             self.metrics
@@ -461,8 +480,6 @@ impl Broker {
             self.metrics.turn("completed", 1);
             self.outbox.notify_one();
         }
-        // The next queued turn is claimable now.
-        self.changed(session_id);
         Ok(Answer {
             replayed: receipt.replayed,
             body: receipt,
@@ -491,7 +508,6 @@ impl Broker {
             .store
             .release(session_id.to_owned(), claim_id.to_owned(), by)
             .await?;
-        self.changed(session_id);
         Ok(released)
     }
 
@@ -502,9 +518,10 @@ impl Broker {
             .await?;
         self.metrics.turn("cancelled", closed.cancelled);
         self.metrics.permission("expired", closed.expired);
-        // Parked claims re-check and answer 409 session_closed; waits on
-        // permission requests see them expired.
-        self.changed(session_id);
+        if closed.expired > 0 {
+            // Their cards in a linked Lark chat show them expired.
+            self.outbox.notify_one();
+        }
         Ok(closed.session.projection())
     }
 
@@ -520,9 +537,6 @@ impl Broker {
             .store
             .report_agent(session_id.to_owned(), host, Some(report.state), claim_id)
             .await?;
-        if reported.changed {
-            self.changes.wake(session_id);
-        }
         // An agent that left may leave a turn behind: released now.
         self.release_if_left(&reported.session).await;
         Ok(reported.session.projection())
@@ -535,7 +549,6 @@ impl Broker {
             .store
             .notify(session_id.to_owned(), host, notice.kind)
             .await?;
-        self.changes.wake(session_id);
         Ok(session.projection())
     }
 
@@ -548,14 +561,12 @@ impl Broker {
             Ok(Some(row)) if crate::decide::presence::is_news(&row, None, now) => {}
             _ => return,
         }
-        match self
+        if let Err(e) = self
             .store
             .report_agent(session_id.to_owned(), host.clone(), None, None)
             .await
         {
-            Ok(reported) if reported.changed => self.changes.wake(session_id),
-            Ok(_) => {}
-            Err(e) => tracing::debug!(code = ?e.code, "a parked claim's presence was not recorded"),
+            tracing::debug!(code = ?e.code, "a parked claim's presence was not recorded");
         }
     }
 
@@ -576,17 +587,23 @@ impl Broker {
     pub async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest> {
         let ingest = self.store.lark_event(event).await?;
         match &ingest {
-            LarkIngest::Enqueued { session_id, .. } => {
-                self.metrics.turn("enqueued", 1);
-                self.changed(session_id);
+            LarkIngest::Enqueued { .. } => self.metrics.turn("enqueued", 1),
+            LarkIngest::Answered { decision, .. } => {
+                self.count(decision, decision.row().state.as_str())
             }
-            LarkIngest::Answered {
-                session_id,
-                decision,
-            } => self.announce(session_id, decision, decision.row().state.as_str()),
             _ => {}
         }
         Ok(ingest)
+    }
+
+    /// Takes a click on a permission card once: an approver's answers the
+    /// request, in one transaction.
+    pub async fn lark_click(&self, click: LarkClick) -> Result<Clicked> {
+        let clicked = self.store.lark_click(click).await?;
+        if let Clicked::Answered { row, .. } = &clicked {
+            self.count(&Decision::Write(row.clone()), row.state.as_str());
+        }
+        Ok(clicked)
     }
 
     pub async fn lark_link(&self, session_id: &str, link: LarkLinkRequest) -> Result<LarkLink> {
@@ -603,19 +620,6 @@ impl Broker {
 
     pub async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink> {
         self.store.lark_link_status(session_id).await
-    }
-
-    /// Resolves after the store's safety re-check interval; never without one.
-    async fn recheck(&self) {
-        match self.store.recheck_interval() {
-            Some(interval) => tokio::time::sleep(interval).await,
-            None => std::future::pending().await,
-        }
-    }
-
-    fn changed(&self, session_id: &str) {
-        self.claimable.wake(session_id);
-        self.changes.wake(session_id);
     }
 
     /// Where a new event stream starts: after `last_event_id` when the client
@@ -768,7 +772,6 @@ impl EventCursor {
             }
             tokio::select! {
                 _ = changed => {}
-                _ = broker.recheck() => {}
                 _ = broker.shutdown.cancelled() => return None,
             }
         }

@@ -6,7 +6,8 @@
 //! The map of the house:
 
 /// The broker core: validation, limits, parked claims and the hand-off of
-/// an enqueue to a parked claim; the store takes the decisions.
+/// an enqueue to a parked claim; every wake-up from the store's change feed.
+/// The store takes the decisions.
 pub mod broker;
 /// The `loopx` command line: `serve`, and the client side (worker-bridge,
 /// chat, lark, mcp), one file per command family.
@@ -17,7 +18,8 @@ pub mod client;
 pub mod config;
 /// The contract's stateful rules, once for every store: rows in, writes or
 /// a refusal out (turns, sessions, permission requests, Lark links and
-/// events), every session event numbered there.
+/// events), every session event numbered there. It owns the rows, outcomes
+/// and writes it decides over, and imports nothing from the store.
 pub mod decide;
 /// The one error type and its JSON body.
 pub mod error;
@@ -42,11 +44,13 @@ pub mod permission;
 /// `loopx serve` and `loopx prune`; [`serve::App`] is the one wiring of a
 /// broker, which the integration tests run too.
 pub mod serve;
-/// Durable state behind a trait: SQLite (embedded) or PostgreSQL (replicas).
+/// Durable state behind a trait, the seam beneath the decisions: SQLite
+/// (embedded) or PostgreSQL (replicas), and the feed of what changed.
 pub mod store;
 /// Timestamps as stored and as shown.
 pub mod time;
-/// Per-session wake-up signals for parked claims.
+/// Per-session wake-up signals for parked claims, permission waits and
+/// event streams.
 pub mod wakeup;
 /// The embedded Web chat page.
 pub mod web;

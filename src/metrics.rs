@@ -105,7 +105,7 @@ impl Default for Metrics {
         let lark_replies = IntCounterVec::new(
             Opts::new(
                 "lark_replies_total",
-                "Lark replies and permission-request messages by outcome.",
+                "Lark replies, permission-request cards and their updates by outcome.",
             ),
             &["outcome"],
         )

@@ -131,29 +131,10 @@ pub fn approvers_from_stored(stored: &str) -> Vec<String> {
     serde_json::from_str(stored).unwrap_or_default()
 }
 
-/// How much of the description and of the preview a chat message shows.
-const MESSAGE_DESCRIPTION_CHARS: usize = 500;
-const MESSAGE_PREVIEW_CHARS: usize = 1500;
-
-/// The message a linked chat receives for a new request: what is asked and
-/// how to answer. Long descriptions and previews are cut (the Web page shows
-/// them whole).
+/// The message a linked chat receives for a new request: its interactive
+/// card ([`crate::lark::card::open`]), as the JSON string Lark's `content` takes.
 pub fn lark_message(row: &PermissionRow) -> String {
-    let id = &row.request_id;
-    format!(
-        "The agent asks to use {tool}: {description}\n\n{preview}\n\n\
-         Reply \"yes {id}\" to allow or \"no {id}\" to deny (approvers of this chat only).",
-        tool = row.tool_name,
-        description = cut(&row.description, MESSAGE_DESCRIPTION_CHARS),
-        preview = cut(&row.input_preview, MESSAGE_PREVIEW_CHARS),
-    )
-}
-
-fn cut(text: &str, chars: usize) -> String {
-    match text.char_indices().nth(chars) {
-        Some((end, _)) => format!("{}…", &text[..end]),
-        None => text.to_owned(),
-    }
+    crate::lark::card::open(row).to_string()
 }
 
 impl LarkLink {
@@ -173,7 +154,6 @@ impl LarkLink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::permission::tests::created;
     use crate::error::ErrorCode;
 
     fn command(behavior: Behavior, id: &str) -> LarkCommand {
@@ -225,27 +205,5 @@ mod tests {
             "stored and read back"
         );
         assert!(approvers_from_stored("not json").is_empty());
-    }
-
-    #[test]
-    fn the_chat_message_says_what_is_asked_and_how_to_answer() {
-        let row = PermissionRow {
-            description: "Delete the build dir".into(),
-            input_preview: "rm -rf build".into(),
-            ..created()
-        };
-        let text = lark_message(&row);
-        assert!(text.contains("Bash"), "{text}");
-        assert!(text.contains("Delete the build dir"), "{text}");
-        assert!(text.contains("rm -rf build"), "{text}");
-        assert!(text.contains("\"yes abcde\""), "{text}");
-        assert!(text.contains("\"no abcde\""), "{text}");
-        let long = PermissionRow {
-            input_preview: "é".repeat(5000),
-            ..created()
-        };
-        let text = lark_message(&long);
-        assert!(text.contains(&format!("{}…", "é".repeat(MESSAGE_PREVIEW_CHARS))));
-        assert!(!text.contains(&"é".repeat(MESSAGE_PREVIEW_CHARS + 1)));
     }
 }

@@ -45,8 +45,8 @@ pub struct ServeArgs {
     pub allow_remote: bool,
     /// SQLite only (PostgreSQL follows its server's synchronous_commit):
     /// `full` survives power loss (every commit synced before it is
-    /// answered); `relaxed` only process crashes (synced at checkpoints), and
-    /// is faster.
+    /// answered); `relaxed` only process crashes (answered at the commit,
+    /// synced right behind it), and is faster.
     #[arg(long, env = "LOOPX_DURABILITY", value_enum, default_value_t = Durability::Full)]
     pub durability: Durability,
     /// The Lark app's id; with the secret, turns the Lark connector on.

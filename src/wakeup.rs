@@ -49,6 +49,12 @@ impl Wakeups {
         }
     }
 
+    /// Wakes every waiter, of every session.
+    pub fn wake_all(&self) {
+        let signals: Vec<_> = self.signals().values().filter_map(Weak::upgrade).collect();
+        signals.iter().for_each(|signal| signal.notify_waiters());
+    }
+
     /// How many sessions have a parked claim: for the test that a session's
     /// signal goes with its last waiter (`/metrics` counts parked claims).
     #[cfg(test)]

@@ -78,10 +78,7 @@ impl Broker {
         let mut announced = 0;
         for session_id in self.store.silent_sessions(now - AWAY_AFTER_MS).await? {
             match self.store.lapse_agent(session_id.clone(), now).await {
-                Ok(reported) if reported.changed => {
-                    self.changes.wake(&session_id);
-                    announced += 1;
-                }
+                Ok(reported) if reported.changed => announced += 1,
                 Ok(_) => {}
                 Err(e) => {
                     tracing::debug!(%session_id, code = ?e.code, "a silent agent was not announced")
@@ -124,8 +121,8 @@ impl Broker {
         let session_id = &session.session_id;
         match self.store.release(session_id.clone(), claim_id, by).await {
             Ok(_) => {
+                // The store's change feed wakes the session's waiters.
                 tracing::info!(%session_id, "released a turn: its holder is gone");
-                self.changed(session_id);
                 true
             }
             Err(e) => {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Answer, Broker, MAX_TEXT_BYTES, checked_host};
+use crate::decide;
 use crate::decide::permission::{Decision, WITHDRAWN, answered_state};
 use crate::error::{Error, Result};
 use crate::ids::check;
@@ -46,11 +47,7 @@ impl Broker {
             .store
             .create_permission(session_id.to_owned(), host, request)
             .await?;
-        if matches!(decision, Decision::Write(_)) {
-            // The request may have queued a message to a linked Lark chat.
-            self.outbox.notify_one();
-        }
-        Ok(self.decided(session_id, decision, "created"))
+        Ok(self.decided(decision, "created"))
     }
 
     /// Answers a permission request; the first answer wins.
@@ -67,7 +64,7 @@ impl Broker {
             .answer_permission(session_id.to_owned(), request_id.to_owned(), behavior, via)
             .await?;
         let outcome = wire(&answered_state(behavior));
-        Ok(self.decided(session_id, decision, &outcome))
+        Ok(self.decided(decision, &outcome))
     }
 
     /// The host withdraws its unanswered request (it becomes `expired`).
@@ -83,7 +80,7 @@ impl Broker {
             .store
             .withdraw_permission(session_id.to_owned(), request_id.to_owned(), host)
             .await?;
-        Ok(self.decided(session_id, decision, WITHDRAWN.as_str()))
+        Ok(self.decided(decision, WITHDRAWN.as_str()))
     }
 
     /// The host relayed the request's answer to its agent.
@@ -105,14 +102,9 @@ impl Broker {
         })
     }
 
-    /// Counts and announces a written decision; a replay changes nothing.
-    fn decided(
-        &self,
-        session_id: &str,
-        decision: Decision,
-        outcome: &str,
-    ) -> Answer<PermissionRequest> {
-        self.announce(session_id, &decision, outcome);
+    /// Counts a written decision; a replay changes nothing.
+    fn decided(&self, decision: Decision, outcome: &str) -> Answer<PermissionRequest> {
+        self.count(&decision, outcome);
         let replayed = matches!(decision, Decision::Replayed(_));
         Answer {
             body: decision.into_row().readback(),
@@ -120,12 +112,14 @@ impl Broker {
         }
     }
 
-    /// Counts and announces a decision once it is written (a create, an
-    /// answer from the API or from Lark); a replay changes nothing.
-    pub(super) fn announce(&self, session_id: &str, decision: &Decision, outcome: &str) {
+    /// Counts a decision once it is written (a create, an answer from the
+    /// API or from Lark); a replay changes nothing. (Its waiters are woken by
+    /// the store's change feed.)
+    pub(super) fn count(&self, decision: &Decision, outcome: &str) {
         if let Decision::Write(_) = decision {
             self.metrics.permission(outcome, 1);
-            self.changes.wake(session_id);
+            // A request's card (or message) in a linked Lark chat follows it.
+            self.outbox.notify_one();
         }
     }
 
@@ -180,7 +174,6 @@ impl Broker {
             }
             tokio::select! {
                 _ = woken => {}
-                _ = self.recheck() => {}
                 _ = tokio::time::sleep_until(deadline) => {}
                 _ = self.shutdown.cancelled() => return Ok(row.readback()),
             }
@@ -194,15 +187,8 @@ impl Broker {
         request_id: &str,
         host: &HostIdentity,
     ) -> Result<permission::PermissionRow> {
-        let session = self
-            .store
-            .session(session_id)
-            .await?
-            .ok_or_else(|| Error::not_found("session"))?;
+        let session = decide::existing(self.store.session(session_id).await?)?;
         let row = self.store.permission(session_id, request_id).await?;
-        if !session.is_bound_to(host) {
-            return Err(Error::host_mismatch());
-        }
-        Ok(row)
+        decide::hosted_item(&session, row, host)
     }
 }

@@ -1,15 +1,18 @@
 //! The Lark rules: a chat is linked to at most one open session, and a
 //! session to at most one chat; an event is taken once (by event id and by
 //! message id); a linked chat's text is an ordinary turn, or an approver's
-//! `yes <id>` / `no <id>` answer to a permission request, or ignored.
+//! `yes <id>` / `no <id>` answer to a permission request, or ignored; a
+//! click on a request's card answers it as an approver's `yes`/`no` would.
 
 use super::permission::{AnswerRows, Decision, answer};
 use super::turn::enqueue;
-use super::{Decided, LinkChange, NewLink, SeenLarkEvent, Writes, existing, open};
+use super::{CardWrite, Decided, LinkChange, NewLink, SeenLarkEvent, Writes, existing, open};
 use super::{SessionRow, TurnRow};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
-use crate::model::{AnsweredVia, Behavior, EnqueueRequest, Ingress, LarkLink, LarkRef, Origin};
+use crate::model::{
+    AnsweredVia, Behavior, EnqueueRequest, Ingress, LarkLink, LarkRef, Origin, PermissionState,
+};
 use crate::permission::{LarkCommand, PermissionRow, approvers_from_stored, approvers_to_stored};
 
 /// An event accepted from Lark, reduced to what the store keeps.
@@ -185,9 +188,13 @@ pub fn event(
             };
             // An answer that changes nothing (another answer to an answered
             // or expired request, an unknown id) is not said in the chat.
-            let Ok(answered) = answer(rows, behavior, AnsweredVia::Lark, now) else {
+            let Ok(mut answered) = answer(rows, behavior, AnsweredVia::Lark, now) else {
                 return recorded(Decided::nothing(LarkIngest::Ignored));
             };
+            if let Decision::Write(row) = &answered.answer {
+                // The card still shows its buttons: it is updated after.
+                answered.writes.card = Some(card_write(row, event.sender.clone(), false));
+            }
             recorded(Decided {
                 writes: answered.writes,
                 answer: LarkIngest::Answered {
@@ -216,6 +223,140 @@ pub fn event(
                 },
             })
         }
+    }
+}
+
+/// A click on a button of a permission request's card (`card.action.trigger`).
+#[derive(Debug, Clone)]
+pub struct LarkClick {
+    pub app_id: String,
+    pub event_id: String,
+    /// The session and request the button names, and its answer.
+    pub session_id: String,
+    pub request_id: String,
+    pub behavior: Behavior,
+    /// Who clicked (Lark open id), and in which chat, when Lark said.
+    pub operator: Option<String>,
+    pub chat_id: Option<String>,
+}
+
+/// What a click decision reads. A store that finds the event seen needs load
+/// nothing more.
+#[derive(Debug, Default)]
+pub struct ClickRows {
+    pub seen: bool,
+    /// The session the button names (locked).
+    pub session: Option<SessionRow>,
+    /// The session's link: its chat and its approvers as stored.
+    pub link: Option<(String, String)>,
+    /// The request the button names.
+    pub request: Option<PermissionRow>,
+    /// Who answered it in Lark, as its card records.
+    pub answered_by: Option<String>,
+}
+
+/// What became of a click.
+#[derive(Debug)]
+pub enum Clicked {
+    /// Seen before (same event id): nothing written.
+    Duplicate,
+    /// The button names no request the broker has.
+    Unknown,
+    /// The request is pending, and the clicker is no approver of the chat
+    /// the session is linked to: nothing changes.
+    Refused,
+    /// This click answered the request (`answered_via: "lark"`).
+    Answered {
+        session_id: String,
+        row: PermissionRow,
+        by: Option<String>,
+    },
+    /// The request was settled before (answered, expired): its final state.
+    Settled {
+        row: PermissionRow,
+        by: Option<String>,
+    },
+}
+
+/// A click, in this order: seen before (its event id) a duplicate, nothing
+/// written; else it is recorded once, and: an unknown session or request,
+/// unknown; a request settled before, its final state (which the answer to
+/// the click shows on the card); from anyone but an approver of the link,
+/// in the linked chat, refused; else an approver's answer, through the same
+/// [`answer`] as every other.
+pub fn click(rows: ClickRows, click: LarkClick, now: i64) -> Result<Decided<Clicked>> {
+    if rows.seen {
+        return Ok(Decided::nothing(Clicked::Duplicate));
+    }
+    let mut decided = click_decision(rows, &click, now)?;
+    decided.writes.lark_event = Some(SeenLarkEvent {
+        app_id: click.app_id,
+        event_id: click.event_id,
+        message_id: None,
+        at: now,
+    });
+    Ok(decided)
+}
+
+fn click_decision(rows: ClickRows, click: &LarkClick, now: i64) -> Result<Decided<Clicked>> {
+    let (Some(session), Some(request)) = (rows.session, rows.request) else {
+        return Ok(Decided::nothing(Clicked::Unknown));
+    };
+    if request.state != PermissionState::Pending {
+        return Ok(settled(request, rows.answered_by));
+    }
+    let approvers = match &rows.link {
+        Some((chat_id, stored)) if click.chat_id.as_deref() == Some(chat_id) => {
+            approvers_from_stored(stored)
+        }
+        _ => Vec::new(),
+    };
+    let approved = click
+        .operator
+        .as_deref()
+        .is_some_and(|o| approvers.iter().any(|a| a == o));
+    if !approved {
+        return Ok(Decided::nothing(Clicked::Refused));
+    }
+    let answered_by = rows.answered_by;
+    let rows = AnswerRows {
+        session: Some(session),
+        existing: Some(request),
+    };
+    let answered = answer(rows, click.behavior, AnsweredVia::Lark, now)?;
+    let Decision::Write(row) = answered.answer else {
+        return Ok(settled(answered.answer.into_row(), answered_by));
+    };
+    let mut writes = answered.writes;
+    writes.card = Some(card_write(&row, click.operator.clone(), true));
+    Ok(Decided {
+        writes,
+        answer: Clicked::Answered {
+            session_id: row.session_id.clone(),
+            by: click.operator.clone(),
+            row,
+        },
+    })
+}
+
+/// A click on a settled request: the answer to it shows the card's final
+/// form, so no update of the card need follow.
+fn settled(row: PermissionRow, by: Option<String>) -> Decided<Clicked> {
+    Decided {
+        writes: Writes {
+            card: Some(card_write(&row, None, true)),
+            ..Writes::default()
+        },
+        answer: Clicked::Settled { row, by },
+    }
+}
+
+fn card_write(row: &PermissionRow, answered_by: Option<String>, shown: bool) -> CardWrite {
+    CardWrite {
+        session_id: row.session_id.clone(),
+        request_id: row.request_id.clone(),
+        answered_by,
+        shown,
     }
 }
 
@@ -495,5 +636,89 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    fn tap(operator: &str, chat: &str) -> LarkClick {
+        LarkClick {
+            app_id: "cli_1".into(),
+            event_id: "ev_9".into(),
+            session_id: "ses_1".into(),
+            request_id: "abcde".into(),
+            behavior: Behavior::Deny,
+            operator: Some(operator.into()),
+            chat_id: Some(chat.into()),
+        }
+    }
+
+    fn tapped(request: Option<PermissionRow>, operator: &str, chat: &str) -> Decided<Clicked> {
+        let rows = ClickRows {
+            seen: false,
+            session: Some(session(SessionState::Open)),
+            link: Some(("oc_1".into(), approvers_to_stored(&["ou_a".to_owned()]))),
+            request,
+            answered_by: Some("ou_b".into()),
+        };
+        click(rows, tap(operator, chat), 9).expect("decided")
+    }
+
+    #[test]
+    fn an_approvers_tap_answers_once_and_shows_the_final_card() {
+        let decided = tapped(Some(created()), "ou_a", "oc_1");
+        let Clicked::Answered { row, by, .. } = &decided.answer else {
+            panic!("{:?}", decided.answer)
+        };
+        assert_eq!(
+            (row.state, row.answered_via, by.as_deref()),
+            (
+                PermissionState::Denied,
+                Some(AnsweredVia::Lark),
+                Some("ou_a")
+            )
+        );
+        assert_eq!(
+            decided.writes.event.as_ref().map(|e| e.state),
+            Some("denied")
+        );
+        let card = decided.writes.card.as_ref().expect("the card");
+        assert!(card.shown && card.answered_by.as_deref() == Some("ou_a"));
+        let guard = decided.writes.lark_event.as_ref().expect("recorded");
+        assert_eq!(
+            (guard.event_id.as_str(), guard.message_id.as_ref()),
+            ("ev_9", None)
+        );
+        let seen = ClickRows {
+            seen: true,
+            ..ClickRows::default()
+        };
+        let again = click(seen, tap("ou_a", "oc_1"), 10).unwrap();
+        assert!(matches!(again.answer, Clicked::Duplicate));
+        assert!(again.writes.lark_event.is_none() && again.writes.card.is_none());
+    }
+
+    #[test]
+    fn a_strangers_tap_or_one_elsewhere_changes_nothing() {
+        for (operator, chat) in [("ou_x", "oc_1"), ("ou_a", "oc_2")] {
+            let decided = tapped(Some(created()), operator, chat);
+            assert!(matches!(decided.answer, Clicked::Refused));
+            assert!(decided.writes.permission.is_none() && decided.writes.card.is_none());
+            assert!(decided.writes.lark_event.is_some());
+        }
+        let unknown = tapped(None, "ou_a", "oc_1");
+        assert!(matches!(unknown.answer, Clicked::Unknown));
+    }
+
+    #[test]
+    fn a_tap_on_a_settled_request_shows_its_final_state_from_anyone() {
+        let expired = PermissionRow {
+            state: EXPIRED_ON_CLOSE,
+            ..created()
+        };
+        let decided = tapped(Some(expired), "ou_x", "oc_9");
+        let Clicked::Settled { row, by } = &decided.answer else {
+            panic!("{:?}", decided.answer)
+        };
+        assert_eq!((row.state, by.as_deref()), (EXPIRED_ON_CLOSE, Some("ou_b")));
+        assert!(decided.writes.permission.is_none() && decided.writes.event.is_none());
+        assert!(decided.writes.card.as_ref().is_some_and(|c| c.shown));
     }
 }

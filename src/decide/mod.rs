@@ -7,7 +7,12 @@
 //! the same transaction; the broker parks the waits.
 //!
 //! Every stateful refusal (`session_closed`, `claim_active`, `not_claimed`,
-//! `session_exists`, …) is constructed here and nowhere else.
+//! `session_exists`, `host_mismatch`, …) is constructed here and nowhere
+//! else (the broker and the routes check only the request itself). It owns
+//! the rows, outcomes and [`Writes`] it decides over, every effect of a
+//! decision among them (a close's release, sweep and unlink included), and
+//! what committed writes change ([`Changed`]); it imports nothing from the
+//! store.
 
 pub mod lark;
 pub mod permission;
@@ -89,6 +94,19 @@ pub struct NewPermissionMessage {
     pub at: i64,
 }
 
+/// What an answer given in Lark writes on the request's card
+/// (`lark_permission_messages`, if the request has one): who answered, and
+/// whether the answer to the click already shows the card's final form
+/// (then no update of the card follows).
+#[derive(Debug, Clone)]
+pub struct CardWrite {
+    pub session_id: String,
+    pub request_id: String,
+    /// The approver's Lark open id, when this answer was theirs.
+    pub answered_by: Option<String>,
+    pub shown: bool,
+}
+
 /// A session's Lark link, as written: the link it had (if any) goes, and
 /// `link` (if any) takes its place.
 #[derive(Debug, Clone)]
@@ -136,8 +154,8 @@ pub struct Sweep {
 
 /// What a decision writes, applied by the store in this order (a step taken
 /// first, then the Lark event guard, link, permission request, its chat
-/// message, a close's sweep; then turn, claim, session, event, reply), in the
-/// decision's transaction.
+/// message and card, a close's sweep; then turn, claim, session, event,
+/// reply), in the decision's transaction.
 #[derive(Debug, Default)]
 pub struct Writes {
     /// The writes of a step the decision takes first (a close's release of
@@ -147,6 +165,7 @@ pub struct Writes {
     pub link: Option<LinkChange>,
     pub permission: Option<Change<PermissionRow>>,
     pub permission_message: Option<NewPermissionMessage>,
+    pub card: Option<CardWrite>,
     pub sweep: Option<Sweep>,
     pub turn: Option<Change<TurnRow>>,
     pub claim: Option<Change<ClaimRow>>,
@@ -156,6 +175,47 @@ pub struct Writes {
     pub session: Option<SessionRow>,
     pub event: Option<NewEvent>,
     pub reply: Option<NewReply>,
+}
+
+/// What a committed decision changed, derived from the events it writes:
+/// its session's event streams have news, and parked claims may find a turn
+/// (`claimable`: a turn queued, released, completed or cancelled, or the
+/// session closed; a claim taking a turn frees none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changed {
+    pub session_id: String,
+    pub claimable: bool,
+}
+
+impl Writes {
+    /// What these writes change, once committed: `None` when they log no
+    /// event (a replay, a refresh of presence that shows nothing new).
+    pub fn changed(&self) -> Option<Changed> {
+        let before = self.before.as_deref().and_then(Writes::changed);
+        let claimable = |e: &NewEvent| match e.kind {
+            "turn" => e.state != "claimed",
+            "session" => true,
+            _ => false,
+        };
+        let own = match (&self.event, &self.sweep) {
+            (_, Some(sweep)) => Some(Changed {
+                session_id: sweep.session_id.clone(),
+                claimable: true,
+            }),
+            (Some(event), None) => Some(Changed {
+                session_id: event.session_id.clone(),
+                claimable: claimable(event),
+            }),
+            (None, None) => None,
+        };
+        match (before, own) {
+            (Some(before), Some(own)) => Some(Changed {
+                claimable: before.claimable || own.claimable,
+                ..own
+            }),
+            (before, own) => own.or(before),
+        }
+    }
 }
 
 /// A decision's answer and what to write for it (nothing for a replay, or when
@@ -258,6 +318,16 @@ pub fn hosted(session: Option<SessionRow>, host: &HostIdentity) -> Result<Sessio
         return Err(Error::host_mismatch());
     }
     Ok(session)
+}
+
+/// A host's read of one of its session's items (a permission request,
+/// found after its session): 403 `host_mismatch` unless the host identity is
+/// the one the session is bound to.
+pub fn hosted_item<T>(session: &SessionRow, item: T, host: &HostIdentity) -> Result<T> {
+    if !session.is_bound_to(host) {
+        return Err(Error::host_mismatch());
+    }
+    Ok(item)
 }
 
 /// 422 `idempotency_key_reused`: `key` (a `client_message_id`, a

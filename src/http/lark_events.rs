@@ -49,11 +49,22 @@ pub fn router() -> axum::Router<AppState> {
 /// ordinary chat working: a `yes`/`no` followed by a word that names no request
 /// of the session and is not of Claude Code's request-id form (five lowercase
 /// letters, no `l`), such as `yes please`, is an ordinary message.
+///
+/// Card clicks (this route is also the app's callback URL): a permission
+/// request in a linked session goes to its chat as an interactive card with
+/// Allow / Deny buttons. A `card.action.trigger` callback for one of them
+/// from an approver of the link, in the linked chat, answers the request
+/// (`answered_via: "lark"`, the first answer wins) and the 200 body is Lark's
+/// callback answer: `{"toast": {"type", "content"}, "card": {"type": "raw",
+/// "data": <the card in its final form, no buttons>}}`. From anyone else:
+/// only a `warning` toast, nothing changes. On a request answered or expired
+/// before: an `info` toast and the final card. The same click again (its
+/// event id): `{}`, nothing changes.
 #[utoipa::path(post, path = "/v1/connectors/lark/events", operation_id = "larkEvents", tag = "lark",
     security(()),
     request_body(content = Object, description = "Lark's event body, as Lark sends it (plain or `{\"encrypt\"}`).", content_type = "application/json"),
     responses(
-        (status = 200, description = "Acknowledged (committed); or the challenge answer `{\"challenge\"}`.", body = Object),
+        (status = 200, description = "Acknowledged (committed): `{}`, a card click's callback answer (toast and card), or the challenge answer `{\"challenge\"}`.", body = Object),
         (status = 401, description = "`unauthorized`: the event failed verification.", body = ErrorBody),
         (status = 404, description = "`not_found`: the connector is not configured, or receives events over the long connection.", body = ErrorBody),
         (status = 413, description = "`payload_too_large`.", body = ErrorBody),

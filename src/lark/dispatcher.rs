@@ -1,7 +1,9 @@
 //! The reply dispatcher: one per broker, it sends the outbox's pending
-//! messages: replies with Lark's reply API, permission-request messages with
+//! messages: replies with Lark's reply API, permission-request cards with
 //! its send-message API (`POST /open-apis/im/v1/messages?receive_id_type=chat_id`:
-//! they answer no message; same envelope and codes). Woken by a completion or
+//! they answer no message; same envelope and codes), and a settled request's
+//! card in its final form with the update API (`PATCH
+//! /open-apis/im/v1/messages/{message_id}`). Woken by a completion or
 //! a request (never polling fast), it honours Lark's rate limits, retries
 //! network errors and 5xx with jittered exponential backoff, refreshes the
 //! tenant token ahead of expiry and once on a token error, and records final
@@ -20,15 +22,12 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{LarkConfig, markdown};
+use super::{LarkConfig, card, markdown};
 use crate::metrics::Metrics;
 use crate::model::ReplyState;
-use crate::store::{Outbound, ReplyJob, ReplyUpdate, Store};
+use crate::store::{CardUpdateJob, Outbound, ReplyJob, ReplyUpdate, Store};
 use crate::time::now_ms;
 
-/// Lark's limit on a text message's request body (150 KB), less room for the
-/// rest of the body (uuid, msg_type, the part note).
-const PART_BYTES: usize = 150 * 1024 - 512;
 /// Lark's limit on a card (30 KB), less room for the rest of the request
 /// body: the card's own JSON, the uuid, msg_type.
 const CARD_BYTES: usize = 30 * 1024 - 1024;
@@ -38,6 +37,9 @@ const TOKEN_CODES: [i64; 3] = [99991663, 99991671, 99991677];
 const RATE_CODES: [i64; 2] = [99991400, 230020];
 /// Final codes: recorded on the turn, never retried.
 const FINAL_CODES: [i64; 5] = [230002, 230011, 230035, 230025, 230001];
+/// Final codes of a card's update, besides those: too old (14 days),
+/// recalled, deleted.
+const CARD_FINAL_CODES: [i64; 3] = [230031, 230011, 230110];
 
 /// Why a send did not go through.
 enum Failure {
@@ -98,13 +100,24 @@ impl Dispatcher {
                 .due_replies(now_ms(), 32)
                 .await
                 .unwrap_or_default();
-            let busy = !due.is_empty();
+            let cards: Vec<CardUpdateJob> = self
+                .store
+                .due_card_updates(now_ms(), 32)
+                .await
+                .unwrap_or_default();
+            let busy = !due.is_empty() || !cards.is_empty();
             let shutdown = self.shutdown.clone();
             for job in due {
                 // A hanging Lark never holds up a shutdown: the reply stays
                 // pending and goes out, with the same uuid, after the restart.
                 tokio::select! {
                     _ = self.send(job) => {}
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+            for job in cards {
+                tokio::select! {
+                    _ = self.update_card(job) => {}
                     _ = shutdown.cancelled() => return,
                 }
             }
@@ -130,7 +143,8 @@ impl Dispatcher {
             Outbound::Reply { .. } => {
                 markdown::split(&markdown::escape_html(&job.text), CARD_BYTES)
             }
-            Outbound::Permission { .. } => split(&job.text, PART_BYTES),
+            // One card, far below Lark's limit.
+            Outbound::Permission { .. } => vec![job.text.clone()],
         };
         let mut update = ReplyUpdate {
             parts_sent: job.parts_sent,
@@ -143,38 +157,23 @@ impl Dispatcher {
         while (update.parts_sent as usize) < parts.len() {
             let index = update.parts_sent as usize;
             update.attempts += 1;
-            match self.send_part(&job, index, &parts[index]).await {
-                Ok(()) => update.parts_sent += 1,
-                Err(Failure::Wait(after, error)) => {
-                    self.metrics
-                        .lark_replies
-                        .with_label_values(&["retried"])
-                        .inc();
-                    update.error = Some(error);
-                    update.next_attempt_at = now_ms() + after.as_millis() as i64;
-                    return self.record(&job, update).await;
+            let (url, body) = request(&self.config.base_url, &job, index, &parts[index]);
+            let sent = self
+                .call(
+                    reqwest::Method::POST,
+                    &url,
+                    &body,
+                    &job.chat_id,
+                    job.failures,
+                )
+                .await;
+            match sent {
+                Ok(data) => {
+                    update.parts_sent += 1;
+                    self.sent_card(&job, &data).await;
                 }
-                Err(Failure::Retry(after, error))
-                    if update.failures + 1 < i64::from(self.config.max_attempts) =>
-                {
-                    update.failures += 1;
-                    self.metrics
-                        .lark_replies
-                        .with_label_values(&["retried"])
-                        .inc();
-                    tracing::warn!(attempts = update.attempts, %error, "lark reply will be retried");
-                    update.error = Some(error);
-                    update.next_attempt_at = now_ms() + after.as_millis() as i64;
-                    return self.record(&job, update).await;
-                }
-                Err(Failure::Retry(_, error)) | Err(Failure::Final(error)) => {
-                    self.metrics
-                        .lark_replies
-                        .with_label_values(&["failed"])
-                        .inc();
-                    tracing::warn!(attempts = update.attempts, %error, "lark reply failed for good");
-                    update.state = ReplyState::Failed;
-                    update.error = Some(error);
+                Err(failure) => {
+                    self.failed(failure, &mut update, "lark reply");
                     return self.record(&job, update).await;
                 }
             }
@@ -185,6 +184,113 @@ impl Dispatcher {
         self.record(&job, update).await;
     }
 
+    /// What a failed attempt does to `update`: a wait Lark asked for, a
+    /// retry with backoff while the give-up budget lasts, else failed for good.
+    fn failed(&self, failure: Failure, update: &mut ReplyUpdate, what: &str) {
+        let outcome = |label: &str| self.metrics.lark_replies.with_label_values(&[label]).inc();
+        match failure {
+            Failure::Wait(after, error) => {
+                outcome("retried");
+                update.error = Some(error);
+                update.next_attempt_at = now_ms() + after.as_millis() as i64;
+            }
+            Failure::Retry(after, error)
+                if update.failures + 1 < i64::from(self.config.max_attempts) =>
+            {
+                update.failures += 1;
+                outcome("retried");
+                tracing::warn!(attempts = update.attempts, %error, "{what} will be retried");
+                update.error = Some(error);
+                update.next_attempt_at = now_ms() + after.as_millis() as i64;
+            }
+            Failure::Retry(_, error) | Failure::Final(error) => {
+                outcome("failed");
+                tracing::warn!(attempts = update.attempts, %error, "{what} failed for good");
+                update.state = ReplyState::Failed;
+                update.error = Some(error);
+            }
+        }
+    }
+
+    /// A permission card went out: its message id is kept, for its update.
+    /// (A text stored before the cards has nothing to update.)
+    async fn sent_card(&self, job: &ReplyJob, data: &Value) {
+        let Outbound::Permission {
+            session_id,
+            request_id,
+        } = &job.outbound
+        else {
+            return;
+        };
+        if !is_card(&job.text) {
+            return;
+        }
+        let Some(message_id) = data.get("message_id").and_then(Value::as_str) else {
+            tracing::warn!("lark sent a permission card without a message id: it cannot follow");
+            return;
+        };
+        let recorded = self
+            .store
+            .lark_card_sent(
+                session_id.clone(),
+                request_id.clone(),
+                message_id.to_owned(),
+            )
+            .await;
+        if let Err(e) = recorded {
+            tracing::error!(error = %e.message, "could not record a permission card's message id");
+        }
+    }
+
+    /// Shows a settled request's card in its final form (one PATCH, retried
+    /// like a reply); records what happened.
+    async fn update_card(&mut self, job: CardUpdateJob) {
+        let mut update = ReplyUpdate {
+            parts_sent: 0,
+            state: ReplyState::Sent,
+            attempts: job.update_attempts + 1,
+            failures: job.update_failures,
+            error: None,
+            next_attempt_at: now_ms(),
+        };
+        let patched = match self
+            .store
+            .permission(&job.session_id, &job.request_id)
+            .await
+        {
+            Ok(row) => {
+                let content = card::settled(&row, job.answered_by.as_deref()).to_string();
+                let url = format!(
+                    "{}/open-apis/im/v1/messages/{}",
+                    self.config.base_url, job.message_id
+                );
+                let body = json!({ "content": content });
+                self.call(
+                    reqwest::Method::PATCH,
+                    &url,
+                    &body,
+                    &job.chat_id,
+                    job.update_failures,
+                )
+                .await
+            }
+            Err(e) => Err(Failure::Retry(
+                self.backoff(job.update_failures),
+                format!("could not read the request: {}", e.message),
+            )),
+        };
+        match patched {
+            Ok(_) => self.metrics.lark_replies.with_label_values(&["sent"]).inc(),
+            Err(failure) => {
+                update.state = ReplyState::Pending;
+                self.failed(failure, &mut update, "lark card update");
+            }
+        }
+        if let Err(e) = self.store.record_card_update(job, update).await {
+            tracing::error!(error = %e.message, "could not record a lark card update");
+        }
+    }
+
     async fn record(&self, job: &ReplyJob, update: ReplyUpdate) {
         if let Err(e) = self.store.record_reply(job.outbound.clone(), update).await {
             // The reply stays due; it is sent again with the same uuid.
@@ -192,21 +298,31 @@ impl Dispatcher {
         }
     }
 
-    async fn send_part(&mut self, job: &ReplyJob, index: usize, text: &str) -> Result<(), Failure> {
+    /// One call to Lark's API (a send, a reply, an update) at the rate limits,
+    /// refreshing the token once on a token error: the answer's `data`, or why
+    /// not. `failures` paces the backoff.
+    async fn call(
+        &mut self,
+        method: reqwest::Method,
+        url: &str,
+        body: &Value,
+        chat_id: &str,
+        failures: i64,
+    ) -> Result<Value, Failure> {
         self.per_app.until_ready().await;
-        self.per_chat.until_key_ready(&job.chat_id).await;
+        self.per_chat.until_key_ready(&chat_id.to_owned()).await;
+        let patch = method == reqwest::Method::PATCH;
         let mut refreshed = false;
         loop {
             let token = self.token().await?;
-            let (url, body) = request(&self.config.base_url, job, index, text);
             let response = self
                 .http
-                .post(&url)
+                .request(method.clone(), url)
                 .bearer_auth(&token)
-                .json(&body)
+                .json(body)
                 .send()
                 .await
-                .map_err(|e| self.retry(job, format!("network error: {}", e.without_url())))?;
+                .map_err(|e| self.retry(failures, format!("network error: {}", e.without_url())))?;
             let status = response.status();
             let reset = response
                 .headers()
@@ -220,30 +336,33 @@ impl Dispatcher {
                 .and_then(Value::as_str)
                 .unwrap_or_default();
             match code {
-                Some(0) => return Ok(()),
+                Some(0) => return Ok(answer.get("data").cloned().unwrap_or(Value::Null)),
                 Some(code) if TOKEN_CODES.contains(&code) && !refreshed => {
                     refreshed = true;
                     self.token = None;
                 }
                 _ if status.as_u16() == 429 || code.is_some_and(|c| RATE_CODES.contains(&c)) => {
-                    let after = reset.map_or_else(|| self.backoff(job), Duration::from_secs);
+                    let after = reset.map_or_else(|| self.backoff(failures), Duration::from_secs);
                     return Err(Failure::Wait(
                         after,
                         format!("rate limited by Lark (code {code:?})"),
                     ));
                 }
-                Some(code) if FINAL_CODES.contains(&code) => {
+                Some(code)
+                    if FINAL_CODES.contains(&code) || patch && CARD_FINAL_CODES.contains(&code) =>
+                {
                     return Err(Failure::Final(format!(
-                        "Lark refused the reply: code {code} ({msg})"
+                        "Lark refused it: code {code} ({msg})"
                     )));
                 }
                 Some(code) => {
-                    return Err(self.retry(job, format!("Lark answered code {code} ({msg})")));
+                    return Err(self.retry(failures, format!("Lark answered code {code} ({msg})")));
                 }
                 None => {
-                    return Err(
-                        self.retry(job, format!("Lark answered HTTP {status} without a code"))
-                    );
+                    return Err(self.retry(
+                        failures,
+                        format!("Lark answered HTTP {status} without a code"),
+                    ));
                 }
             }
         }
@@ -286,26 +405,26 @@ impl Dispatcher {
         Ok(token.to_owned())
     }
 
-    fn retry(&self, job: &ReplyJob, error: String) -> Failure {
-        Failure::Retry(self.backoff(job), error)
+    fn retry(&self, failures: i64, error: String) -> Failure {
+        Failure::Retry(self.backoff(failures), error)
     }
 
-    /// Jittered exponential backoff by the reply's attempt count.
-    fn backoff(&self, job: &ReplyJob) -> Duration {
+    /// Jittered exponential backoff by the failed attempts so far.
+    fn backoff(&self, failures: i64) -> Duration {
         backon::ExponentialBuilder::default()
             .with_min_delay(self.config.retry_base)
             .with_max_delay(self.config.retry_max)
             .with_jitter()
             .without_max_times()
             .build()
-            .nth(job.failures.clamp(0, 30) as usize)
+            .nth(failures.clamp(0, 30) as usize)
             .unwrap_or(self.config.retry_max)
     }
 }
 
 /// The URL and body that send part `index` of a job: a reply to the turn's
-/// Lark message (a card rendering the answer's Markdown), or a new text
-/// message in the chat for a permission request.
+/// Lark message (a card rendering the answer's Markdown), or a new card in
+/// the chat for a permission request.
 fn request(base_url: &str, job: &ReplyJob, index: usize, text: &str) -> (String, Value) {
     match &job.outbound {
         Outbound::Reply {
@@ -328,8 +447,9 @@ fn request(base_url: &str, job: &ReplyJob, index: usize, text: &str) -> (String,
             format!("{base_url}/open-apis/im/v1/messages?receive_id_type=chat_id"),
             json!({
                 "receive_id": job.chat_id,
-                "content": json!({ "text": text }).to_string(),
-                "msg_type": "text",
+                // A card (`lark_message`); a text written before cards, as text.
+                "content": if is_card(text) { text.to_owned() } else { json!({ "text": text }).to_string() },
+                "msg_type": if is_card(text) { "interactive" } else { "text" },
                 "uuid": permission_uuid(session_id, request_id, index),
             }),
         ),
@@ -347,27 +467,15 @@ fn permission_uuid(session_id: &str, request_id: &str, index: usize) -> String {
     format!("lxp-{}-{index}", &digest[..32])
 }
 
-/// Splits an answer into parts that each take at most `limit` bytes of the
-/// reply body, on char boundaries, numbering them ("(1/3)") when there is
-/// more than one.
-fn split(text: &str, limit: usize) -> Vec<String> {
-    let mut parts = Vec::new();
-    let (mut start, mut size) = (0, 0);
-    for (at, c) in text.char_indices() {
-        if size + markdown::body_bytes(c) > limit {
-            parts.push(text[start..at].to_owned());
-            (start, size) = (at, 0);
-        }
-        size += markdown::body_bytes(c);
-    }
-    parts.push(text[start..].to_owned());
-    markdown::number(&mut parts, "\n");
-    parts
+/// Whether a permission message is a card's JSON (else a text stored before
+/// the cards).
+fn is_card(text: &str) -> bool {
+    serde_json::from_str::<Value>(text).is_ok_and(|v| v.is_object())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{permission_uuid, split};
+    use super::{is_card, permission_uuid};
 
     #[test]
     fn permission_uuids_fit_larks_limit_and_differ_per_request_and_part() {
@@ -388,17 +496,9 @@ mod tests {
     }
 
     #[test]
-    fn long_answers_split_in_order_on_char_boundaries() {
-        assert_eq!(split("short", 10), vec!["short".to_owned()]);
-        // Quotes take 4 body bytes each.
-        assert_eq!(split(r#""""""#, 8).len(), 2);
-        let parts = split(&"é".repeat(10), 7);
-        assert_eq!(parts.len(), 4);
-        assert!(parts[0].starts_with("ééé") && parts[0].ends_with("(1/4)"));
-        let joined: String = parts
-            .iter()
-            .map(|p| p.split('\n').next().unwrap())
-            .collect();
-        assert_eq!(joined, "é".repeat(10));
+    fn permission_messages_are_cards_unless_stored_as_text_before() {
+        assert!(is_card(r#"{"schema":"2.0"}"#));
+        assert!(!is_card("The agent asks to use Bash"));
+        assert!(!is_card("42"));
     }
 }

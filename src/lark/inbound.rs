@@ -2,22 +2,26 @@
 //! from a verified webhook request ([`super::webhook`]) or from a long
 //! connection's data frame ([`super::long_connection`]), is routed here on
 //! its `header.event_type` and taken by the broker (de-duplication by event
-//! id, the linked chat, the enqueue, approvers' answers), which commits
-//! before anything is acknowledged. What [`take`] answers is the JSON the
-//! acknowledgement carries: the webhook's 200 body, the long connection's
-//! base64 `data`. It never verifies (that is the webhook's) and never logs a
+//! id, the linked chat, the enqueue, approvers' answers by text or by a
+//! click on a permission card), which commits before anything is
+//! acknowledged. What [`take`] answers is the JSON the acknowledgement
+//! carries: the webhook's 200 body, the long connection's base64 `data`
+//! (for a click, the callback answer: a toast and the card's new form). It never verifies (that is the webhook's) and never logs a
 //! message's text.
 
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::card::{self, ButtonValue};
 use crate::broker::{Broker, MAX_TEXT_BYTES};
-use crate::decide::lark::{LarkEvent, LarkIngest};
+use crate::decide::lark::{Clicked, LarkClick, LarkEvent, LarkIngest};
 use crate::error::Result;
 use crate::permission::lark_command;
 
 /// A text message sent to the bot (or in a chat it is in).
 pub const MESSAGE_RECEIVE: &str = "im.message.receive_v1";
+/// A click on a card's button (a permission card's Allow / Deny).
+pub const CARD_ACTION: &str = "card.action.trigger";
 
 /// A schema 2.0 event, as Lark sends it by either transport.
 #[derive(Deserialize)]
@@ -47,6 +51,10 @@ pub struct EnvelopeHeader {
 pub async fn take(broker: &Broker, app_id: &str, envelope: Envelope) -> Result<Value> {
     let event = match envelope.header.event_type.as_str() {
         MESSAGE_RECEIVE => message_event(app_id, envelope),
+        CARD_ACTION => match click_of(app_id, &envelope) {
+            Some(click) => return clicked(broker, click).await,
+            None => bare_event(app_id, envelope.header.event_id),
+        },
         _ => bare_event(app_id, envelope.header.event_id),
     };
     match broker.lark_event(event).await? {
@@ -60,6 +68,51 @@ pub async fn take(broker: &Broker, app_id: &str, envelope: Envelope) -> Result<V
         LarkIngest::Ignored => tracing::debug!("lark permission answer ignored"),
     }
     Ok(json!({}))
+}
+
+/// A `card.action.trigger` read: the button's value (the session, the
+/// request, the answer), who clicked and where. `None` for a click on
+/// anything else.
+fn click_of(app_id: &str, envelope: &Envelope) -> Option<LarkClick> {
+    let event = &envelope.event;
+    let value: ButtonValue = serde_json::from_value(event["action"]["value"].clone()).ok()?;
+    let text = |v: &Value| v.as_str().map(str::to_owned);
+    Some(LarkClick {
+        app_id: app_id.to_owned(),
+        event_id: envelope.header.event_id.clone(),
+        session_id: value.session_id,
+        request_id: value.request_id,
+        behavior: value.behavior,
+        operator: text(&event["operator"]["open_id"]),
+        chat_id: text(&event["context"]["open_chat_id"]),
+    })
+}
+
+/// Takes a click and answers Lark's callback: a toast, and the card in its
+/// final form when the request is settled. A repeated click answers `{}`.
+async fn clicked(broker: &Broker, click: LarkClick) -> Result<Value> {
+    Ok(match broker.lark_click(click).await? {
+        Clicked::Duplicate => {
+            tracing::debug!("lark card click redelivered, nothing changed");
+            json!({})
+        }
+        Clicked::Unknown => card::callback(card::unknown_toast(), None),
+        Clicked::Refused => {
+            tracing::debug!("lark card click by someone not an approver, nothing changed");
+            card::callback(card::refused_toast(), None)
+        }
+        Clicked::Answered { row, by, .. } => {
+            tracing::debug!("lark card click answered a permission request");
+            card::callback(
+                card::answered_toast(row.state),
+                Some(card::settled(&row, by.as_deref())),
+            )
+        }
+        Clicked::Settled { row, by } => card::callback(
+            card::settled_toast(row.state),
+            Some(card::settled(&row, by.as_deref())),
+        ),
+    })
 }
 
 /// An event that holds nothing to enqueue: recorded as seen, acknowledged.

@@ -2,9 +2,10 @@
 //! connection the broker opens to Lark (no public address needed) or through
 //! a verified webhook, and take one ingestion path that enqueues them; a
 //! durable, idempotent reply path (an outbox written with the completion,
-//! sent by one background dispatcher) answers. Wire facts:
-//! `shared/spec/LARK.md`.
+//! sent by one background dispatcher) answers. The wire is Lark's: its event
+//! envelope (schema 2.0), its message APIs and its long connection's frames.
 
+pub mod card;
 pub mod crypto;
 pub mod dispatcher;
 pub mod frame;

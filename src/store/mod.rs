@@ -1,25 +1,23 @@
-//! The store: durable state, and the transactions in which the contract's
-//! decisions ([`crate::decide`]) are taken. It owns the SQL, the
-//! transactions (their locks, savepoints and retries), the stored rows and
-//! their readback, and telling the broker which sessions changed. For each
-//! decision a backend loads the rows it needs (locked for the transaction),
-//! calls the decision, and applies the [`crate::decide::Writes`] it returns
-//! before committing.
+//! The store: the seam between the broker and the backends, SQLite
+//! (embedded, the default) and PostgreSQL (several replicas sharing one
+//! database). A backend owns the SQL and the transactions (their locks and
+//! retries): for each decision it loads the rows the decision needs (locked
+//! for the transaction), calls it ([`crate::decide`], which owns the rows,
+//! outcomes and [`crate::decide::Writes`] it decides over) and applies the
+//! writes it returns before committing; besides, plain reads, the Lark
+//! outbox, retention, and the [`ChangeFeed`]: what each committed decision
+//! changed, derived once from the events it writes.
 //!
 //! It must never decide: no stateful refusal is constructed here, no
 //! session event is numbered here (the decision numbers them from the
 //! locked session row; for a close's cancelled turns and expired requests it
 //! gives the first number and the order, which one set-based statement
 //! counts up from), and the two backends share no rule, only SQL that looks
-//! alike. It knows nothing of HTTP and never waits for a client: a
-//! claim on an empty queue answers [`ClaimOutcome::Empty`] and the broker
-//! parks it; the store only tells the broker when a change may have been
-//! committed elsewhere ([`Store::watch`], [`Store::recheck_interval`]) and,
-//! on SQLite, takes an enqueue and a parked claimer's claim in one commit
-//! when the broker asks ([`Store::enqueue_and_claim`]).
-//!
-//! [`Store`] is the seam for the backends: SQLite (embedded, the default) and
-//! PostgreSQL (several replicas sharing one database).
+//! alike. It knows nothing of HTTP and never waits for a client: a claim on
+//! an empty queue answers [`ClaimOutcome::Empty`] and the broker parks it
+//! until the feed says the session changed. (On SQLite the broker may still
+//! ask for an enqueue and a parked claimer's claim in one commit,
+//! [`Store::enqueue_and_claim`].)
 
 pub mod postgres;
 pub mod retention;
@@ -28,12 +26,13 @@ mod sync_sql;
 
 use async_trait::async_trait;
 
+use crate::decide::lark::{Clicked, LarkClick};
 use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::decide::permission::Decision;
 use crate::decide::presence::Reported;
 use crate::decide::session::{Bound, Closed};
 use crate::decide::turn::{ClaimOutcome, Enqueue, Releaser};
-use crate::decide::{EventRow, SessionRow, TurnRow};
+use crate::decide::{Changed, EventRow, SessionRow, TurnRow};
 use crate::error::Result;
 use crate::model::{
     AgentState, AnsweredVia, Behavior, BindRequest, CompleteRequest, CreatePermissionRequest,
@@ -138,7 +137,27 @@ pub const DUE_OUTBOX: &str = "select 'reply' as kind, turn_id as key, message_id
 pub const NEXT_OUTBOX_DUE: &str = "select min(at) from ( \
      select min(next_attempt_at) as at from lark_replies where state = 'pending' \
      union all \
-     select min(next_attempt_at) from lark_permission_messages where state = 'pending') as due";
+     select min(next_attempt_at) from lark_permission_messages where state = 'pending' \
+     union all \
+     select min(m.update_next_at) from lark_permission_messages m join permission_requests p \
+         on p.session_id = m.session_id and p.request_id = m.request_id \
+         where m.update_state = 'pending' and m.message_id is not null \
+         and p.state <> 'pending') as due";
+
+/// A permission card due for its final form: the request it shows was
+/// settled after it was sent (`lark_permission_messages`, its `update_`
+/// columns).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct CardUpdateJob {
+    pub session_id: String,
+    pub request_id: String,
+    pub chat_id: String,
+    /// The card's Lark message, to PATCH.
+    pub message_id: String,
+    pub answered_by: Option<String>,
+    pub update_attempts: i64,
+    pub update_failures: i64,
+}
 
 /// The statement recording a send attempt on `outbound`'s outbox row
 /// (`$1`..`$7`: parts sent, state, attempts, failures, error, next attempt,
@@ -205,29 +224,51 @@ pub struct ReplyUpdate {
     pub next_attempt_at: i64,
 }
 
-/// Called with a session id whenever a change to that session may have been
-/// committed elsewhere (another replica): the broker wakes its local waiters.
-pub type ChangeHook = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
+/// What committed decisions changed ([`Changed`], derived once from the
+/// events each decision writes), published by the store once they are
+/// committed (on SQLite when the caller is answered, after the sync at
+/// `full`), and on PostgreSQL what other replicas committed too. The broker
+/// subscribes once and wakes its waiters from it.
+#[derive(Default)]
+pub struct ChangeFeed {
+    subscribers: std::sync::RwLock<Vec<ChangeHook>>,
+}
+
+/// One entry of the [`ChangeFeed`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A session changed.
+    Session(Changed),
+    /// Changes may have gone unannounced (PostgreSQL's announcements can be
+    /// lost while its listening connection is down): every waiter re-checks.
+    Unknown,
+}
+
+/// A subscriber of the [`ChangeFeed`].
+pub type ChangeHook = std::sync::Arc<dyn Fn(&Change) + Send + Sync>;
+
+impl ChangeFeed {
+    pub fn subscribe(&self, hook: ChangeHook) {
+        self.subscribers
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(hook);
+    }
+
+    pub fn publish(&self, change: &Change) {
+        let subscribers = self.subscribers.read().unwrap_or_else(|e| e.into_inner());
+        subscribers.iter().for_each(|hook| hook(change));
+    }
+}
 
 /// The durable state behind the broker: one transaction per decision (its
 /// rows loaded and locked, [`crate::decide`] called, its writes applied),
-/// plain reads, and the hooks by which a backend tells the broker of changes
-/// committed elsewhere. An implementation decides nothing and never waits
-/// for a client.
+/// plain reads, and the feed of what committed decisions changed. An
+/// implementation decides nothing and never waits for a client.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// Starts delivering changes committed by other processes to `hook`. A
-    /// single-process store (SQLite) has none and ignores it.
-    fn watch(&self, hook: ChangeHook) {
-        let _ = hook;
-    }
-
-    /// How often parked claims and event streams re-check the store even
-    /// without a wake-up, for stores whose cross-process notifications can be
-    /// lost (PostgreSQL while its listening connection is down). `None`: never.
-    fn recheck_interval(&self) -> Option<std::time::Duration> {
-        None
-    }
+    /// What committed decisions change, as they commit.
+    fn feed(&self) -> &ChangeFeed;
 
     /// Whether [`Store::enqueue_and_claim`] can claim in the enqueue's own
     /// transaction. A store whose waiters may sit on other processes
@@ -370,6 +411,19 @@ pub trait Store: Send + Sync + 'static {
     /// When the next pending reply or permission-request message falls due.
     async fn next_reply_due(&self) -> Result<Option<i64>>;
     async fn record_reply(&self, outbound: Outbound, update: ReplyUpdate) -> Result<()>;
+    /// Takes a click on a permission card once ([`crate::decide::lark::click`]).
+    async fn lark_click(&self, click: LarkClick) -> Result<Clicked>;
+    /// Records the Lark message a permission card was sent as.
+    async fn lark_card_sent(
+        &self,
+        session_id: String,
+        request_id: String,
+        message_id: String,
+    ) -> Result<()>;
+    /// Permission cards due for their final form at `now_ms`, oldest first.
+    async fn due_card_updates(&self, now_ms: i64, limit: u32) -> Result<Vec<CardUpdateJob>>;
+    /// Records an attempt to update a card (`parts_sent` unused).
+    async fn record_card_update(&self, job: CardUpdateJob, update: ReplyUpdate) -> Result<()>;
     /// Queued turns over all sessions, and when the oldest was enqueued.
     async fn queue_stats(&self) -> Result<(i64, Option<i64>)>;
     /// One small step of retention (see [`retention`]): part of the oldest

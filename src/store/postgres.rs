@@ -26,15 +26,19 @@
 //!   would serialize every write of every replica behind one disk flush each.
 //!   One task per replica sends the announcements in batches, one statement
 //!   per batch; a notifying transaction with no writes commits without a
-//!   flush. A replica that dies between a commit and its announcement costs
-//!   the other replicas' waiters at most the safety re-check below. [`Store::watch`] keeps one listening connection per replica
-//!   (`PgListener`, application_name `loopx-listener`) and wakes the local
-//!   waiters of each notified session. The listener is re-established with
+//!   flush. The announcements, like the local wake-ups, come from one place:
+//!   what a committed store call's decisions changed ([`Store::feed`]). A
+//!   replica that dies between a commit and its announcement costs
+//!   the other replicas' waiters at most the safety re-check below. One
+//!   listening connection per replica (`PgListener`, application_name
+//!   `loopx-listener`) publishes each notified session on the store's
+//!   change feed, from which the broker wakes the local waiters. The
+//!   listener is re-established with
 //!   backoff when it drops (and pinged every 30 s, so a silently dead
 //!   connection is found); right after it comes back, every open or recently
 //!   closed session is woken once, since notifications sent while it was down
-//!   are lost. As the slow safety net, parked claims and event streams re-check
-//!   the store every 5 s ([`Store::recheck_interval`]).
+//!   are lost. As the slow safety net, the feed tells every waiter to re-check
+//!   the store every 5 s ([`crate::store::Change::Unknown`]).
 //! - The Lark reply outbox hands a due reply to one dispatcher at a time: the
 //!   batch is taken with `for update skip locked` and leased in the same
 //!   statement (its next attempt pushed 30 s ahead); the dispatcher's record of
@@ -87,13 +91,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnection, PgListener, PgPool};
+use sqlx::postgres::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
 #[macro_use]
 mod pool;
 
 mod apply;
+mod cards;
 mod decisions;
 mod lark;
 mod load;
@@ -103,14 +108,16 @@ mod permissions;
 mod reads;
 mod rows;
 
+use super::CardUpdateJob;
 use super::retention::PruneStep;
-use super::{ChangeHook, Outbound, ReplyJob, ReplyUpdate, Store};
+use super::{Change, ChangeFeed, Outbound, ReplyJob, ReplyUpdate, Store};
+use crate::decide::lark::{Clicked, LarkClick};
 use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::decide::permission::Decision;
 use crate::decide::presence::Reported;
 use crate::decide::session::{Bound, Closed};
 use crate::decide::turn::{ClaimOutcome, Enqueue};
-use crate::decide::{self, EventRow, SessionRow, TurnRow};
+use crate::decide::{self, Changed, EventRow, SessionRow, TurnRow};
 use crate::error::{Error, Result};
 use crate::ids::Minter;
 use crate::model::HostIdentity;
@@ -125,7 +132,7 @@ use crate::permission;
 use crate::permission::PermissionRow;
 use crate::time::now_ms;
 use decisions::{bind, bind_rows, claim, close, complete, enqueue, release};
-use notify::{Announcer, listen};
+use notify::Announcer;
 use permissions::{PERMISSION_COLUMNS, load_permission, permission_row};
 use pool::{Step, settle};
 use reads::{load_session, load_turn, lock_session, prune_step};
@@ -143,15 +150,25 @@ const RECHECK: Duration = Duration::from_secs(5);
 const LISTENER_PING: Duration = Duration::from_secs(30);
 pub struct PgStore {
     pool: PgPool,
-    /// The listening connection's own pool (no statement timeout: it waits
-    /// forever), and the listener itself until [`Store::watch`] takes it.
-    listen_pool: PgPool,
-    listener: std::sync::Mutex<Option<PgListener>>,
+    /// What this replica's decisions and (through the listener) other
+    /// replicas' changed.
+    feed: Arc<ChangeFeed>,
     minter: Arc<Minter>,
     /// Tells every replica (this one included) which sessions changed.
     announcer: Announcer,
     /// Ends the listener and the announcer when the store goes.
     stop: CancellationToken,
+}
+
+impl PgStore {
+    /// Publishes what a committed store call changed, and announces it to
+    /// every replica (this one included).
+    fn committed(&self, changed: Vec<Changed>) {
+        for changed in changed {
+            self.announcer.changed(&changed.session_id);
+            self.feed.publish(&Change::Session(changed));
+        }
+    }
 }
 
 impl Drop for PgStore {
@@ -162,23 +179,8 @@ impl Drop for PgStore {
 
 #[async_trait]
 impl Store for PgStore {
-    fn watch(&self, hook: ChangeHook) {
-        let listener = self
-            .listener
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        tokio::spawn(listen(
-            listener,
-            self.listen_pool.clone(),
-            self.pool.clone(),
-            hook,
-            self.stop.clone(),
-        ));
-    }
-
-    fn recheck_interval(&self) -> Option<Duration> {
-        Some(RECHECK)
+    fn feed(&self) -> &ChangeFeed {
+        &self.feed
     }
 
     async fn ping(&self) -> Result<()> {
@@ -230,9 +232,6 @@ impl Store for PgStore {
             &message,
             &self.minter
         ))?;
-        if !done.duplicate {
-            self.announcer.changed(&session_id);
-        }
         Ok(done)
     }
 
@@ -248,12 +247,6 @@ impl Store for PgStore {
             &host,
             &claim_id
         ))?;
-        if let ClaimOutcome::Claimed {
-            replayed: false, ..
-        } = &outcome
-        {
-            self.announcer.changed(&session_id);
-        }
         Ok(outcome)
     }
 
@@ -269,9 +262,6 @@ impl Store for PgStore {
             &turn_id,
             &completion
         ))?;
-        if !receipt.replayed {
-            self.announcer.changed(&session_id);
-        }
         Ok(receipt)
     }
 
@@ -287,7 +277,6 @@ impl Store for PgStore {
             &claim_id,
             &by
         ))?;
-        self.announcer.changed(&session_id);
         Ok(released)
     }
 
@@ -297,7 +286,6 @@ impl Store for PgStore {
             &session_id,
             release_active_claim
         ))?;
-        self.announcer.changed(&session_id);
         Ok(closed)
     }
 
@@ -310,9 +298,6 @@ impl Store for PgStore {
         let decision = transaction!(self, "recording a permission request", |conn| {
             permissions::create(conn, &session_id, &host, &request)
         })?;
-        if let Decision::Write(_) = decision {
-            self.announcer.changed(&session_id);
-        }
         Ok(decision)
     }
 
@@ -326,9 +311,6 @@ impl Store for PgStore {
         let decision = transaction!(self, "answering a permission request", |conn| {
             permissions::answer(conn, &session_id, &request_id, (behavior, via))
         })?;
-        if let Decision::Write(_) = decision {
-            self.announcer.changed(&session_id);
-        }
         Ok(decision)
     }
 
@@ -341,9 +323,6 @@ impl Store for PgStore {
         let decision = transaction!(self, "withdrawing a permission request", |conn| {
             permissions::withdraw(conn, &session_id, &request_id, &host)
         })?;
-        if let Decision::Write(_) = decision {
-            self.announcer.changed(&session_id);
-        }
         Ok(decision)
     }
 
@@ -357,9 +336,6 @@ impl Store for PgStore {
         let reported = transaction!(self, "recording the agent's state", |conn| {
             decisions::report_agent(conn, &session_id, &host, state, claim_id.as_deref())
         })?;
-        if reported.changed {
-            self.announcer.changed(&session_id);
-        }
         Ok(reported)
     }
 
@@ -376,9 +352,6 @@ impl Store for PgStore {
         let reported = transaction!(self, "announcing a silent agent", |conn| {
             decisions::lapse_agent(conn, &session_id, now)
         })?;
-        if reported.changed {
-            self.announcer.changed(&session_id);
-        }
         Ok(reported)
     }
 
@@ -395,7 +368,6 @@ impl Store for PgStore {
         let session = transaction!(self, "recording a notification", |conn| {
             decisions::notify(conn, &session_id, &host, kind)
         })?;
-        self.announcer.changed(&session_id);
         Ok(session)
     }
 
@@ -475,15 +447,34 @@ impl Store for PgStore {
             &event,
             &self.minter
         ))?;
-        match &ingest {
-            LarkIngest::Enqueued { session_id, .. }
-            | LarkIngest::Answered {
-                session_id,
-                decision: Decision::Write(_),
-            } => self.announcer.changed(session_id),
-            _ => {}
-        }
         Ok(ingest)
+    }
+
+    async fn lark_click(&self, click: LarkClick) -> Result<Clicked> {
+        let clicked = transaction!(self, "taking a Lark card click", |conn| cards::click(
+            conn, &click
+        ))?;
+        if let Clicked::Answered { session_id, .. } = &clicked {
+            self.announcer.changed(session_id);
+        }
+        Ok(clicked)
+    }
+
+    async fn lark_card_sent(
+        &self,
+        session_id: String,
+        request_id: String,
+        message_id: String,
+    ) -> Result<()> {
+        Ok(cards::sent(&self.pool, &session_id, &request_id, &message_id).await?)
+    }
+
+    async fn due_card_updates(&self, now_ms: i64, limit: u32) -> Result<Vec<CardUpdateJob>> {
+        Ok(cards::due(&self.pool, now_ms, limit).await?)
+    }
+
+    async fn record_card_update(&self, job: CardUpdateJob, update: ReplyUpdate) -> Result<()> {
+        Ok(cards::record(&self.pool, job, update).await?)
     }
 
     async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {

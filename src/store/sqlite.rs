@@ -16,6 +16,7 @@ use sqlx::sqlite::{
 };
 
 mod apply;
+mod cards;
 mod decisions;
 mod lark;
 mod permissions;
@@ -28,7 +29,9 @@ use decisions::{
 };
 use writer::{Writer, nested};
 
-use super::{Outbound, ReplyJob, ReplyUpdate, Store, TurnPage};
+use super::CardUpdateJob;
+use super::{Change, ChangeFeed, Outbound, ReplyJob, ReplyUpdate, Store, TurnPage};
+use crate::decide::lark::{Clicked, LarkClick};
 use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::decide::permission::Decision;
 use crate::decide::presence::Reported;
@@ -90,6 +93,7 @@ pub struct SqliteStore {
     writer: Writer,
     reads: SqlitePool,
     minter: std::sync::Arc<Minter>,
+    feed: ChangeFeed,
 }
 
 impl SqliteStore {
@@ -120,16 +124,30 @@ impl SqliteStore {
             writer,
             reads,
             minter: Default::default(),
+            feed: Default::default(),
         })
     }
 
-    /// Runs `op` on the writer ([`Writer::write`]).
-    async fn write<T, F>(&self, op: F) -> Result<T>
+    /// Runs `op` on the writer ([`Writer::write`]) and, once it is answered,
+    /// publishes what its decisions changed (of its last run: an earlier
+    /// run's changes were rolled back).
+    async fn write<T, F>(&self, mut op: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnMut(&Connection) -> Result<T> + Send + 'static,
     {
-        self.writer.write(op).await
+        let (answer, changed) = self
+            .writer
+            .write(move |conn| {
+                apply::take_changed();
+                let answer = op(conn)?;
+                Ok((answer, apply::take_changed()))
+            })
+            .await?;
+        changed
+            .into_iter()
+            .for_each(|c| self.feed.publish(&Change::Session(c)));
+        Ok(answer)
     }
 }
 
@@ -267,6 +285,10 @@ fn load_permission(
 
 #[async_trait]
 impl Store for SqliteStore {
+    fn feed(&self) -> &ChangeFeed {
+        &self.feed
+    }
+
     async fn ping(&self) -> Result<()> {
         sqlx::query("select 1").execute(&self.reads).await?;
         // A read alone does not prove the writer is alive.
@@ -568,6 +590,45 @@ impl Store for SqliteStore {
         let minter = self.minter.clone();
         self.write(move |conn| lark::event(conn, event.clone(), &minter))
             .await
+    }
+
+    async fn lark_click(&self, click: LarkClick) -> Result<Clicked> {
+        self.write(move |conn| cards::click(conn, click.clone()))
+            .await
+    }
+
+    async fn lark_card_sent(
+        &self,
+        session_id: String,
+        request_id: String,
+        message_id: String,
+    ) -> Result<()> {
+        self.write(move |conn| cards::sent(conn, &session_id, &request_id, &message_id))
+            .await
+    }
+
+    async fn due_card_updates(&self, now_ms: i64, limit: u32) -> Result<Vec<CardUpdateJob>> {
+        Ok(sqlx::query_as(cards::DUE_CARD_UPDATES)
+            .bind(now_ms)
+            .bind(limit)
+            .fetch_all(&self.reads)
+            .await?)
+    }
+
+    async fn record_card_update(&self, job: CardUpdateJob, update: ReplyUpdate) -> Result<()> {
+        self.write(move |conn| {
+            sql::query(cards::RECORD_CARD_UPDATE)
+                .bind(update.state)
+                .bind(update.attempts)
+                .bind(update.failures)
+                .bind(update.error.clone())
+                .bind(update.next_attempt_at)
+                .bind(&job.session_id)
+                .bind(&job.request_id)
+                .execute(conn)?;
+            Ok(())
+        })
+        .await
     }
 
     async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {

@@ -20,7 +20,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{patch, post};
 use base64::Engine;
 use loopx::lark::LarkConfig;
 use serde_json::{Value, json};
@@ -78,6 +78,33 @@ pub struct ReplyRequest {
     pub status: u16,
     /// A repeated `uuid`: answered with success, no second visible message.
     pub deduplicated: bool,
+    /// `content` decoded (a card's whole JSON; Null when not JSON).
+    pub content: Value,
+    /// The id of the message posted (empty when it failed).
+    pub posted_id: String,
+}
+
+/// A failure the fake answers a card update (`PATCH`) with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchFailure {
+    /// HTTP 400 with this Lark code (230031 too old, 230011 recalled,
+    /// 230110 deleted: final).
+    Code(i64),
+    /// HTTP 500 with a plain-text body.
+    ServerError,
+}
+
+/// One card update (`PATCH /open-apis/im/v1/messages/{message_id}`) as the
+/// fake received it.
+#[derive(Debug, Clone)]
+pub struct PatchRequest {
+    pub message_id: String,
+    /// `content` decoded: the card.
+    pub card: Value,
+    pub bearer: String,
+    pub code: i64,
+    pub status: u16,
+    pub at: Instant,
 }
 
 #[derive(Default)]
@@ -94,6 +121,10 @@ struct Inner {
     always: Option<Failure>,
     /// Reply requests are held open without an answer (a hung Lark).
     hang: bool,
+    patches: Vec<PatchRequest>,
+    patch_failures: VecDeque<PatchFailure>,
+    /// The ids of the messages the bot posted.
+    posted: Vec<String>,
     hung: usize,
 }
 
@@ -122,6 +153,10 @@ impl FakeLark {
             )
             .route("/open-apis/im/v1/messages/{message_id}/reply", post(reply))
             .route("/open-apis/im/v1/messages", post(send_message))
+            .route(
+                "/open-apis/im/v1/messages/{message_id}",
+                patch(update_message),
+            )
             .with_state(inner.clone());
         let ws = crate::fake_lark_ws::FakeWs::start(APP_ID, APP_SECRET).await;
         let app = app.merge(ws.router());
@@ -199,6 +234,35 @@ impl FakeLark {
         self.inner.lock().unwrap().failures.extend(failures);
     }
 
+    /// The next card updates fail like this, one failure each, in order.
+    pub fn fail_next_patches(&self, failures: impl IntoIterator<Item = PatchFailure>) {
+        self.inner.lock().unwrap().patch_failures.extend(failures);
+    }
+
+    /// Every card update received, failed ones included.
+    pub fn patches(&self) -> Vec<PatchRequest> {
+        self.inner.lock().unwrap().patches.clone()
+    }
+
+    /// The card updates of one message.
+    pub fn patches_of(&self, message_id: &str) -> Vec<PatchRequest> {
+        self.patches()
+            .into_iter()
+            .filter(|p| p.message_id == message_id)
+            .collect()
+    }
+
+    /// Waits until `count` updates of the message arrived (panics after `within`).
+    pub async fn wait_for_patches(
+        &self,
+        message_id: &str,
+        count: usize,
+        within: Duration,
+    ) -> Vec<PatchRequest> {
+        let what = format!("updates of {message_id}");
+        wait_for_count(&what, count, within, || self.patches_of(message_id)).await
+    }
+
     /// Every reply request fails like this (until set to `None`).
     pub fn fail_always(&self, failure: Option<Failure>) {
         self.inner.lock().unwrap().always = failure;
@@ -251,19 +315,8 @@ impl FakeLark {
         count: usize,
         within: Duration,
     ) -> Vec<ReplyRequest> {
-        let deadline = Instant::now() + within;
-        loop {
-            let messages = self.messages_in(chat_id);
-            if messages.len() >= count {
-                return messages;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "only {} of {count} messages reached {chat_id} within {within:?}",
-                messages.len()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let what = format!("messages in {chat_id}");
+        wait_for_count(&what, count, within, || self.messages_in(chat_id)).await
     }
 
     /// Waits until `count` reply requests have arrived (panics after `within`).
@@ -295,6 +348,28 @@ impl Drop for FakeLark {
         self.ws.stop();
         self.shutdown.cancel();
         self.server.abort();
+    }
+}
+
+/// Polls `read` until it holds `count` items (panics after `within`).
+async fn wait_for_count<T>(
+    what: &str,
+    count: usize,
+    within: Duration,
+    read: impl Fn() -> Vec<T>,
+) -> Vec<T> {
+    let deadline = Instant::now() + within;
+    loop {
+        let items = read();
+        if items.len() >= count {
+            return items;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {count} {what} within {within:?}",
+            items.len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -447,6 +522,8 @@ fn answer_reply(
         code: 0,
         status: 200,
         deduplicated: false,
+        content: serde_json::from_str(content).unwrap_or(Value::Null),
+        posted_id: String::new(),
     };
     let (status, code, msg, rate_limited) = 'answer: {
         // An injected failure is spent only by a request with a valid token
@@ -559,10 +636,13 @@ fn answer_reply(
             if !request.uuid.is_empty() {
                 inner.uuids.insert(request.uuid.clone(), (now, id.clone()));
             }
+            request.posted_id = id.clone();
+            inner.posted.push(id.clone());
             inner.replies.push(request.clone());
             id
         }
     };
+    request.posted_id = posted_id.clone();
     inner.requests.push(request);
     lark_json(
         StatusCode::OK,
@@ -587,6 +667,67 @@ fn answer_reply(
             "body": {"content": content},
         })),
     )
+}
+
+/// `PATCH /open-apis/im/v1/messages/{message_id}`: updates a card the bot
+/// sent, as LARK.md says: the token checked, a card's JSON as `content`
+/// (at most 30 KB), failures on demand.
+async fn update_message(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    Path(message_id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let mut inner = inner.lock().unwrap();
+    let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let content = parsed["content"].as_str().unwrap_or_default();
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
+        .to_owned();
+    let mut request = PatchRequest {
+        message_id: message_id.clone(),
+        card: serde_json::from_str(content).unwrap_or(Value::Null),
+        bearer: bearer.clone(),
+        code: 0,
+        status: 200,
+        at: Instant::now(),
+    };
+    let token_ok = inner
+        .tokens
+        .get(&bearer)
+        .is_some_and(|expiry| Instant::now() < *expiry);
+    let failure = if token_ok {
+        inner.patch_failures.pop_front()
+    } else {
+        None
+    };
+    let (status, code, msg) = match failure {
+        _ if !token_ok => (StatusCode::BAD_REQUEST, 99991663, "Invalid access token"),
+        Some(PatchFailure::ServerError) => {
+            request.code = -1;
+            request.status = 500;
+            inner.patches.push(request);
+            return (StatusCode::INTERNAL_SERVER_ERROR, "upstream connect error").into_response();
+        }
+        Some(PatchFailure::Code(code)) => (StatusCode::BAD_REQUEST, code, "refused on demand"),
+        None if !inner.posted.contains(&message_id) => {
+            (StatusCode::BAD_REQUEST, 230001, "invalid request parameter")
+        }
+        None if content.len() > MAX_CARD => {
+            (StatusCode::BAD_REQUEST, 230025, "The message is too long.")
+        }
+        None if request.card["schema"] != "2.0" => {
+            (StatusCode::BAD_REQUEST, 230001, "invalid request parameter")
+        }
+        None => (StatusCode::OK, 0, "success"),
+    };
+    request.code = code;
+    request.status = status.as_u16();
+    inner.patches.push(request);
+    lark_json(status, code, msg, (code == 0).then(|| json!({})))
 }
 
 // ---------------------------------------------------------------------------

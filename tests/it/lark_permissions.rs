@@ -83,7 +83,7 @@ async fn a_request_in_a_linked_session_is_posted_to_its_chat_once() {
     created(c, &host, "abcde").await;
     let messages = fake.wait_for_messages_in(&chat, 1, WITHIN).await;
     let sent = &messages[0];
-    assert_eq!(sent.msg_type, "text");
+    assert_eq!(sent.msg_type, "interactive");
     assert!(sent.bearer.starts_with("t-"), "{sent:?}");
     assert!(
         !sent.uuid.is_empty() && sent.uuid.chars().count() <= 50,

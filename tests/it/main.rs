@@ -16,6 +16,7 @@ mod fake_lark_ws;
 mod holders;
 mod hooks;
 mod lark;
+mod lark_cards;
 mod lark_permissions;
 mod lark_ws;
 mod metrics;

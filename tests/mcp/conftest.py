@@ -146,6 +146,8 @@ class FakeLark:
     replies: list = field(default_factory=list)
     # New messages the bot posted (send-message API): {"chat_id", "uuid", "text"}.
     messages: list = field(default_factory=list)
+    # Updates of a permission card to its final form: {"message_id", "card"}.
+    patches: list = field(default_factory=list)
     server: ThreadingHTTPServer | None = None
 
     def replies_to(self, message_id: str) -> list:
@@ -187,8 +189,9 @@ def fake_lark():
                 return self.answer({"code": 0, "msg": "ok", "tenant_access_token": "t-fake", "expire": 7200})
             parts = self.path.split("/")
             if self.path == "/open-apis/im/v1/messages?receive_id_type=chat_id":
+                card = json.loads(body["content"]) if body.get("msg_type") == "interactive" else None
                 fake.messages.append({"chat_id": body["receive_id"], "uuid": body.get("uuid"),
-                                      "text": sent_text(body)})
+                                      "text": sent_text(body), "card": card})
                 return self.answer({"code": 0, "msg": "success", "data": {"message_id": unique("om_sent")}})
             if self.path.startswith("/open-apis/im/v1/messages/") and parts[-1] == "reply":
                 fake.replies.append({"message_id": parts[-2], "uuid": body.get("uuid"),
@@ -196,6 +199,12 @@ def fake_lark():
                 return self.answer({"code": 0, "msg": "success", "data": {"message_id": unique("om_reply")}})
             self.send_response(404)
             self.end_headers()
+
+        def do_PATCH(self):
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            fake.patches.append({"message_id": self.path.split("/")[-1],
+                                 "card": json.loads(body.get("content", "null"))})
+            return self.answer({"code": 0, "msg": "success", "data": {}})
 
     fake.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     fake.url = f"http://127.0.0.1:{fake.server.server_address[1]}"
@@ -218,6 +227,31 @@ def lark_event(broker: Broker, chat_id: str, message_id: str, text: str, sender:
                         "chat_type": "group", "message_type": "text", "content": json.dumps({"text": text})},
         },
     }
+    lark_post(broker, event)
+
+
+def lark_card_click(broker: Broker, card: dict, behavior: str, chat_id: str, operator: str) -> dict:
+    """Delivers the `card.action.trigger` callback of `operator` tapping the
+    card's `behavior` button; answers the broker's callback answer."""
+    values = [b["behaviors"][0]["value"] for column_set in card["body"]["elements"]
+              if column_set.get("tag") == "column_set" for column in column_set["columns"]
+              for b in column["elements"]]
+    value = next(v for v in values if v["behavior"] == behavior)
+    event = {
+        "schema": "2.0",
+        "header": {"event_id": unique("ev"), "event_type": "card.action.trigger",
+                   "create_time": str(int(time.time())) + "000",
+                   "token": LARK_VERIFICATION_TOKEN, "app_id": LARK_APP_ID, "tenant_key": "tenant"},
+        "event": {"operator": {"open_id": operator, "user_id": None}, "token": unique("c"),
+                  "action": {"value": value, "tag": "button"}, "host": "im_message",
+                  "context": {"open_message_id": unique("om"), "open_chat_id": chat_id}},
+    }
+    return lark_post(broker, event)
+
+
+def lark_post(broker: Broker, event: dict) -> dict:
+    """Posts a signed event to the broker's webhook, as Lark does; its 200 body."""
+    now = str(int(time.time()))
     body = json.dumps(event).encode()
     nonce = str(secrets.randbelow(2**31))
     signature = hashlib.sha256(now.encode() + nonce.encode() + body).hexdigest()
@@ -228,6 +262,7 @@ def lark_event(broker: Broker, chat_id: str, message_id: str, text: str, sender:
     request.add_header("X-Lark-Signature", signature)
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
+        return json.loads(response.read())
 
 
 # --- `loopx mcp` driven by the official SDK ---

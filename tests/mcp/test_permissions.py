@@ -4,13 +4,14 @@ as Claude Code does; the request is answered through the broker's API (as the
 Web page does) or from a linked Lark chat, and reaches the client as exactly
 one `notifications/claude/channel/permission`."""
 
+import json
 import threading
 import time
 
 import anyio
 import pytest
 
-from conftest import HOST_SURFACE, Broker, lark_event, loopx_mcp, unique
+from conftest import HOST_SURFACE, Broker, lark_card_click, lark_event, loopx_mcp, unique
 
 APPROVER = "ou_mcp_approver"
 STRANGER = "ou_mcp_stranger"
@@ -214,6 +215,32 @@ async def test_a_lark_answer_from_an_approver_is_relayed_and_a_strangers_is_not(
     assert len(fake_lark.messages_in(chat_id)) == 1 and fake_lark.replies == []
 
 
+def race_web_deny(broker: Broker, session_id: str, request_id: str, lark) -> tuple[dict, object]:
+    """Denies the request on the Web while `lark()` answers it from Lark, at
+    the same instant; checks that one answer won, and answers the request as
+    read after it and what `lark()` answered."""
+    results: dict[str, object] = {}
+    start = threading.Barrier(2)
+
+    def web() -> None:
+        start.wait()
+        results["web"] = answer(broker, session_id, request_id, "deny")
+
+    def from_lark() -> None:
+        start.wait()
+        results["lark"] = lark()
+
+    threads = [threading.Thread(target=web), threading.Thread(target=from_lark)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    read = broker.ok("GET", requests_path(session_id, request_id))
+    expected = {"denied": (200, "owner"), "allowed": (409, "lark")}[read["state"]]
+    assert (results["web"][0], read["answered_via"]) == expected, (results, read)
+    return read, results["lark"]
+
+
 async def test_web_and_lark_answers_racing_give_one_notification(lark_broker, fake_lark, tmp_path):
     broker = lark_broker
     host = unique("host")
@@ -222,28 +249,29 @@ async def test_web_and_lark_answers_racing_give_one_notification(lark_broker, fa
     async with loopx_mcp(tmp_path, broker.url, broker.token, *channel_args(session_id), host_session_id=host) as m:
         await m.request_permission("racer")
         await wait_recorded(broker, session_id, "racer")
-        results: dict[str, tuple[int, dict]] = {}
-        start = threading.Barrier(2)
-
-        def web() -> None:
-            start.wait()
-            results["web"] = answer(broker, session_id, "racer", "deny")
-
-        def lark() -> None:
-            start.wait()
-            lark_event(broker, chat_id, unique("om"), "yes racer", sender=APPROVER)
-
-        threads = [threading.Thread(target=web), threading.Thread(target=lark)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        read = broker.ok("GET", requests_path(session_id, "racer"))
-        expected = {"denied": (200, "owner"), "allowed": (409, "lark")}[read["state"]]
-        assert (results["web"][0], read["answered_via"]) == expected, (results, read)
+        read, _ = race_web_deny(broker, session_id, "racer",
+                                lambda: lark_event(broker, chat_id, unique("om"), "yes racer", sender=APPROVER))
         got = await m.next_permission()
         assert got.behavior == {"allowed": "allow", "denied": "deny"}[read["state"]]
         await m.no_permission(1.5)
+
+
+async def test_taps_on_the_card_racing_the_web_give_one_answer_relayed_once(lark_broker, fake_lark, tmp_path):
+    broker = lark_broker
+    host = unique("host")
+    session_id = broker.bind(host)
+    chat_id = linked_chat(broker, session_id)
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *channel_args(session_id), host_session_id=host) as m:
+        for round in range(8):
+            request_id = "tap" + "abcdefgh"[round] + "x"
+            await m.request_permission(request_id)
+            card = (await wait_message(fake_lark, chat_id, request_id))["card"]
+            read, tapped = race_web_deny(broker, session_id, request_id,
+                                         lambda: lark_card_click(broker, card, "allow", chat_id, APPROVER))
+            assert "behaviors" not in json.dumps(tapped["card"]["data"]), "the final card: no buttons"
+            got = await m.next_permission()
+            assert (got.request_id, got.behavior) == (request_id, {"allowed": "allow", "denied": "deny"}[read["state"]])
+        await m.no_permission(1.5)  # each answer relayed once
 
 
 async def test_an_answer_given_while_the_bridge_was_down_is_relayed_once_after_restart(broker, tmp_path):

@@ -1,5 +1,5 @@
 //! `loopx hook`: Claude Code and Codex attached through their hooks
-//! (contract: shared/spec/HOOKS.md). The agent runs `loopx hook <event>` at
+//! (as the hooks contract says). The agent runs `loopx hook <event>` at
 //! fixed points of its session with a JSON document on stdin; the host
 //! session is that document's `session_id`, so `loopx mcp` and `loopx hook`
 //! in one Claude Code session are one host. `stop` answers the turn it

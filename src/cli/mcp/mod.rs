@@ -1,6 +1,6 @@
 //! `loopx mcp`: the host bridge built in, as an MCP server on stdio that an
 //! agent CLI (Claude Code, Codex, any MCP host) starts for its own running
-//! session (contract: shared/spec/MCP.md). stdout carries only MCP messages;
+//! session (as the MCP bridge contract says). stdout carries only MCP messages;
 //! logs go to stderr and never carry a message text or the host session id.
 //! It exits 0 when stdin closes and releases nothing: an unanswered claim
 //! stays claimed for the next run to take over. While it holds a delivered,

@@ -16,7 +16,7 @@ use sqlx::query::Query;
 
 use super::Step;
 use super::rows::text;
-use crate::decide::{Change, ClaimRow, Decided, NewEvent, NewReply, Sweep, Writes};
+use crate::decide::{Change, Changed, ClaimRow, Decided, NewEvent, NewReply, Sweep, Writes};
 use crate::decide::{SessionRow, TurnRow};
 
 type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
@@ -182,6 +182,7 @@ pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> Step<()> 
 async fn apply_step(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
     lark_writes(conn, writes).await?;
     permission_writes(conn, writes).await?;
+    card_writes(conn, writes).await?;
     if let Some(sweep) = &writes.sweep {
         sweep_session(conn, sweep).await?;
     }
@@ -279,10 +280,25 @@ async fn sweep_session(conn: &mut PgConnection, sweep: &Sweep) -> sqlx::Result<(
     Ok(())
 }
 
-/// Applies a decision's writes and answers its answer.
+/// Applies a decision's writes and answers its answer; what they change is
+/// kept for [`take_changed`].
 pub(super) async fn decided<T>(conn: &mut PgConnection, decided: Decided<T>) -> Step<T> {
     apply(conn, &decided.writes).await?;
+    if let Some(changed) = decided.writes.changed() {
+        let _ = CHANGED.try_with(|all| all.borrow_mut().push(changed));
+    }
     Ok(decided.answer)
+}
+
+tokio::task_local! {
+    /// What the decisions applied in this store call's transaction changed
+    /// (`transaction!` scopes it, and publishes it once committed).
+    pub(crate) static CHANGED: std::cell::RefCell<Vec<Changed>>;
+}
+
+/// What the decisions applied in this store call changed since the last call.
+pub(crate) fn take_changed() -> Vec<Changed> {
+    CHANGED.try_with(|all| all.take()).unwrap_or_default()
 }
 
 /// Writes a decision's Lark event guard and link change, if any.
@@ -377,6 +393,26 @@ async fn permission_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Re
         .execute(&mut *conn)
         .await?;
     }
+    Ok(())
+}
+
+/// Writes what an answer given in Lark does to the request's card, if any.
+async fn card_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<()> {
+    let Some(card) = &writes.card else {
+        return Ok(());
+    };
+    sqlx::query(
+        "update lark_permission_messages set answered_by = coalesce($1, answered_by),
+             update_state = case when $2 and update_state = 'pending' then 'sent'
+                                 else update_state end
+         where session_id = $3 and request_id = $4",
+    )
+    .bind(&card.answered_by)
+    .bind(card.shown)
+    .bind(&card.session_id)
+    .bind(&card.request_id)
+    .execute(&mut *conn)
+    .await?;
     Ok(())
 }
 

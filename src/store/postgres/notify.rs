@@ -11,8 +11,11 @@ use sqlx::postgres::{PgListener, PgPool};
 use tokio_util::sync::CancellationToken;
 
 use super::{ACQUIRE_TIMEOUT, CHANNEL, LISTENER_PING};
-use crate::store::ChangeHook;
 use crate::time::now_ms;
+
+/// Called with each session id announced on [`CHANNEL`] (by any replica,
+/// this one included).
+pub(super) type ChangeHook = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
 
 /// Sends `pg_notify(CHANNEL, session_id)` for committed changes, outside
 /// their transactions, in batches: each batch is one statement in its own

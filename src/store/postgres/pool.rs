@@ -5,15 +5,18 @@
 //! concurrent transaction. It knows no table and decides nothing.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
-use super::notify::{Announcer, start_listening};
-use super::{ACQUIRE_TIMEOUT, CHANNEL, MAX_CONNECTIONS, PgStore};
+use super::notify::{Announcer, ChangeHook, listen, start_listening};
+use super::{ACQUIRE_TIMEOUT, CHANNEL, MAX_CONNECTIONS, PgStore, RECHECK};
+use crate::decide::Changed;
 use crate::error::{Error, Result};
+use crate::store::{Change, ChangeFeed};
 
 /// A pooled connection idle this long is pinged before it serves a request.
 const IDLE_TEST: Duration = Duration::from_secs(1);
@@ -82,14 +85,45 @@ impl PgStore {
             "PostgreSQL store ready (migrations applied, listening for changes)"
         );
         let stop = CancellationToken::new();
+        // What other replicas commit: its kind is not told, so it may free
+        // a turn for a parked claim.
+        let feed: Arc<ChangeFeed> = Default::default();
+        let elsewhere = feed.clone();
+        let hook: ChangeHook = Arc::new(move |session_id: &str| {
+            elsewhere.publish(&Change::Session(Changed {
+                session_id: session_id.to_owned(),
+                claimable: true,
+            }))
+        });
+        tokio::spawn(recheck(feed.clone(), stop.clone()));
+        tokio::spawn(listen(
+            Some(listener),
+            listen_pool,
+            pool.clone(),
+            hook,
+            stop.clone(),
+        ));
         Ok(Self {
             announcer: Announcer::start(pool.clone(), stop.clone()),
             pool,
-            listen_pool,
-            listener: std::sync::Mutex::new(Some(listener)),
+            feed,
             minter: Default::default(),
             stop,
         })
+    }
+}
+
+/// Every [`RECHECK`], until `stop`: every waiter re-checks the store, for
+/// the announcements that were lost (while the listening connection was
+/// down, or when a batch of them failed).
+async fn recheck(feed: Arc<ChangeFeed>, stop: CancellationToken) {
+    let mut every = tokio::time::interval(RECHECK);
+    every.tick().await;
+    loop {
+        tokio::select! {
+            _ = every.tick() => feed.publish(&Change::Unknown),
+            _ = stop.cancelled() => return,
+        }
     }
 }
 
@@ -164,21 +198,28 @@ pub(super) async fn settle<T>(
 /// conflict with a concurrent transaction.
 macro_rules! transaction {
     ($store:expr, $what:literal, |$conn:ident| $body:expr) => {{
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let mut tx = $store
-                .pool
-                .begin()
-                .await
-                .map_err(|e| Error::store($what, e))?;
-            let outcome = {
-                let $conn: &mut PgConnection = &mut *tx;
-                $body.await
-            };
-            if let Some(value) = settle(tx, outcome, attempt, $what).await? {
-                break Ok::<_, Error>(value);
-            }
-        }
+        let store: &PgStore = $store;
+        $crate::store::postgres::apply::CHANGED
+            .scope(Default::default(), async {
+                let mut attempt = 0;
+                loop {
+                    attempt += 1;
+                    $crate::store::postgres::apply::take_changed();
+                    let mut tx = store
+                        .pool
+                        .begin()
+                        .await
+                        .map_err(|e| Error::store($what, e))?;
+                    let outcome = {
+                        let $conn: &mut PgConnection = &mut *tx;
+                        $body.await
+                    };
+                    if let Some(value) = settle(tx, outcome, attempt, $what).await? {
+                        store.committed($crate::store::postgres::apply::take_changed());
+                        break Ok::<_, Error>(value);
+                    }
+                }
+            })
+            .await
     }};
 }

@@ -2,19 +2,37 @@
 //! in the decision's transaction on the writer's connection. Every table a
 //! decision changes is written here and nowhere else.
 
+use std::cell::RefCell;
+
 use rusqlite::Connection;
 
 use super::sql;
 use crate::decide::{
-    Change, ClaimRow, Decided, NewEvent, NewReply, SessionRow, Sweep, TurnRow, Writes,
+    Change, Changed, ClaimRow, Decided, NewEvent, NewReply, SessionRow, Sweep, TurnRow, Writes,
 };
 use crate::error::Result;
 use crate::model::SessionState;
 
-/// Applies a decision's writes and answers its answer.
+/// Applies a decision's writes and answers its answer; what they change is
+/// kept for [`take_changed`].
 pub(super) fn decided<T>(conn: &Connection, decided: Decided<T>) -> Result<T> {
+    let changed = decided.writes.changed();
     apply(conn, decided.writes)?;
+    if let Some(changed) = changed {
+        CHANGED.with(|all| all.borrow_mut().push(changed));
+    }
     Ok(decided.answer)
+}
+
+thread_local! {
+    /// What the decisions applied on this (the writer's) thread changed,
+    /// since the last [`take_changed`].
+    static CHANGED: RefCell<Vec<Changed>> = const { RefCell::new(Vec::new()) };
+}
+
+/// What the decisions applied on this thread changed since the last call.
+pub(super) fn take_changed() -> Vec<Changed> {
+    CHANGED.with(|all| all.take())
 }
 
 /// Applies a decision's writes, in their order.
@@ -24,6 +42,7 @@ fn apply(conn: &Connection, mut writes: Writes) -> Result<()> {
     }
     lark_writes(conn, &writes)?;
     permission_writes(conn, &writes)?;
+    card_writes(conn, &writes)?;
     if let Some(sweep) = &writes.sweep {
         sweep_session(conn, sweep)?;
     }
@@ -321,5 +340,24 @@ fn permission_writes(conn: &Connection, writes: &Writes) -> Result<()> {
         .bind(m.at)
         .execute(conn)?;
     }
+    Ok(())
+}
+
+/// Writes what an answer given in Lark does to the request's card, if any.
+fn card_writes(conn: &Connection, writes: &Writes) -> Result<()> {
+    let Some(card) = &writes.card else {
+        return Ok(());
+    };
+    sql::query(
+        "update lark_permission_messages set answered_by = coalesce(?1, answered_by),
+             update_state = case when ?2 = 1 and update_state = 'pending' then 'sent'
+                                 else update_state end
+         where session_id = ?3 and request_id = ?4",
+    )
+    .bind(&card.answered_by)
+    .bind(i64::from(card.shown))
+    .bind(&card.session_id)
+    .bind(&card.request_id)
+    .execute(conn)?;
     Ok(())
 }

@@ -1,0 +1,253 @@
+//! A permission request's Lark card (schema 2.0) and the answers to a click
+//! on it: the open card (tool, description, the input preview as a code
+//! block, Allow / Deny buttons whose callback `value` names the session, the
+//! request and the answer), its final form (who answered what, no buttons),
+//! and the toasts. Texts are in English and Chinese side by side: LARK.md
+//! describes no `i18n` fields for cards or toasts, and a chat mixes both
+//! languages. Everything that comes from the agent is escaped, the preview
+//! is never interpreted. It decides nothing and knows no SQL.
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::markdown::escape_html;
+use crate::model::{AnsweredVia, Behavior, PermissionState};
+use crate::permission::PermissionRow;
+
+/// How much of the description and of the preview a card shows (the Web
+/// page shows them whole); it keeps a card far below Lark's 30 KB.
+const DESCRIPTION_CHARS: usize = 500;
+const PREVIEW_CHARS: usize = 1500;
+
+/// What a button sends back when it is clicked (its callback `value`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ButtonValue {
+    pub session_id: String,
+    pub request_id: String,
+    pub behavior: Behavior,
+}
+
+/// The card a linked chat receives for a new request.
+pub fn open(row: &PermissionRow) -> Value {
+    let id = escape_html(&row.request_id);
+    let mut elements = about(row);
+    elements.push(json!({"tag": "column_set", "columns": [
+        button(row, Behavior::Allow, "Allow · 允许", "primary_filled"),
+        button(row, Behavior::Deny, "Deny · 拒绝", "danger"),
+    ]}));
+    elements.push(markdown(&format!(
+        "Approvers of this chat only. Or reply \"yes {id}\" to allow, \"no {id}\" to deny.\n\
+         仅本群审批人可操作。也可回复 \"yes {id}\" 允许，\"no {id}\" 拒绝。"
+    )));
+    card("Permission request · 权限请求", "orange", elements)
+}
+
+/// The card once the request is settled: what was answered, by whom (the
+/// approver's open id, when a click or `yes <id>` in Lark answered), no
+/// buttons.
+pub fn settled(row: &PermissionRow, by: Option<&str>) -> Value {
+    let (title, template) = match row.state {
+        PermissionState::Allowed => ("Allowed · 已允许", "green"),
+        PermissionState::Denied => ("Denied · 已拒绝", "red"),
+        PermissionState::Expired => ("No longer open · 已失效", "grey"),
+        PermissionState::Pending => return open(row),
+    };
+    let mut elements = about(row);
+    elements.push(markdown(&outcome(row, by)));
+    card(title, template, elements)
+}
+
+/// Who answered what, in both languages.
+fn outcome(row: &PermissionRow, by: Option<&str>) -> String {
+    let (en, zh) = match row.state {
+        PermissionState::Denied => ("Denied", "拒绝"),
+        PermissionState::Expired => {
+            return "Not answered here: answered at the terminal, withdrawn, or the session closed.\n\
+                    未在此处理：已在终端处理、已撤回，或会话已关闭。"
+                .into();
+        }
+        _ => ("Allowed", "允许"),
+    };
+    match (row.answered_via, by) {
+        (Some(AnsweredVia::Lark), Some(by)) if is_open_id(by) => {
+            format!("**{en}** by <at id={by}></at> in Lark.\n已由 <at id={by}></at> 在飞书中{zh}。")
+        }
+        (Some(AnsweredVia::Lark), _) => format!("**{en}** in Lark.\n已在飞书中{zh}。"),
+        _ => format!("**{en}** on the Web page.\n已在网页上{zh}。"),
+    }
+}
+
+/// A toast for the person who clicked.
+pub fn toast(kind: &str, content: &str) -> Value {
+    json!({"type": kind, "content": content})
+}
+
+/// The toast of an answer that this click gave.
+pub fn answered_toast(state: PermissionState) -> Value {
+    match state {
+        PermissionState::Denied => toast("success", "Denied · 已拒绝"),
+        _ => toast("success", "Allowed · 已允许"),
+    }
+}
+
+/// The toast of a click on a request settled before it.
+pub fn settled_toast(state: PermissionState) -> Value {
+    match state {
+        PermissionState::Allowed => toast("info", "Already allowed · 已被允许"),
+        PermissionState::Denied => toast("info", "Already denied · 已被拒绝"),
+        _ => toast("info", "No longer open · 已失效"),
+    }
+}
+
+/// The toast of a click by someone not on the link's approver list.
+pub fn refused_toast() -> Value {
+    toast(
+        "warning",
+        "Only this chat's approvers may answer · 只有本群的审批人可以处理",
+    )
+}
+
+/// The toast of a click naming no request the broker has.
+pub fn unknown_toast() -> Value {
+    toast("error", "Unknown request · 未知的请求")
+}
+
+/// A callback answer: the toast, and the card that replaces the clicked one.
+pub fn callback(toast: Value, card: Option<Value>) -> Value {
+    match card {
+        Some(card) => json!({"toast": toast, "card": {"type": "raw", "data": card}}),
+        None => json!({"toast": toast}),
+    }
+}
+
+/// The tool, the description and the input preview as a code block.
+fn about(row: &PermissionRow) -> Vec<Value> {
+    let mut elements = vec![markdown(&format!(
+        "**{}**: {}",
+        escape_html(&row.tool_name),
+        escape_html(&cut(&row.description, DESCRIPTION_CHARS)),
+    ))];
+    if !row.input_preview.is_empty() {
+        elements.push(markdown(&code_block(&cut(
+            &row.input_preview,
+            PREVIEW_CHARS,
+        ))));
+    }
+    elements
+}
+
+/// A fenced code block that no backtick run in `text` can close, its HTML
+/// escaped: the preview shows as it is, never interpreted.
+fn code_block(text: &str) -> String {
+    let mut longest = 0;
+    let mut run = 0;
+    for c in text.chars() {
+        run = if c == '`' { run + 1 } else { 0 };
+        longest = longest.max(run);
+    }
+    let fence = "`".repeat((longest + 1).max(3));
+    format!("{fence}\n{}\n{fence}", escape_html(text))
+}
+
+fn button(row: &PermissionRow, behavior: Behavior, text: &str, kind: &str) -> Value {
+    json!({"tag": "column", "width": "auto", "elements": [{
+        "tag": "button",
+        "type": kind,
+        "text": {"tag": "plain_text", "content": text},
+        "behaviors": [{"type": "callback", "value": {
+            "session_id": row.session_id,
+            "request_id": row.request_id,
+            "behavior": behavior,
+        }}],
+    }]})
+}
+
+fn markdown(content: &str) -> Value {
+    json!({"tag": "markdown", "content": content})
+}
+
+fn card(title: &str, template: &str, elements: Vec<Value>) -> Value {
+    json!({
+        "schema": "2.0",
+        "config": {"update_multi": true},
+        "header": {"title": {"tag": "plain_text", "content": title}, "template": template},
+        "body": {"elements": elements},
+    })
+}
+
+fn is_open_id(id: &str) -> bool {
+    crate::permission::approvers(vec![id.to_owned()]).is_ok()
+}
+
+fn cut(text: &str, chars: usize) -> String {
+    match text.char_indices().nth(chars) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::permission::tests::created;
+
+    fn buttons(card: &Value) -> Vec<Value> {
+        card["body"]["elements"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["tag"] == "column_set")
+            .flat_map(|set| set["columns"].as_array().unwrap().clone())
+            .map(|column| column["elements"][0].clone())
+            .collect()
+    }
+
+    #[test]
+    fn an_open_card_has_two_buttons_naming_the_request_and_the_answer() {
+        let card = open(&created());
+        let buttons = buttons(&card);
+        assert_eq!(buttons.len(), 2);
+        let values: Vec<ButtonValue> = buttons
+            .iter()
+            .map(|b| serde_json::from_value(b["behaviors"][0]["value"].clone()).unwrap())
+            .collect();
+        assert_eq!(values[0].behavior, Behavior::Allow);
+        assert_eq!(values[1].behavior, Behavior::Deny);
+        assert!(values.iter().all(|v| v.request_id == "abcde"));
+        assert!(card.to_string().contains("yes abcde"));
+    }
+
+    #[test]
+    fn the_preview_is_an_escaped_code_block_no_backticks_can_close() {
+        let row = PermissionRow {
+            input_preview: "echo ```\n</script>".into(),
+            ..created()
+        };
+        let text = open(&row).to_string();
+        assert!(
+            text.contains("````\\necho ```\\n&lt;/script&gt;\\n````"),
+            "{text}"
+        );
+        assert!(!text.contains("</script>"));
+    }
+
+    #[test]
+    fn a_settled_card_says_who_answered_what_without_buttons() {
+        let row = PermissionRow {
+            state: PermissionState::Denied,
+            answered_via: Some(AnsweredVia::Lark),
+            ..created()
+        };
+        let card = settled(&row, Some("ou_ann"));
+        assert!(buttons(&card).is_empty());
+        assert!(card.to_string().contains("<at id=ou_ann></at>"));
+        assert!(card.to_string().contains("Denied"));
+        let odd = settled(&row, Some("ou_<b>"));
+        assert!(!odd.to_string().contains("<b>"));
+        let web = PermissionRow {
+            answered_via: Some(AnsweredVia::Owner),
+            ..row
+        };
+        assert!(settled(&web, None).to_string().contains("Web page"));
+    }
+}
