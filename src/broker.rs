@@ -354,37 +354,9 @@ impl Broker {
             }
             parked.get_or_insert_with(|| Open::new(&self.metrics.parked_claims));
             self.heard(session_id, &host).await;
-            // Registered after the store said empty: an enqueue committed
-            // before this point wakes `woken` instead.
-            let mut handoff: Option<Parked> = self.store.hands_off().then(|| {
-                self.handoffs
-                    .park(session_id, host.clone(), claim.claim_id.clone())
-            });
-            let mut ended = false;
-            let delivered = tokio::select! {
-                delivery = handed_off(&mut handoff) => delivery,
-                _ = woken => {
-                    woken_at = Some(Instant::now());
-                    None
-                }
-                // A long park is heard from now and then (presence).
-                _ = tokio::time::sleep(PARKED_HEARD_EVERY) => None,
-                _ = tokio::time::sleep_until(deadline) => {
-                    ended = true;
-                    None
-                }
-                _ = self.shutdown.cancelled() => {
-                    ended = true;
-                    None
-                }
-            };
-            // Leaving the registry: if an enqueue took this claim meanwhile,
-            // its outcome is on the way and is this claim's answer.
-            let delivered = match (delivered, handoff) {
-                (Some(delivery), _) => Some(delivery),
-                (None, Some(handoff)) => handoff.leave().await,
-                (None, None) => None,
-            };
+            let (delivered, wake) = self
+                .park(session_id, &host, &claim.claim_id, woken, deadline)
+                .await;
             if let Some((enqueue_started, outcome)) = delivered {
                 let answer = self.claim_answer(
                     session_id,
@@ -397,8 +369,10 @@ impl Broker {
                     return Ok(answer);
                 }
             }
-            if ended {
-                break;
+            match wake {
+                Wake::Woken => woken_at = Some(Instant::now()),
+                Wake::Again => {}
+                Wake::Ended => break,
             }
         }
         Ok(Answer {
@@ -409,6 +383,42 @@ impl Broker {
             }),
             replayed: false,
         })
+    }
+
+    /// Sleeps a parked claim until an enqueue hands it an outcome (on a
+    /// store that hands off), its session's signal fires (`woken`), a
+    /// presence refresh is due, its deadline or shutdown. Leaving the
+    /// hand-off registry, it takes an outcome an enqueue delivered meanwhile.
+    async fn park(
+        &self,
+        session_id: &str,
+        host: &HostIdentity,
+        claim_id: &str,
+        woken: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+        deadline: Instant,
+    ) -> (Option<Delivery>, Wake) {
+        // Registered after the store said empty: an enqueue committed
+        // before this point wakes `woken` instead.
+        let mut handoff: Option<Parked> = self.store.hands_off().then(|| {
+            self.handoffs
+                .park(session_id, host.clone(), claim_id.to_owned())
+        });
+        let (delivered, wake) = tokio::select! {
+            delivery = handed_off(&mut handoff) => (delivery, Wake::Again),
+            _ = woken => (None, Wake::Woken),
+            // A long park is heard from now and then (presence).
+            _ = tokio::time::sleep(PARKED_HEARD_EVERY) => (None, Wake::Again),
+            _ = tokio::time::sleep_until(deadline) => (None, Wake::Ended),
+            _ = self.shutdown.cancelled() => (None, Wake::Ended),
+        };
+        // Leaving the registry: if an enqueue took this claim meanwhile,
+        // its outcome is on the way and is this claim's answer.
+        let delivered = match (delivered, handoff) {
+            (Some(delivery), _) => Some(delivery),
+            (None, Some(handoff)) => handoff.leave().await,
+            (None, None) => None,
+        };
+        (delivered, wake)
     }
 
     /// A claim's answer from what the store found: `None` to keep parking
@@ -691,6 +701,17 @@ pub(crate) fn checked_host(host_surface: String, host_session_id: String) -> Res
         host_surface,
         host_session_id,
     })
+}
+
+/// Why a parked claim woke.
+enum Wake {
+    /// Its session's signal fired: the store is read again, and the wake-up
+    /// latency sampled.
+    Woken,
+    /// A hand-off or a presence refresh: the store is read again.
+    Again,
+    /// Its deadline, or shutdown.
+    Ended,
 }
 
 /// A parked claim's hand-off, if it has one, once an enqueue has taken it:

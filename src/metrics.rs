@@ -65,33 +65,34 @@ impl ConnectionMetrics {
 impl Default for Metrics {
     fn default() -> Self {
         let registry = Registry::new_custom(Some("loopx".into()), None).expect("a valid prefix");
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "http_requests_total",
-                "HTTP requests by matched route, method and status.",
-            ),
+        let requests = counters(
+            &registry,
+            "http_requests_total",
+            "HTTP requests by matched route, method and status.",
             &["route", "method", "status"],
-        )
-        .expect("valid metric");
-        let turns = IntCounterVec::new(
-            Opts::new(
-                "turns_total",
-                "Turn transitions: enqueued, claimed, completed, cancelled.",
-            ),
+        );
+        let turns = counters(
+            &registry,
+            "turns_total",
+            "Turn transitions: enqueued, claimed, completed, cancelled.",
             &["event"],
-        )
-        .expect("valid metric");
-        let queued = IntGauge::new("queued_turns", "Turns queued now, over all sessions.")
-            .expect("valid metric");
+        );
+        let queued = gauge(
+            &registry,
+            "queued_turns",
+            "Turns queued now, over all sessions.",
+        );
         let oldest_queued_age_seconds = prometheus::Gauge::new(
             "oldest_queued_age_seconds",
             "Age of the oldest queued turn, over all sessions (0 when none).",
-        )
-        .expect("valid metric");
-        let parked_claims = IntGauge::new("parked_claims", "Claims parked waiting for a turn.")
-            .expect("valid metric");
-        let sse_streams =
-            IntGauge::new("sse_streams", "Open Server-Sent Events streams.").expect("valid metric");
+        );
+        let oldest_queued_age_seconds = registered(&registry, oldest_queued_age_seconds);
+        let parked_claims = gauge(
+            &registry,
+            "parked_claims",
+            "Claims parked waiting for a turn.",
+        );
+        let sse_streams = gauge(&registry, "sse_streams", "Open Server-Sent Events streams.");
         let claim_wake_seconds = Histogram::with_opts(
             HistogramOpts::new(
                 "claim_wake_seconds",
@@ -100,55 +101,34 @@ impl Default for Metrics {
             .buckets(vec![
                 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
             ]),
-        )
-        .expect("valid metric");
-        let lark_replies = IntCounterVec::new(
-            Opts::new(
-                "lark_replies_total",
-                "Lark replies, permission-request cards and their updates by outcome.",
-            ),
+        );
+        let claim_wake_seconds = registered(&registry, claim_wake_seconds);
+        let lark_replies = counters(
+            &registry,
+            "lark_replies_total",
+            "Lark replies, permission-request cards and their updates by outcome.",
             &["outcome"],
-        )
-        .expect("valid metric");
+        );
         let connections = ConnectionMetrics::new();
-        let permission_requests = IntCounterVec::new(
-            Opts::new(
-                "permission_requests_total",
-                "Permission requests by outcome: created, allowed, denied, expired.",
-            ),
+        registered(&registry, Ok(connections.open.clone()));
+        registered(&registry, Ok(connections.refused.clone()));
+        registered(&registry, Ok(connections.accept_errors.clone()));
+        let permission_requests = counters(
+            &registry,
+            "permission_requests_total",
+            "Permission requests by outcome: created, allowed, denied, expired.",
             &["outcome"],
-        )
-        .expect("valid metric");
-        let lark_connected = IntGauge::new(
+        );
+        let lark_connected = gauge(
+            &registry,
             "lark_connected",
             "1 while the long connection to Lark is open, else 0.",
-        )
-        .expect("valid metric");
+        );
         let lark_reconnects = prometheus::IntCounter::new(
             "lark_reconnects_total",
             "Long connections to Lark lost or refused, each followed by a retry.",
-        )
-        .expect("valid metric");
-        for collector in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(turns.clone()),
-            Box::new(queued.clone()),
-            Box::new(oldest_queued_age_seconds.clone()),
-            Box::new(parked_claims.clone()),
-            Box::new(sse_streams.clone()),
-            Box::new(claim_wake_seconds.clone()),
-            Box::new(lark_replies.clone()),
-            Box::new(connections.open.clone()),
-            Box::new(connections.refused.clone()),
-            Box::new(connections.accept_errors.clone()),
-            Box::new(permission_requests.clone()),
-            Box::new(lark_connected.clone()),
-            Box::new(lark_reconnects.clone()),
-        ] {
-            registry
-                .register(collector)
-                .expect("metric names are unique");
-        }
+        );
+        let lark_reconnects = registered(&registry, lark_reconnects);
         Self {
             registry,
             requests,
@@ -165,6 +145,28 @@ impl Default for Metrics {
             lark_reconnects,
         }
     }
+}
+
+/// `metric`, registered in `registry`.
+fn registered<C>(registry: &Registry, metric: prometheus::Result<C>) -> C
+where
+    C: prometheus::core::Collector + Clone + 'static,
+{
+    let metric = metric.expect("valid metric");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric names are unique");
+    metric
+}
+
+/// A registered counter per value of `labels`.
+fn counters(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    registered(registry, IntCounterVec::new(Opts::new(name, help), labels))
+}
+
+/// A registered gauge.
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    registered(registry, IntGauge::new(name, help))
 }
 
 impl Metrics {

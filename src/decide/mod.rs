@@ -401,6 +401,37 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn what_writes_change_follows_the_events_they_log() {
+        let logged = |subject: Subject<'_>, state: &'static str| Writes {
+            event: Some(log(&mut session(SessionState::Open), subject, state, 1)),
+            ..Writes::default()
+        };
+        let changed = |writes: Writes| writes.changed().map(|c| c.claimable);
+        assert_eq!(changed(logged(Subject::Turn("t", 1), "queued")), Some(true));
+        assert_eq!(
+            changed(logged(Subject::Turn("t", 1), "completed")),
+            Some(true)
+        );
+        // Taking a turn frees none; news for the streams only.
+        assert_eq!(
+            changed(logged(Subject::Turn("t", 1), "claimed")),
+            Some(false)
+        );
+        assert_eq!(
+            changed(logged(Subject::Permission("r"), "allowed")),
+            Some(false)
+        );
+        assert_eq!(changed(logged(Subject::Session, "closed")), Some(true));
+        // A replay logs nothing and changes nothing.
+        assert_eq!(changed(Writes::default()), None);
+        let after_release = Writes {
+            before: Some(Box::new(logged(Subject::Turn("t", 1), "released"))),
+            ..logged(Subject::Agent, "working")
+        };
+        assert_eq!(changed(after_release), Some(true));
+    }
+
+    #[test]
     fn an_items_read_names_the_session_first_then_the_item() {
         let message = |r: Result<u8>| r.unwrap_err().message.into_owned();
         assert_eq!(message(item(None, None, "turn")), "No such session.");

@@ -222,6 +222,8 @@ mod tests {
         };
         let replayed = close(closed, false, 5).expect("a replay");
         assert!(replayed.writes.session.is_none() && replayed.writes.sweep.is_none());
+        let unknown = close(CloseRows::default(), true, 5).expect_err("a refusal");
+        assert_eq!(unknown.code, ErrorCode::NotFound);
         let held = ClaimRow {
             claim_id: "c1".into(),
             session_id: "ses_1".into(),
@@ -283,6 +285,10 @@ mod tests {
             before.next_event_no + 1
         );
         assert_eq!(closing.session.unwrap().active_claim_id, None);
+    }
+
+    #[test]
+    fn a_close_cancels_expires_and_unlinks_in_its_writes_then_logs_closed() {
         let open = CloseRows {
             session: Some(session(SessionState::Open)),
             queued: 3,
@@ -312,7 +318,5 @@ mod tests {
             (after.state, after.closed_at, after.queued_count),
             (SessionState::Closed, Some(5), 0)
         );
-        let unknown = close(CloseRows::default(), true, 5).expect_err("a refusal");
-        assert_eq!(unknown.code, ErrorCode::NotFound);
     }
 }

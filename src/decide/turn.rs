@@ -270,6 +270,29 @@ fn receipt(turn: &TurnRow, replayed: bool) -> Receipt {
     }
 }
 
+/// A completion by `claim_id` on `turn`, in the contract's order: 409
+/// `already_completed` (by another completion), `not_claimed`, or
+/// `claim_mismatch` (held by another claim).
+fn completable(turn: &TurnRow, claim_id: &str) -> Result<()> {
+    match turn.state {
+        TurnState::Completed => Err(Error::new(
+            ErrorCode::AlreadyCompleted,
+            "The turn is already completed by another completion.",
+        )),
+        TurnState::Queued | TurnState::Cancelled => Err(Error::new(
+            ErrorCode::NotClaimed,
+            "The turn is not claimed; claim it before completing it.",
+        )),
+        TurnState::Claimed if turn.current_claim_id.as_deref() != Some(claim_id) => {
+            Err(Error::new(
+                ErrorCode::ClaimMismatch,
+                "The turn is held by another claim.",
+            ))
+        }
+        TurnState::Claimed => Ok(()),
+    }
+}
+
 /// A completion, in this order: unknown session 404; another host 403; unknown
 /// turn 404; the turn's own completion id with the same claim and response
 /// answers its receipt again (another claim or response, or the id on another
@@ -304,27 +327,7 @@ pub fn complete(
     if rows.completion_id_used {
         return Err(reused());
     }
-    match turn.state {
-        TurnState::Completed => {
-            return Err(Error::new(
-                ErrorCode::AlreadyCompleted,
-                "The turn is already completed by another completion.",
-            ));
-        }
-        TurnState::Queued | TurnState::Cancelled => {
-            return Err(Error::new(
-                ErrorCode::NotClaimed,
-                "The turn is not claimed; claim it before completing it.",
-            ));
-        }
-        TurnState::Claimed if turn.current_claim_id.as_deref() != Some(&completion.claim_id) => {
-            return Err(Error::new(
-                ErrorCode::ClaimMismatch,
-                "The turn is held by another claim.",
-            ));
-        }
-        TurnState::Claimed => {}
-    }
+    completable(&turn, &completion.claim_id)?;
     let reply = lark_reply(&turn, &response, now);
     let turn = TurnRow {
         state: TurnState::Completed,

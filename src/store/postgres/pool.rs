@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::Connection;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::notify::{Announcer, ChangeHook, listen, start_listening};
@@ -85,24 +85,7 @@ impl PgStore {
             "PostgreSQL store ready (migrations applied, listening for changes)"
         );
         let stop = CancellationToken::new();
-        // What other replicas commit: its kind is not told, so it may free
-        // a turn for a parked claim.
-        let feed: Arc<ChangeFeed> = Default::default();
-        let elsewhere = feed.clone();
-        let hook: ChangeHook = Arc::new(move |session_id: &str| {
-            elsewhere.publish(&Change::Session(Changed {
-                session_id: session_id.to_owned(),
-                claimable: true,
-            }))
-        });
-        tokio::spawn(recheck(feed.clone(), stop.clone()));
-        tokio::spawn(listen(
-            Some(listener),
-            listen_pool,
-            pool.clone(),
-            hook,
-            stop.clone(),
-        ));
+        let feed = start_feed(listener, listen_pool, pool.clone(), stop.clone());
         Ok(Self {
             announcer: Announcer::start(pool.clone(), stop.clone()),
             pool,
@@ -111,6 +94,34 @@ impl PgStore {
             stop,
         })
     }
+}
+
+/// The store's change feed, fed by what this replica commits and, from
+/// `listener`, what other replicas announce (its kind is not told, so it may
+/// free a turn for a parked claim), and its safety re-check.
+fn start_feed(
+    listener: PgListener,
+    listen_pool: PgPool,
+    pool: PgPool,
+    stop: CancellationToken,
+) -> Arc<ChangeFeed> {
+    let feed: Arc<ChangeFeed> = Default::default();
+    let elsewhere = feed.clone();
+    let hook: ChangeHook = Arc::new(move |session_id: &str| {
+        elsewhere.publish(&Change::Session(Changed {
+            session_id: session_id.to_owned(),
+            claimable: true,
+        }))
+    });
+    tokio::spawn(listen(
+        Some(listener),
+        listen_pool,
+        pool,
+        hook,
+        stop.clone(),
+    ));
+    tokio::spawn(recheck(feed.clone(), stop));
+    feed
 }
 
 /// Every [`RECHECK`], until `stop`: every waiter re-checks the store, for
