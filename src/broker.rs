@@ -12,6 +12,8 @@
 //! the store claim for it in the enqueue's own commit and hands it the
 //! outcome directly ([`Broker::enqueue`], [`Broker::claim`]).
 
+mod holders;
+pub use holders::DEFAULT_SILENCE as DEFAULT_HOLDER_SILENCE;
 mod permissions;
 
 use std::sync::Arc;
@@ -70,6 +72,9 @@ pub struct Broker {
     outbox: Arc<tokio::sync::Notify>,
     /// The wait cap: 1800 s, lowered only for fuzzing a live broker.
     max_wait_seconds: u64,
+    /// How long a holder that names its claim may be silent before the
+    /// broker releases its turn ([`crate::decide::turn::holder_gone`]).
+    holder_silence: Duration,
     shutdown: CancellationToken,
 }
 
@@ -131,6 +136,7 @@ impl Broker {
             metrics: Default::default(),
             outbox: Default::default(),
             max_wait_seconds: MAX_WAIT_SECONDS,
+            holder_silence: holders::DEFAULT_SILENCE,
             shutdown,
         }
     }
@@ -535,11 +541,14 @@ impl Broker {
         session_id: &str,
         report: ReportAgentState,
     ) -> Result<Session> {
+        let claim_id = holders::reported_claim(&report)?;
         let host = checked_host(report.host_surface, report.host_session_id)?;
         let reported = self
             .store
-            .report_agent(session_id.to_owned(), host, Some(report.state))
+            .report_agent(session_id.to_owned(), host, Some(report.state), claim_id)
             .await?;
+        // An agent that left may leave a turn behind: released now.
+        self.release_if_left(&reported.session).await;
         Ok(reported.session.projection())
     }
 
@@ -564,7 +573,7 @@ impl Broker {
         }
         if let Err(e) = self
             .store
-            .report_agent(session_id.to_owned(), host.clone(), None)
+            .report_agent(session_id.to_owned(), host.clone(), None, None)
             .await
         {
             tracing::debug!(code = ?e.code, "a parked claim's presence was not recorded");

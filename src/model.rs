@@ -200,6 +200,21 @@ pub struct ReportAgentState {
     )]
     pub host_session_id: String,
     pub state: AgentState,
+    /// With `working` only: the claim whose turn the agent works on, said by
+    /// its holder. A holder that names its claim promises to say so again at
+    /// least every minute (`loopx mcp` does, while a turn is delivered and
+    /// unanswered); once it has been silent for the broker's
+    /// `--holder-silence` (default 5 minutes), the broker releases the claim:
+    /// its turn goes back to the head of the queue, and a late completion
+    /// from it is fenced. Naming a claim that is no longer the session's
+    /// active one changes nothing but the presence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub claim_id: Option<String>,
 }
 
 /// `POST .../permission-requests/{request_id}/withdraw`, by the host: nobody

@@ -87,6 +87,12 @@ pub struct ServeArgs {
     /// hourly [default: keep everything].
     #[arg(long, env = "LOOPX_RETAIN_CLOSED_DAYS", value_parser = clap::value_parser!(u32).range(1..))]
     pub retain_closed_days: Option<u32>,
+    /// Release the turn of a holder that said it works on its claim (a
+    /// `loopx mcp` bridge does every minute) and has been silent this long
+    /// since (e.g. `5m`, `90s`, `2s`; a bare number is seconds). A holder
+    /// that never says so (a hook, an API client) is never released by time.
+    #[arg(long, env = "LOOPX_HOLDER_SILENCE", default_value = "5m", value_parser = parse_duration)]
+    pub holder_silence: Duration,
     #[command(flatten)]
     pub limits: ConnectionLimits,
 }
@@ -104,6 +110,30 @@ pub struct PruneArgs {
     /// The replicas' PostgreSQL URL, instead of the data dir's SQLite store.
     #[arg(long, env = "LOOPX_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<DatabaseUrl>,
+}
+
+/// A duration: a number with a unit (`ms`, `s`, `m`, `h`), or bare seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration such as 5m, 90s or 500ms"))?;
+    let millis = match unit.trim() {
+        "ms" => Some(number),
+        "" | "s" => number.checked_mul(1000),
+        "m" => number.checked_mul(60_000),
+        "h" => number.checked_mul(3_600_000),
+        _ => return Err(format!("`{text}`: the unit is one of ms, s, m, h")),
+    };
+    match millis {
+        Some(0) => Err("a duration must be more than zero".into()),
+        Some(ms) => Ok(Duration::from_millis(ms)),
+        None => Err(format!("`{text}` is too long")),
+    }
 }
 
 /// Seconds between keep-alive comments on parked SSE claims.
@@ -127,6 +157,9 @@ pub struct AppConfig {
     pub lark: Option<LarkConfig>,
     /// Prune sessions closed this many days ago, at start and hourly.
     pub retain_closed_days: Option<u32>,
+    /// How long a holder that names its claim may be silent before the
+    /// broker releases its turn.
+    pub holder_silence: Duration,
     pub limits: ConnectionLimits,
 }
 
@@ -140,6 +173,7 @@ impl AppConfig {
             max_wait_seconds: MAX_WAIT_SECONDS,
             lark: None,
             retain_closed_days: None,
+            holder_silence: crate::broker::DEFAULT_HOLDER_SILENCE,
             limits: ConnectionLimits::default(),
         }
     }
@@ -164,8 +198,10 @@ impl App {
         }
         let broker = Arc::new(
             Broker::new(config.store, shutdown.clone())
-                .with_max_wait_seconds(config.max_wait_seconds),
+                .with_max_wait_seconds(config.max_wait_seconds)
+                .with_holder_silence(config.holder_silence),
         );
+        tokio::spawn(broker.clone().sweep_holders());
         let mut lark_tasks = Vec::new();
         let mut lark_connector = None;
         if let Some(lark) = &config.lark {
@@ -265,6 +301,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
             max_wait_seconds: args.max_wait_seconds,
             lark,
             retain_closed_days: args.retain_closed_days,
+            holder_silence: args.holder_silence,
             limits,
             ..AppConfig::new(store, token)
         },

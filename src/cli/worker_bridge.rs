@@ -12,8 +12,8 @@ use serde_json::{Map, Value};
 use super::common::{ClientOptions, Ctx, Format, local_error, with_client};
 use crate::client::ClientError;
 use crate::model::{
-    BindRequest, ClaimAnswer, ClaimRequest, CloseRequest, CompleteRequest, ListSessions,
-    RegisterAgentThread, ReleaseRequest, Session, SessionState,
+    AgentState, BindRequest, ClaimAnswer, ClaimRequest, CloseRequest, CompleteRequest,
+    ListSessions, ListTurns, RegisterAgentThread, ReleaseRequest, Session, SessionState,
 };
 use crate::model::{HostIdentity, wire};
 
@@ -426,12 +426,16 @@ async fn list(ctx: Ctx, a: AttachedSessionListArgs) -> Result<(), ClientError> {
         cursor: a.cursor,
     };
     let answer = ctx.client.sessions(&filter).await?;
+    let presence = match ctx.format {
+        Format::Json => Vec::new(),
+        Format::Text => presence_cells(&ctx, &answer.body.sessions).await?,
+    };
     ctx.print(&answer.reply, || {
         let page = &answer.body;
         let mut text = if page.sessions.is_empty() {
             "no sessions".to_owned()
         } else {
-            session_table(&page.sessions)
+            session_table(&page.sessions, &presence)
         };
         if let Some(cursor) = &page.next_cursor {
             text.push_str(&format!("\nmore: --cursor {cursor}"));
@@ -441,14 +445,44 @@ async fn list(ctx: Ctx, a: AttachedSessionListArgs) -> Result<(), ClientError> {
     Ok(())
 }
 
-fn session_table(sessions: &[Session]) -> String {
+/// Each session's presence as the list shows it: the agent's state, and for
+/// an open session whose agent is away and that never got a message, that
+/// it is empty (a leftover, such as a health check's bind), so the live one
+/// stands out.
+async fn presence_cells(ctx: &Ctx, sessions: &[Session]) -> Result<Vec<String>, ClientError> {
+    let first = ListTurns {
+        limit: Some(1),
+        ..ListTurns::default()
+    };
+    let mut cells = Vec::with_capacity(sessions.len());
+    for s in sessions {
+        let state = wire(&s.agent.state);
+        let leftover = s.state == SessionState::Open && s.agent.state == AgentState::Away;
+        let empty = leftover
+            && ctx
+                .client
+                .turns(&s.session_id, &first)
+                .await?
+                .body
+                .turns
+                .is_empty();
+        cells.push(match empty {
+            true => format!("{state}, empty"),
+            false => format!("{state} since {}", s.agent.since),
+        });
+    }
+    Ok(cells)
+}
+
+fn session_table(sessions: &[Session], presence: &[String]) -> String {
     let header = [
-        "SESSION", "STATE", "GOAL", "AGENT", "EXECUTOR", "SURFACE", "CREATED",
+        "SESSION", "STATE", "GOAL", "AGENT", "EXECUTOR", "SURFACE", "PRESENCE", "CREATED",
     ]
     .map(str::to_owned);
-    let rows: Vec<[String; 7]> = sessions
+    let rows: Vec<[String; 8]> = sessions
         .iter()
-        .map(|s| {
+        .zip(presence)
+        .map(|(s, presence)| {
             [
                 s.session_id.clone(),
                 wire(&s.state),
@@ -456,6 +490,7 @@ fn session_table(sessions: &[Session]) -> String {
                 s.agent_id.clone(),
                 s.executor_endpoint_id.clone(),
                 s.host_surface.clone(),
+                presence.clone(),
                 s.created_at.clone(),
             ]
         })

@@ -389,6 +389,7 @@ pub(crate) mod tests {
             agent_state: crate::model::AgentState::Away,
             agent_since: None,
             agent_heard_at: None,
+            holder_heard_at: None,
         }
     }
 

@@ -8,10 +8,10 @@
 //! that reports often writes little. Time alone never touches a claim.
 
 use super::SessionRow;
-use super::{Decided, Subject, Writes, hosted, log, open};
+use super::{Decided, Subject, Writes, existing, hosted, log, open};
 use crate::error::Result;
 use crate::model::HostIdentity;
-use crate::model::{AgentState, NotificationKind};
+use crate::model::{AgentState, NotificationKind, SessionState};
 
 /// Silence after which the agent is shown `away`.
 pub const AWAY_AFTER_MS: i64 = 10 * 60 * 1000;
@@ -57,15 +57,27 @@ pub struct Reported {
 /// `host_mismatch`; closed 409 `session_closed`. Nothing new (the same state,
 /// heard from lately): nothing written. A change of the shown state (an
 /// `away` after silence ending too) is logged as an `agent` event.
+///
+/// `working` naming the session's active claim (`claim_id`) is also its
+/// holder's sign of life, recorded every time
+/// ([`crate::decide::turn::holder_gone`]); naming another claim (one
+/// released or answered meanwhile) it is only a report.
 pub fn report(
     session: Option<SessionRow>,
     host: &HostIdentity,
     state: Option<AgentState>,
+    claim_id: Option<&str>,
     now: i64,
 ) -> Result<Decided<Reported>> {
     let mut session = hosted(session, host)?;
     open(&session)?;
-    if !is_news(&session, state, now) {
+    let holder = state == Some(AgentState::Working)
+        && claim_id.is_some()
+        && session.active_claim_id.as_deref() == claim_id;
+    if holder {
+        session.holder_heard_at = Some(now);
+    }
+    if !holder && !is_news(&session, state, now) {
         return Ok(Decided::nothing(Reported {
             session,
             changed: false,
@@ -86,6 +98,55 @@ pub fn report(
             ..Writes::default()
         },
         answer: Reported { session, changed },
+    })
+}
+
+/// Whether the session's agent fell silent for [`AWAY_AFTER_MS`] without
+/// that being announced yet: open, last reported there (`working` or
+/// `waiting`), and not marked as shown away since its last report.
+pub fn lapsed(session: &SessionRow, now: i64) -> bool {
+    session.state == SessionState::Open
+        && session.agent_state != AgentState::Away
+        && session.agent_heard_at.is_some_and(|heard| {
+            now - heard >= AWAY_AFTER_MS
+                && session
+                    .agent_since
+                    .is_none_or(|since| since < heard + AWAY_AFTER_MS)
+        })
+}
+
+/// The broker announces a silent agent `away` (an `agent` event, once, when
+/// [`lapsed`]; else nothing). The reported state stays as it was, so that
+/// only a host's own `away` counts as its agent leaving
+/// ([`crate::decide::turn::holder_gone`]); `agent_since` becomes the moment
+/// it was shown away, which marks the change as announced, and the next
+/// report announces the agent back.
+pub fn lapse(session: Option<SessionRow>, now: i64) -> Result<Decided<Reported>> {
+    let mut session = existing(session)?;
+    let Some(heard) = session.agent_heard_at.filter(|_| lapsed(&session, now)) else {
+        return Ok(Decided::nothing(Reported {
+            session,
+            changed: false,
+        }));
+    };
+    let away_at = heard + AWAY_AFTER_MS;
+    session.agent_since = Some(away_at);
+    let event = log(
+        &mut session,
+        Subject::Agent,
+        AgentState::Away.as_str(),
+        away_at,
+    );
+    Ok(Decided {
+        writes: Writes {
+            session: Some(session.clone()),
+            event: Some(event),
+            ..Writes::default()
+        },
+        answer: Reported {
+            session,
+            changed: true,
+        },
     })
 }
 
@@ -121,12 +182,12 @@ mod tests {
     use crate::model::SessionState;
 
     fn reported(row: SessionRow, state: AgentState, now: i64) -> Decided<Reported> {
-        report(Some(row), &host("h"), Some(state), now).expect("a report")
+        report(Some(row), &host("h"), Some(state), None, now).expect("a report")
     }
 
     #[test]
     fn a_parked_claim_only_keeps_an_attached_agent_heard_from() {
-        let heard = |row: &SessionRow, now| report(Some(row.clone()), &host("h"), None, now);
+        let heard = |row: &SessionRow, now| report(Some(row.clone()), &host("h"), None, None, now);
         let fresh = session(SessionState::Open);
         assert!(
             heard(&fresh, 5).unwrap().writes.session.is_none(),
@@ -173,9 +234,41 @@ mod tests {
     }
 
     #[test]
+    fn a_silent_agent_is_announced_away_once_and_back_on_its_next_report() {
+        let row = reported(session(SessionState::Open), AgentState::Working, 1_000)
+            .answer
+            .session;
+        assert!(
+            lapse(Some(row.clone()), 1_000 + AWAY_AFTER_MS - 1)
+                .unwrap()
+                .writes
+                .event
+                .is_none()
+        );
+        let now = 5_000 + AWAY_AFTER_MS;
+        let gone = lapse(Some(row), now).unwrap();
+        let event = gone.writes.event.expect("an agent event");
+        assert_eq!((event.state, event.at), ("away", 1_000 + AWAY_AFTER_MS));
+        let row = gone.answer.session;
+        // Still `working` as reported: only the host's own away is leaving.
+        assert_eq!(row.agent_state, AgentState::Working);
+        assert_eq!(shown(&row, now), (AgentState::Away, 1_000 + AWAY_AFTER_MS));
+        assert!(!lapsed(&row, now + 1));
+        assert!(
+            lapse(Some(row.clone()), now + 1)
+                .unwrap()
+                .writes
+                .event
+                .is_none()
+        );
+        let back = reported(row, AgentState::Working, now + 2);
+        assert_eq!(back.writes.event.expect("back").state, "working");
+    }
+
+    #[test]
     fn only_the_bound_host_reports_on_an_open_session() {
         let refused = |row: Option<SessionRow>, id: &str| {
-            report(row, &host(id), Some(AgentState::Working), 1)
+            report(row, &host(id), Some(AgentState::Working), None, 1)
                 .expect_err("a refusal")
                 .code
         };

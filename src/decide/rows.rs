@@ -33,6 +33,10 @@ pub struct SessionRow {
     pub agent_state: AgentState,
     pub agent_since: Option<i64>,
     pub agent_heard_at: Option<i64>,
+    /// When the holder of the active claim last said it is working on it
+    /// (None: it never did; a new claim starts with None):
+    /// [`crate::decide::turn::holder_gone`].
+    pub holder_heard_at: Option<i64>,
 }
 
 impl SessionRow {

@@ -79,6 +79,7 @@ pub fn bind(rows: BindRows, bind: BindRequest, minter: &Minter, now: i64) -> Res
         agent_state: AgentState::Away,
         agent_since: None,
         agent_heard_at: None,
+        holder_heard_at: None,
     }))
 }
 

@@ -210,6 +210,8 @@ pub fn claim(
         ..head
     };
     session.active_claim_id = Some(claim_id.to_owned());
+    // A new holder: it has said nothing yet.
+    session.holder_heard_at = None;
     session.queued_count -= 1;
     let event = log(
         &mut session,
@@ -388,23 +390,54 @@ pub struct ReleaseRows {
     pub turn: Option<TurnRow>,
 }
 
-/// Who releases a claim: its host (the exact host identity), or the owner
+/// Who releases a claim: its host (the exact host identity), the owner
 /// (the bearer token alone), who can always free a session whose agent is
-/// gone.
+/// gone, or the broker itself, for a holder that is gone ([`holder_gone`]
+/// after `silence_ms` without a sign of life).
 #[derive(Debug, Clone)]
 pub enum Releaser {
     Host(HostIdentity),
     Owner,
+    Broker { silence_ms: i64 },
+}
+
+/// Whether the holder of the session's active claim `claim` is gone at
+/// `now`, so that the broker releases its turn. Time alone never releases a
+/// turn an agent may still be working on (a turn can run for an hour), so
+/// only these end a hold:
+/// - the host reported its agent `away` after the claim was made (a hook's
+///   `session-end`: the agent's session is over, nobody works on the turn);
+/// - the holder said it is working on this claim (an `agent-state` report
+///   `working` with its `claim_id`, which a `loopx mcp` bridge repeats every
+///   minute) and has been silent for `silence_ms` since it last did.
+///
+/// A holder that never names its claim (a hook, an API client) keeps it
+/// until it completes or releases it, its host reports `away`, or the owner
+/// releases it.
+///
+/// `claimed_at` is when the session's active claim was made.
+pub fn holder_gone(session: &SessionRow, claimed_at: i64, silence_ms: i64, now: i64) -> bool {
+    if session.active_claim_id.is_none() {
+        return false;
+    }
+    let left = session.agent_state == crate::model::AgentState::Away
+        && session.agent_since.is_some_and(|since| since >= claimed_at);
+    let silent = session
+        .holder_heard_at
+        .is_some_and(|heard| now - heard.max(claimed_at) >= silence_ms);
+    left || silent
 }
 
 /// A release, in this order: unknown session 404; a host other than the
-/// session's 403 (the owner needs no host identity); no such claim on the
-/// session 404; completed 409 `already_completed`; released already:
-/// answered again; else the turn goes back to the head of the queue.
+/// session's 403 (the owner and the broker need no host identity); no such
+/// claim on the session 404; completed 409 `already_completed`; released
+/// already: answered again; the broker's release of a holder that is not
+/// gone ([`holder_gone`]: it spoke meanwhile) 409 `claim_active`; else the
+/// turn goes back to the head of the queue.
 pub fn release(rows: ReleaseRows, by: &Releaser, now: i64) -> Result<Decided<Released>> {
     let session = match by {
         Releaser::Host(host) => hosted(rows.session, host)?,
-        Releaser::Owner => existing(rows.session)?,
+        Releaser::Owner | Releaser::Broker { .. } => existing(rows.session)?,
     };
     let claim = rows
         .claim
@@ -418,6 +451,13 @@ pub fn release(rows: ReleaseRows, by: &Releaser, now: i64) -> Result<Decided<Rel
             released: true,
             turn_id: claim.turn_id,
         })),
+        ClaimState::Active
+            if matches!(by, Releaser::Broker { silence_ms }
+                if session.active_claim_id.as_deref() != Some(claim.claim_id.as_str())
+                    || !holder_gone(&session, claim.claimed_at, *silence_ms, now)) =>
+        {
+            Err(Error::claim_active(claim.claim_id, claim.claimed_at))
+        }
         ClaimState::Active => {
             let turn = rows
                 .turn
@@ -699,6 +739,49 @@ mod tests {
             assert_eq!(code(answer_text(Some(&blank))), ErrorCode::InvalidRequest);
         }
         assert_eq!(code(answer_text(None)), ErrorCode::InvalidRequest);
+    }
+
+    #[test]
+    fn a_holder_is_gone_after_an_away_since_its_claim_or_silence_after_naming_it() {
+        use crate::model::AgentState;
+        let (turn, held, busy) = claimed(&session(SessionState::Open));
+        let at = held.claimed_at;
+        // Never named, never away: time alone never makes it gone.
+        assert!(!holder_gone(&busy, at, 100, at + 1_000_000));
+        let heard = SessionRow {
+            holder_heard_at: Some(at + 50),
+            ..busy.clone()
+        };
+        assert!(!holder_gone(&heard, at, 100, at + 149));
+        assert!(holder_gone(&heard, at, 100, at + 150));
+        let away_before = SessionRow {
+            agent_state: AgentState::Away,
+            agent_since: Some(at - 1),
+            ..busy.clone()
+        };
+        assert!(!holder_gone(&away_before, at, 100, at + 1_000_000));
+        let left = SessionRow {
+            agent_since: Some(at + 5),
+            ..away_before
+        };
+        assert!(holder_gone(&left, at, 100, at + 6));
+        let free = SessionRow {
+            active_claim_id: None,
+            ..left.clone()
+        };
+        assert!(!holder_gone(&free, at, 100, at + 6));
+        // The broker's release checks again on the locked rows.
+        let rows = |session: &SessionRow| ReleaseRows {
+            session: Some(session.clone()),
+            claim: Some(held.clone()),
+            turn: Some(turn.clone()),
+        };
+        let broker = Releaser::Broker { silence_ms: 100 };
+        let kept = release(rows(&heard), &broker, at + 100);
+        assert_eq!(code(kept), ErrorCode::ClaimActive);
+        let done = release(rows(&left), &broker, at + 6).unwrap();
+        assert_eq!(done.answer.turn_id, turn.turn_id);
+        assert!(done.writes.turn.is_some());
     }
 
     #[test]

@@ -63,9 +63,21 @@ pub async fn notification(
 /// shows the last report and since when (`away` once no host has been heard
 /// from for 10 minutes: a claim parked by the host counts as heard from, a
 /// claim that takes a turn as `working`). Each change is announced on the
-/// event stream as `event: agent`; a report that changes nothing is not. 200
+/// event stream as `event: agent`, the `away` of 10 silent minutes too (by
+/// the broker, once); a report that changes nothing is not. 200
 /// with the session projection. Order of checks: 404, 403 `host_mismatch`,
-/// 409 `session_closed`. Time alone never releases a claimed turn.
+/// 409 `session_closed`.
+///
+/// Time alone never releases a claimed turn: an agent may work on one for an
+/// hour. The broker releases a claim only when its holder is gone: the host
+/// reported `away` after the claim was made (a hook's `session-end`), or the
+/// holder said `working` with its `claim_id` (a `loopx mcp` bridge does every
+/// minute while it holds a turn) and has been silent since for the broker's
+/// `--holder-silence` (`LOOPX_HOLDER_SILENCE`, default 5 minutes). The turn
+/// goes back to the head of the queue with its attempt counted (`event: turn`
+/// `released`), and a late completion from that claim is fenced (409
+/// `claim_mismatch`). A claim whose holder never names it is released only by
+/// its host, by an `away` report, or by the owner.
 #[utoipa::path(post, path = "/v1/sessions/{session_id}/agent-state", operation_id = "reportAgentState", tag = "sessions",
     params(("session_id" = String, Path, description = "The session id.")),
     request_body = ReportAgentState,

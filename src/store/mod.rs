@@ -41,6 +41,27 @@ use crate::model::{
 };
 use crate::permission::PermissionRow;
 
+/// The open sessions with an active claim, and when it was made (the
+/// statement of [`Store::held_sessions`], on either backend).
+pub const HELD_SESSIONS: &str = "select session_id, goal_id, agent_id, host_surface, \
+     host_session_id, executor_endpoint_id, state, created_at, closed_at, queued_count, \
+     active_claim_id, next_seq, next_event_no, agent_state, agent_since, agent_heard_at, \
+     holder_heard_at, \
+     (select c.claimed_at from claims c where c.claim_id = sessions.active_claim_id) \
+         as holder_claimed_at \
+     from sessions where state = 'open' and active_claim_id is not null";
+
+/// The statement of [`Store::silent_sessions`], its parameters written as
+/// the backend writes them: `first` the cut-off (`heard_before`), `second`
+/// the silence ([`crate::decide::presence::AWAY_AFTER_MS`]).
+pub fn silent_sessions_sql(first: &str, second: &str) -> String {
+    format!(
+        "select session_id from sessions
+         where state = 'open' and agent_state <> 'away' and agent_heard_at <= {first}
+           and (agent_since is null or agent_since < agent_heard_at + {second})"
+    )
+}
+
 /// How a page of a session's turns is read: forward (after `after_seq`,
 /// before `before_seq` if given) oldest first, or, for `before_seq` alone,
 /// back from it newest first; one turn more than the page either way, which
@@ -325,14 +346,26 @@ pub trait Store: Send + Sync + 'static {
         request_id: String,
         host: HostIdentity,
     ) -> Result<Decision>;
-    /// The host reports its agent's state, or (None) was heard from by a
+    /// The host reports its agent's state (with `claim_id`: the holder of
+    /// that claim says it is working on it), or (None) was heard from by a
     /// parked claim ([`crate::decide::presence::report`]).
     async fn report_agent(
         &self,
         session_id: String,
         host: HostIdentity,
         state: Option<AgentState>,
+        claim_id: Option<String>,
     ) -> Result<Reported>;
+    /// The open sessions that hold an active claim, each with when its claim
+    /// was made: what the broker's sweep for gone holders
+    /// ([`crate::decide::turn::holder_gone`]) looks at. A plain read.
+    async fn held_sessions(&self) -> Result<Vec<(SessionRow, i64)>>;
+    /// The open sessions whose agent, last reported there, has not been
+    /// heard from since `heard_before` and was not announced away since: the
+    /// candidates of [`crate::decide::presence::lapsed`]. A plain read.
+    async fn silent_sessions(&self, heard_before: i64) -> Result<Vec<String>>;
+    /// Announces a silent agent away ([`crate::decide::presence::lapse`]).
+    async fn lapse_agent(&self, session_id: String, now: i64) -> Result<Reported>;
     /// The host's agent waits at its terminal ([`crate::decide::presence::notify`]).
     async fn notify(
         &self,

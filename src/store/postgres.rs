@@ -331,11 +331,32 @@ impl Store for PgStore {
         session_id: String,
         host: HostIdentity,
         state: Option<AgentState>,
+        claim_id: Option<String>,
     ) -> Result<Reported> {
         let reported = transaction!(self, "recording the agent's state", |conn| {
-            decisions::report_agent(conn, &session_id, &host, state)
+            decisions::report_agent(conn, &session_id, &host, state, claim_id.as_deref())
         })?;
         Ok(reported)
+    }
+
+    async fn silent_sessions(&self, heard_before: i64) -> Result<Vec<String>> {
+        let sql = super::silent_sessions_sql("$1", "$2");
+        Ok(sqlx::query_scalar(&sql)
+            .bind(heard_before)
+            .bind(crate::decide::presence::AWAY_AFTER_MS)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn lapse_agent(&self, session_id: String, now: i64) -> Result<Reported> {
+        let reported = transaction!(self, "announcing a silent agent", |conn| {
+            decisions::lapse_agent(conn, &session_id, now)
+        })?;
+        Ok(reported)
+    }
+
+    async fn held_sessions(&self) -> Result<Vec<(SessionRow, i64)>> {
+        Ok(reads::held_sessions(&self.pool).await?)
     }
 
     async fn notify(

@@ -24,7 +24,9 @@ mod writer;
 
 use super::retention::{self, PruneStep};
 use super::sync_sql as sql;
-use decisions::{bind, bind_rows, claim, close, complete, enqueue, notify, release, report_agent};
+use decisions::{
+    bind, bind_rows, claim, close, complete, enqueue, lapse_agent, notify, release, report_agent,
+};
 use writer::{Writer, nested};
 
 use super::CardUpdateJob;
@@ -216,7 +218,7 @@ macro_rules! session_columns {
     () => {
         "session_id, goal_id, agent_id, host_surface, host_session_id, \
          executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id, \
-         next_seq, next_event_no, agent_state, agent_since, agent_heard_at"
+         next_seq, next_event_no, agent_state, agent_since, agent_heard_at, holder_heard_at"
     };
 }
 const SESSION_COLUMNS: &str = session_columns!();
@@ -461,9 +463,49 @@ impl Store for SqliteStore {
         session_id: String,
         host: HostIdentity,
         state: Option<AgentState>,
+        claim_id: Option<String>,
     ) -> Result<Reported> {
-        self.write(move |conn| report_agent(conn, session_id.clone(), host.clone(), state))
+        self.write(move |conn| {
+            report_agent(
+                conn,
+                session_id.clone(),
+                host.clone(),
+                state,
+                claim_id.as_deref(),
+            )
+        })
+        .await
+    }
+
+    async fn silent_sessions(&self, heard_before: i64) -> Result<Vec<String>> {
+        let sql = super::silent_sessions_sql("?1", "?2");
+        Ok(sqlx::query_scalar(&sql)
+            .bind(heard_before)
+            .bind(crate::decide::presence::AWAY_AFTER_MS)
+            .fetch_all(&self.reads)
+            .await?)
+    }
+
+    async fn lapse_agent(&self, session_id: String, now: i64) -> Result<Reported> {
+        self.write(move |conn| lapse_agent(conn, &session_id, now))
             .await
+    }
+
+    async fn held_sessions(&self) -> Result<Vec<(SessionRow, i64)>> {
+        use sqlx::{FromRow, Row};
+        let rows = sqlx::query(super::HELD_SESSIONS)
+            .fetch_all(&self.reads)
+            .await?;
+        let held = rows
+            .iter()
+            .map(|row| {
+                Ok((
+                    SessionRow::from_row(row)?,
+                    row.try_get("holder_claimed_at")?,
+                ))
+            })
+            .collect::<sqlx::Result<_>>()?;
+        Ok(held)
     }
 
     async fn notify(

@@ -119,6 +119,7 @@ impl FromRow for SessionRow {
             agent_state: r.get(13)?,
             agent_since: r.get(14)?,
             agent_heard_at: r.get(15)?,
+            holder_heard_at: r.get(16)?,
         })
     }
 }

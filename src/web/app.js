@@ -58,6 +58,8 @@ const MAX_TEXT_BYTES = 64 * 1024;
 
 let sessions = [];
 let sessionsTruncated = false;
+/** Open sessions whose agent is away and that have no message: leftovers. */
+let emptySessions = new Set();
 let signedIn = false;
 /** The open chat, or null. Replaced (never reused) when another opens. */
 let chat = null;
@@ -172,6 +174,7 @@ async function refreshSessions() {
     sessions = list.slice().reverse(); // newest first
     sessionsTruncated = truncated;
     renderSessions();
+    markEmptySessions();
     showError(ui.pageError, '');
   } catch (error) {
     if (error.status === 401) return;
@@ -182,8 +185,28 @@ async function refreshSessions() {
   }
 }
 
+/** Finds the leftovers among the open sessions whose agent is away (one
+ * turn read each, for the newest 50), then shows them as empty. */
+async function markEmptySessions() {
+  const away = sessions.filter((s) => s.state === 'open' && s.agent?.state === 'away').slice(0, 50);
+  const found = await Promise.all(
+    away.map(async (s) => {
+      try {
+        const page = await api.listTurns(s.session_id, { limit: 1 });
+        return page.turns.length === 0 ? s.session_id : null;
+      } catch {
+        return null;
+      }
+    }),
+  );
+  emptySessions = new Set(found.filter(Boolean));
+  if (emptySessions.size > 0) renderSessions();
+}
+
 function renderSessions() {
-  ui.sessionList.replaceChildren(...sessions.map((s) => sessionItem(s, chat?.id === s.session_id)));
+  ui.sessionList.replaceChildren(
+    ...sessions.map((s) => sessionItem(s, chat?.id === s.session_id, emptySessions.has(s.session_id))),
+  );
   const n = sessions.length;
   const filter = ui.stateFilter.value;
   ui.sessionsNote.textContent =
@@ -194,6 +217,8 @@ function renderSessions() {
 }
 
 function updateListedSession(session) {
+  // The open chat shows its own messages: no longer a leftover to point at.
+  emptySessions.delete(session.session_id);
   const i = sessions.findIndex((s) => s.session_id === session.session_id);
   if (i !== -1) {
     sessions[i] = session;

@@ -79,8 +79,10 @@ export function agentBadge(agent) {
   );
 }
 
-/** One entry of the session list: a link that opens the chat. */
-export function sessionItem(session, current) {
+/** One entry of the session list: a link that opens the chat. `empty`: an
+ * open session whose agent is away and that never got a message (a leftover,
+ * such as a health check's bind), marked so the live session stands out. */
+export function sessionItem(session, current, empty = false) {
   const link = el(
     'a',
     {
@@ -109,6 +111,10 @@ export function sessionItem(session, current) {
       ' ',
       agentBadge(session.agent),
       ' ',
+      empty
+        ? el('span', { class: 'badge badge-empty', title: 'No message was ever sent here: likely a leftover.' }, 'empty')
+        : null,
+      empty ? ' ' : null,
       time(session.created_at),
     ),
     capabilityList(session.capabilities, { compact: true }),

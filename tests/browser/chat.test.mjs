@@ -125,6 +125,11 @@ describe('the Web chat page', () => {
     assert.match(listed, /live steering: unavailable/);
     assert.match(listed, /open/i);
     assert.ok(!listed.includes('host-session-a'), 'the host session id is never shown');
+    // Its host surface and presence; no message and no agent yet: shown as empty.
+    assert.match(listed, /codex-cli/);
+    assert.match(listed, /agent away/i);
+    await link.locator('.badge-empty').waitFor();
+    assert.match(await link.innerText(), /empty/i);
   });
 
   step('opens a session, shows its capabilities, and sends with Enter (Shift+Enter is a newline)', async (t) => {

@@ -205,6 +205,12 @@ async fn a_whole_turn_through_the_cli() {
         table.stdout.contains(&session_id) && table.stdout.contains("exec-laptop"),
         "{table:?}"
     );
+    // The agent's presence: away, and no message yet (a leftover, such as a
+    // health check's bind, looks like this).
+    assert!(
+        table.stdout.contains("PRESENCE") && table.stdout.contains("away, empty"),
+        "{table:?}"
+    );
 
     let sent = loopx(
         &broker,

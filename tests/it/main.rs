@@ -13,6 +13,7 @@ mod durability;
 mod events;
 mod fake_lark;
 mod fake_lark_ws;
+mod holders;
 mod hooks;
 mod lark;
 mod lark_cards;

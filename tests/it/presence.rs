@@ -23,6 +23,7 @@ pub fn report(host: &Host, state: AgentState) -> ReportAgentState {
         host_surface: HOST_SURFACE.into(),
         host_session_id: host.host_session_id.clone(),
         state,
+        claim_id: None,
     }
 }
 

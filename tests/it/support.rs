@@ -112,18 +112,36 @@ impl TestBroker {
     }
 
     pub async fn start_with(durability: Durability, keep_alive: Duration) -> Self {
-        Self::start_full(durability, keep_alive, None).await
+        Self::start_full(durability, keep_alive, None, None).await
+    }
+
+    /// A broker that releases the turn of a holder silent for `silence`.
+    pub async fn start_holder_silence(silence: Duration) -> Self {
+        Self::start_full(
+            Durability::Relaxed,
+            Duration::from_secs(15),
+            None,
+            Some(silence),
+        )
+        .await
     }
 
     /// A broker with the Lark connector on and its reply dispatcher running.
     pub async fn start_lark(config: LarkConfig) -> Self {
-        Self::start_full(Durability::Relaxed, Duration::from_secs(15), Some(config)).await
+        Self::start_full(
+            Durability::Relaxed,
+            Duration::from_secs(15),
+            Some(config),
+            None,
+        )
+        .await
     }
 
     async fn start_full(
         durability: Durability,
         keep_alive: Duration,
         lark: Option<LarkConfig>,
+        holder_silence: Option<Duration>,
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let database = TestDatabase::create().await;
@@ -136,6 +154,7 @@ impl TestBroker {
             serve::AppConfig {
                 keep_alive,
                 lark,
+                holder_silence: holder_silence.unwrap_or(loopx::broker::DEFAULT_HOLDER_SILENCE),
                 ..serve::AppConfig::new(store, TOKEN.into())
             },
             shutdown.clone(),

@@ -55,8 +55,10 @@ def unique(prefix: str) -> str:
 class Broker:
     """A real `loopx serve` on loopback, with the owner token."""
 
-    def __init__(self, workdir: Path, port: int | None = None, token: str | None = None, lark_url: str | None = None):
+    def __init__(self, workdir: Path, port: int | None = None, token: str | None = None, lark_url: str | None = None,
+                 env: dict[str, str] | None = None):
         self.workdir = workdir
+        self.env = env or {}
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = token or secrets.token_hex(16)
@@ -70,7 +72,7 @@ class Broker:
                 "--lark-app-id", LARK_APP_ID, "--lark-app-secret", LARK_APP_SECRET,
                 "--lark-verification-token", LARK_VERIFICATION_TOKEN, "--lark-base-url", self.lark_url,
             ]
-        env = dict(os.environ, LOOPX_TOKEN=self.token, LOOPX_LOG="warn")
+        env = dict(os.environ, LOOPX_TOKEN=self.token, LOOPX_LOG="warn", **self.env)
         log = open(self.workdir / f"broker-{self.port}.log", "a")
         self.process = subprocess.Popen(args, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 15
@@ -331,7 +333,8 @@ class Mcp:
 
 
 @asynccontextmanager
-async def loopx_mcp(workdir: Path, broker_url: str, token: str, *args: str, host_session_id: str | None = None):
+async def loopx_mcp(workdir: Path, broker_url: str, token: str, *args: str, host_session_id: str | None = None,
+                    env: dict[str, str] | None = None):
     """`loopx mcp ARGS` over stdio, initialized, with its channel events in a queue.
 
     The server runs under `sh -c 'echo $$ > pid; exec loopx mcp …'` so a test
@@ -348,7 +351,7 @@ async def loopx_mcp(workdir: Path, broker_url: str, token: str, *args: str, host
         await send_answer.send(params)
 
     pid_file = workdir / unique("pid")
-    env = {"LOOPX_BROKER_URL": broker_url, "LOOPX_TOKEN": token, "LOOPX_LOG": "debug"}
+    env = {"LOOPX_BROKER_URL": broker_url, "LOOPX_TOKEN": token, "LOOPX_LOG": "debug", **(env or {})}
     if host_session_id is not None:
         env["CLAUDE_CODE_SESSION_ID"] = host_session_id
     params = StdioServerParameters(

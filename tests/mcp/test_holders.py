@@ -2,7 +2,9 @@
 host session refuses to start while the first lives; a bridge killed midway is
 replaced and nothing is stranded; concurrent `wait_for_message` calls in one
 bridge never share a turn; a refused `reply` never wedges a bridge; the owner
-closes a session whose bridge died mid-turn."""
+closes a session whose bridge died mid-turn; the broker releases the turn of
+a bridge that died mid-turn after its silence, and never the turn of a live
+bridge, whose heartbeat keeps it."""
 
 import os
 import signal
@@ -12,7 +14,7 @@ import time
 import anyio
 import pytest
 
-from conftest import HOST_SURFACE, LOOPX, loopx_mcp, text_of, unique
+from conftest import HOST_SURFACE, LOOPX, Broker, loopx_mcp, text_of, unique
 
 pytestmark = pytest.mark.anyio
 
@@ -142,3 +144,62 @@ async def test_the_owner_closes_a_session_whose_bridge_died_mid_turn(broker, tmp
     closed = broker.ok("POST", f"/v1/sessions/{session_id}/close")
     assert closed["state"] == "closed"
     assert broker.turn(session_id, sent["turn_id"])["state"] == "cancelled"
+
+
+# A short holder silence for the broker, and a bridge heartbeat well inside it.
+SILENCE = 2.0
+SHORT_SILENCE = {"LOOPX_HOLDER_SILENCE": "2s"}
+FAST_HEARTBEAT = {"LOOPX_HEARTBEAT": "400ms"}
+
+
+@pytest.fixture
+def quick_broker(tmp_path):
+    b = Broker(tmp_path, env=SHORT_SILENCE).start()
+    yield b
+    b.stop()
+
+
+async def test_the_broker_releases_the_turn_of_a_bridge_killed_mid_turn_and_a_second_bridge_gets_it(
+        quick_broker, tmp_path):
+    broker = quick_broker
+    host = unique("host")
+    session_id = broker.bind(host)
+    sent = broker.send(session_id, "you there?")
+    args = channel_args(session_id)
+    with pytest.raises(BaseException):
+        async with loopx_mcp(tmp_path, broker.url, broker.token, *args, host_session_id=host,
+                             env=FAST_HEARTBEAT) as a:
+            event = await a.next_event()
+            assert event.meta["turn_id"] == sent["turn_id"]
+            killed_at = time.monotonic()
+            os.kill(a.pid(), signal.SIGKILL)
+            await a.session.list_tools()
+    # Nobody else touches it: the broker releases it once the bridge is silent.
+    queued = await anyio.to_thread.run_sync(lambda: broker.wait_turn(
+        session_id, sent["turn_id"], lambda t: t["state"] == "queued", within=4 * SILENCE))
+    assert queued["state"] == "queued"
+    assert time.monotonic() - killed_at >= SILENCE / 2
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *args, host_session_id=host,
+                         env=FAST_HEARTBEAT) as b:
+        again = await b.next_event()
+        assert again.meta["turn_id"] == sent["turn_id"]
+        assert not (await b.call("reply", chat_id=session_id, text="here now")).is_error
+    assert broker.turn(session_id, sent["turn_id"])["response"] == {"message": "here now"}
+
+
+async def test_a_live_bridge_holding_a_turn_longer_than_the_silence_keeps_it(quick_broker, tmp_path):
+    broker = quick_broker
+    host = unique("host")
+    session_id = broker.bind(host)
+    sent = broker.send(session_id, "a long job")
+    async with loopx_mcp(tmp_path, broker.url, broker.token, *channel_args(session_id), host_session_id=host,
+                         env=FAST_HEARTBEAT) as m:
+        await m.next_event()
+        # The bridge says the agent works on it (its heartbeat).
+        assert broker.ok("GET", f"/v1/sessions/{session_id}")["agent"]["state"] == "working"
+        started = time.monotonic()
+        while time.monotonic() - started < 3 * SILENCE:
+            await anyio.sleep(0.25)
+            assert broker.turn(session_id, sent["turn_id"])["state"] == "claimed"
+        assert not (await m.call("reply", chat_id=session_id, text="done, slowly")).is_error
+    assert broker.turn(session_id, sent["turn_id"])["response"] == {"message": "done, slowly"}

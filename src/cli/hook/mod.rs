@@ -264,6 +264,7 @@ impl Hook {
             host_surface: self.host_surface.clone(),
             host_session_id: self.host_session_id.clone(),
             state,
+            claim_id: None,
         };
         self.client
             .report_agent(&session_id, &report)

@@ -13,9 +13,10 @@ use tokio::sync::{Notify, OnceCell};
 
 use crate::client::{Client, ClientError};
 use crate::model::{
-    BindRequest, ClaimAnswer, ClaimRequest, Claimed, ClaimedTurn, CompleteRequest,
+    AgentState, BindRequest, ClaimAnswer, ClaimRequest, Claimed, ClaimedTurn, CompleteRequest,
     CreatePermissionRequest, ListPermissions, ListTurns, PermissionRequest, Receipt,
-    RegisterAgentThread, RelayedPermission, ReleaseRequest, Released, TurnState, WaitPermission,
+    RegisterAgentThread, RelayedPermission, ReleaseRequest, Released, ReportAgentState, TurnState,
+    WaitPermission,
 };
 
 /// How many recently claimed turns a bridge remembers, so that a `reply`
@@ -126,6 +127,8 @@ pub struct Host {
     created: AtomicBool,
     recent: Mutex<VecDeque<Held>>,
     answered: Notify,
+    /// A turn was delivered: the heartbeat starts at once.
+    delivered: Notify,
 }
 
 impl Host {
@@ -144,6 +147,7 @@ impl Host {
             created: AtomicBool::new(false),
             recent: Mutex::new(VecDeque::new()),
             answered: Notify::new(),
+            delivered: Notify::new(),
         }
     }
 
@@ -237,13 +241,37 @@ impl Host {
                 }
                 tracing::info!("taking over the claim an earlier run left active");
                 match self.claim_as(&session_id, &active, 0).await? {
-                    ClaimAnswer::Claimed(c) => Ok(self.hold(c)),
+                    ClaimAnswer::Claimed(c) => Ok(self.deliver(c).await),
                     ClaimAnswer::NotClaimed(_) => Ok(None),
                 }
             }
             Err(error) => Err(error.into()),
-            Ok(ClaimAnswer::Claimed(c)) => Ok(self.hold(c)),
+            Ok(ClaimAnswer::Claimed(c)) => Ok(self.deliver(c).await),
             Ok(ClaimAnswer::NotClaimed(_)) => Ok(None),
+        }
+    }
+
+    /// Holds a claimed turn, and tells the broker that the agent works on it
+    /// before the turn is handed to the agent, so that a bridge that dies
+    /// holding a delivered turn has always named its claim (and the broker
+    /// releases it after the silence).
+    async fn deliver(&self, claimed: Claimed) -> Option<Held> {
+        let held = self.hold(claimed)?;
+        self.say_working(&held).await;
+        Some(held)
+    }
+
+    /// One heartbeat: `working`, naming the held claim. A failure is only
+    /// logged (the next one may pass).
+    async fn say_working(&self, held: &Held) {
+        let report = ReportAgentState {
+            host_surface: self.host_surface.clone(),
+            host_session_id: self.host_session_id.clone(),
+            state: AgentState::Working,
+            claim_id: Some(held.claim_id.clone()),
+        };
+        if let Err(e) = self.client.report_agent(&held.session_id, &report).await {
+            tracing::debug!("the heartbeat was not recorded: {}", Problem::from(e));
         }
     }
 
@@ -281,6 +309,8 @@ impl Host {
         if recent.len() > RECENT_TURNS {
             recent.pop_front();
         }
+        drop(recent);
+        self.delivered.notify_waiters();
         Some(held)
     }
 
@@ -396,6 +426,30 @@ impl Host {
             .iter()
             .find(|h| h.turn.turn_id == turn_id)
             .is_none_or(|h| h.answered)
+    }
+
+    /// Runs for the bridge's life: while a delivered turn is unanswered, tells
+    /// the broker every `every` that the agent works on it, naming its claim
+    /// (the first time when it was delivered: [`Host::claim`]). The broker
+    /// releases the turn of a holder silent for its `--holder-silence`.
+    pub async fn heartbeat(self: std::sync::Arc<Self>, every: std::time::Duration) {
+        loop {
+            let delivered = self.delivered.notified();
+            tokio::pin!(delivered);
+            delivered.as_mut().enable();
+            if self.unanswered().is_none() {
+                delivered.await;
+                continue;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                // A new turn was just reported: the count starts again.
+                _ = delivered => continue,
+            }
+            if let Some(held) = self.unanswered() {
+                self.say_working(&held).await;
+            }
+        }
     }
 
     /// Waits until `reply` answered this turn.

@@ -3,7 +3,10 @@
 //! session (as the MCP bridge contract says). stdout carries only MCP messages;
 //! logs go to stderr and never carry a message text or the host session id.
 //! It exits 0 when stdin closes and releases nothing: an unanswered claim
-//! stays claimed for the next run to take over.
+//! stays claimed for the next run to take over. While it holds a delivered,
+//! unanswered turn it says so every minute (`working`, naming its claim), so
+//! that the broker releases the turn of a bridge that died, and never the
+//! turn of one that lives.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -59,6 +62,11 @@ pub struct McpArgs {
     /// messages whatever it says, and logs go to stderr as text.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
+    /// How often the bridge tells the broker that the agent works on the turn
+    /// it holds (the broker releases a holder silent for its
+    /// --holder-silence, default 5m).
+    #[arg(long, env = "LOOPX_HEARTBEAT", default_value = "60s", value_parser = crate::serve::parse_duration, hide = true)]
+    pub heartbeat: Duration,
     #[command(flatten)]
     pub connection: Connection,
 }
@@ -118,7 +126,11 @@ pub fn run(args: McpArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return local_error(&format!("cannot start the runtime: {e}")),
     };
-    let code = runtime.block_on(serve(Server::new(host, mode, args.name)));
+    let heartbeat = args.heartbeat;
+    let code = runtime.block_on(async move {
+        tokio::spawn(host.clone().heartbeat(heartbeat));
+        serve(Server::new(host, mode, args.name)).await
+    });
     // The parked claim and stdin's blocking reader are not waited for.
     runtime.shutdown_timeout(Duration::from_millis(100));
     code

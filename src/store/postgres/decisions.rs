@@ -166,6 +166,16 @@ pub(super) async fn close(
     .await
 }
 
+/// A silent agent announced away, under the session's row lock.
+pub(super) async fn lapse_agent(
+    conn: &mut PgConnection,
+    session_id: &str,
+    now: i64,
+) -> Step<Reported> {
+    let session = super::reads::lock_session(conn, session_id).await?;
+    decided(conn, decide::presence::lapse(session, now)?).await
+}
+
 /// The host's agent waits at its terminal, under the session's row lock.
 pub(super) async fn notify(
     conn: &mut PgConnection,
@@ -187,8 +197,9 @@ pub(super) async fn report_agent(
     session_id: &str,
     host: &HostIdentity,
     state: Option<AgentState>,
+    claim_id: Option<&str>,
 ) -> Step<Reported> {
     let session = super::reads::lock_session(conn, session_id).await?;
-    let decision = decide::presence::report(session, host, state, now_ms())?;
+    let decision = decide::presence::report(session, host, state, claim_id, now_ms())?;
     decided(conn, decision).await
 }

@@ -130,6 +130,19 @@ pub(super) async fn sessions(
     rows.into_iter().map(session_row).collect()
 }
 
+/// The open sessions with an active claim, each with when it was made.
+pub(super) async fn held_sessions(pool: &PgPool) -> sqlx::Result<Vec<(SessionRow, i64)>> {
+    let rows = sqlx::query(crate::store::HELD_SESSIONS)
+        .fetch_all(pool)
+        .await?;
+    rows.into_iter()
+        .map(|row| {
+            let claimed_at = sqlx::Row::try_get(&row, "holder_claimed_at")?;
+            Ok((session_row(row)?, claimed_at))
+        })
+        .collect()
+}
+
 /// A page of the session's turns, and whether more follow (404 for an
 /// unknown session).
 pub(super) async fn turns(

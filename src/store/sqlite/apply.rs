@@ -74,12 +74,13 @@ fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
     let open = s.state == SessionState::Open;
     let mut update = sql::query(if open {
         "update sessions set next_seq = ?1, next_event_no = ?2, queued_count = ?3,
-             active_claim_id = ?4, agent_state = ?6, agent_since = ?7, agent_heard_at = ?8
+             active_claim_id = ?4, agent_state = ?6, agent_since = ?7, agent_heard_at = ?8,
+             holder_heard_at = ?9
          where session_id = ?5"
     } else {
         "update sessions set next_seq = ?1, next_event_no = ?2, queued_count = ?3,
              active_claim_id = ?4, agent_state = ?6, agent_since = ?7, agent_heard_at = ?8,
-             state = ?9, closed_at = ?10
+             holder_heard_at = ?9, state = ?10, closed_at = ?11
          where session_id = ?5"
     })
     .bind(s.next_seq)
@@ -89,7 +90,8 @@ fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
     .bind(&s.session_id)
     .bind(s.agent_state)
     .bind(s.agent_since)
-    .bind(s.agent_heard_at);
+    .bind(s.agent_heard_at)
+    .bind(s.holder_heard_at);
     if !open {
         update = update.bind(s.state).bind(s.closed_at);
     }

@@ -192,12 +192,18 @@ pub(super) fn report_agent(
     session_id: String,
     host: HostIdentity,
     state: Option<AgentState>,
+    claim_id: Option<&str>,
 ) -> Result<Reported> {
     let session = load_session(conn, &session_id)?;
     decided(
         conn,
-        decide::presence::report(session, &host, state, now_ms())?,
+        decide::presence::report(session, &host, state, claim_id, now_ms())?,
     )
+}
+
+pub(super) fn lapse_agent(conn: &Connection, session_id: &str, now: i64) -> Result<Reported> {
+    let session = load_session(conn, session_id)?;
+    decided(conn, decide::presence::lapse(session, now)?)
 }
 
 pub(super) fn notify(
