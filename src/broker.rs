@@ -541,7 +541,7 @@ impl Broker {
         session_id: &str,
         report: ReportAgentState,
     ) -> Result<Session> {
-        let claim_id = holders::reported_claim(&report)?;
+        let claim_id = crate::decide::presence::reported_claim(&report)?;
         let host = checked_host(report.host_surface, report.host_session_id)?;
         let reported = self
             .store

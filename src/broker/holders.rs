@@ -15,27 +15,12 @@ use super::Broker;
 use crate::decide::SessionRow;
 use crate::decide::presence::AWAY_AFTER_MS;
 use crate::decide::turn::{Releaser, holder_gone};
-use crate::error::{Error, Result};
-use crate::ids::check;
-use crate::model::{AgentState, ReportAgentState};
+use crate::error::Result;
+use crate::model::AgentState;
 
 /// How long a holder that names its claim may be silent: five missed
 /// heartbeats of a minute each.
 pub const DEFAULT_SILENCE: Duration = Duration::from_secs(5 * 60);
-
-/// The `claim_id` of a report: an identifier, and only with `working`.
-pub(super) fn reported_claim(report: &ReportAgentState) -> Result<Option<String>> {
-    let Some(claim_id) = &report.claim_id else {
-        return Ok(None);
-    };
-    check("claim_id", claim_id)?;
-    if report.state != AgentState::Working {
-        return Err(Error::invalid(
-            "`claim_id` goes with `\"state\": \"working\"` only: the holder says it works on that claim.",
-        ));
-    }
-    Ok(Some(claim_id.clone()))
-}
 
 impl Broker {
     /// Sets how long a holder that names its claim may be silent before the

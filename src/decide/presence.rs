@@ -9,15 +9,30 @@
 
 use super::SessionRow;
 use super::{Decided, Subject, Writes, existing, hosted, log, open};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::ids::check;
 use crate::model::HostIdentity;
-use crate::model::{AgentState, NotificationKind, SessionState};
+use crate::model::{AgentState, NotificationKind, ReportAgentState, SessionState};
 
 /// Silence after which the agent is shown `away`.
 pub const AWAY_AFTER_MS: i64 = 10 * 60 * 1000;
 /// How stale the last "heard from" may get before a same-state report is
 /// written again.
 pub const HEARD_REFRESH_MS: i64 = 60 * 1000;
+
+/// The `claim_id` of a report: an identifier, and only with `working`.
+pub fn reported_claim(report: &ReportAgentState) -> Result<Option<String>> {
+    let Some(claim_id) = &report.claim_id else {
+        return Ok(None);
+    };
+    check("claim_id", claim_id)?;
+    if report.state != AgentState::Working {
+        return Err(Error::invalid(
+            "`claim_id` goes with `\"state\": \"working\"` only: the holder says it works on that claim.",
+        ));
+    }
+    Ok(Some(claim_id.clone()))
+}
 
 /// The presence shown at `now`: the reported state and since when, or `away`
 /// since [`AWAY_AFTER_MS`] after the host was last heard from.
