@@ -16,6 +16,9 @@ use tokio::sync::{mpsc, oneshot};
 use super::Durability;
 use crate::error::{Error, Result};
 
+/// How long the writer's connection waits on a lock held by another.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The most writes one transaction commits together.
 const MAX_BATCH: usize = 256;
 
@@ -119,7 +122,7 @@ impl Writer {
 /// timeout, and room in the statement cache for every statement it runs.
 fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
-    conn.busy_timeout(Duration::from_secs(5))?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "journal_mode", "wal")?;
     // The flusher syncs the WAL after the commit: before any answer at
     // `full`, behind the answers at `relaxed` (see [`Flusher`]).
@@ -130,7 +133,7 @@ fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
     conn.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)?;
     // After a spike (a reader pinning an old snapshot), the WAL file shrinks
     // back to this size when it restarts, instead of keeping its peak.
-    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)?;
+    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES as i64)?;
     // Statement journals in memory, not in temp files.
     conn.pragma_update(None, "temp_store", "memory")?;
     conn.set_prepared_statement_cache_capacity(128);
@@ -182,6 +185,7 @@ fn run_writer(
         if queue.is_empty() {
             checkpointer.finish_when_idle(&conn);
         }
+        checkpointer.restart_when_over(&conn);
     }
 }
 
@@ -200,8 +204,11 @@ const CHECKPOINT_EVERY: u32 = 32;
 /// were 1.06x and 1.04x what they are at 1,500 with the idle completion
 /// below (issue 29), where the WAL file stays under ~6.5 MB.
 const WRITER_CHECKPOINT_PAGES: i64 = 1500;
-/// The WAL file's size after a restart: the backstop plus slack.
-const WAL_SIZE_LIMIT_BYTES: i64 = 8 * 1024 * 1024;
+/// The WAL file's size after a restart: the backstop plus slack. A WAL file
+/// past it has missed a restart (see [`Checkpointer::restart_when_over`]).
+const WAL_SIZE_LIMIT_BYTES: u64 = 8 * 1024 * 1024;
+/// How long the writer waits for readers when it forces a restart.
+const RESTART_WAIT: Duration = Duration::from_millis(200);
 /// The WAL size (pages, as the checkpointer last saw it) past which the
 /// writer, when its queue is empty, completes the checkpoint itself, so that
 /// under writes that pause the log restarts at a moment nobody waits on, and
@@ -222,6 +229,8 @@ struct Checkpointer {
     /// The WAL's size in pages at the end of the last passive checkpoint
     /// (0 once the writer has completed one: the log restarts).
     wal_pages: std::sync::Arc<std::sync::atomic::AtomicI64>,
+    /// The write-ahead log's file, whose size says when a restart was missed.
+    wal: std::path::PathBuf,
 }
 
 impl Checkpointer {
@@ -247,7 +256,11 @@ impl Checkpointer {
                 }
             })
             .map_err(|e| failed(&e))?;
-        Ok(Self { pokes, wal_pages })
+        Ok(Self {
+            pokes,
+            wal_pages,
+            wal: wal_path(path),
+        })
     }
 
     fn poke(&self) {
@@ -269,6 +282,37 @@ impl Checkpointer {
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "checkpointing the write-ahead log failed"),
+        }
+    }
+
+    /// After a commit: when the WAL file has grown past
+    /// [`WAL_SIZE_LIMIT_BYTES`], the log missed its restart (a passive
+    /// checkpoint only copies what no reader still reads, and the log starts
+    /// over only if no reader holds an old snapshot when the next write
+    /// begins; on a loaded machine, with readers descheduled mid-read, that
+    /// missed several times in a row and the WAL reached 12 MB). The writer
+    /// then runs a `RESTART` checkpoint, which waits up to [`RESTART_WAIT`]
+    /// for those readers, so that its next write starts the log over and
+    /// truncates the file back to the limit. One `stat` per commit; the wait
+    /// only when the file is past the limit.
+    fn restart_when_over(&self, conn: &Connection) {
+        let size = std::fs::metadata(&self.wal).map_or(0, |m| m.len());
+        if size <= WAL_SIZE_LIMIT_BYTES {
+            return;
+        }
+        let restarted = conn
+            .busy_timeout(RESTART_WAIT)
+            .and_then(|()| {
+                conn.query_row("pragma wal_checkpoint(restart)", [], |row| {
+                    row.get::<_, i64>(0)
+                })
+            })
+            .map(|busy| busy == 0);
+        let _ = conn.busy_timeout(BUSY_TIMEOUT);
+        match restarted {
+            Ok(true) => self.wal_pages.store(0, Ordering::Relaxed),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "restarting the write-ahead log failed"),
         }
     }
 }
