@@ -43,7 +43,7 @@ use crate::model::{
     SessionList, SessionPreview, SessionState, Turn, TurnList,
 };
 use crate::model::{LarkLink, LarkLinkRequest};
-use crate::store::{Change, Store};
+use crate::store::{Change, Command, Done, Store};
 use crate::time::rfc3339;
 use crate::wakeup::Wakeups;
 
@@ -278,22 +278,27 @@ impl Broker {
             check("lark.message_id", &lark.message_id)?;
         }
         let started = Instant::now();
-        let taken = match self.store.hands_off() {
-            true => self.handoffs.take(session_id, started),
-            false => None,
+        let taken = match self.store.shared() {
+            false => self.handoffs.take(session_id, started),
+            true => None,
         };
         let done = match taken {
             // A claim parked on the session: claimed for in this enqueue's
             // commit. Should the enqueue fail, `taken` is dropped and the
             // parked claim re-checks the store.
             Some(taken) => {
-                let claimer = (taken.host.clone(), taken.claim_id.clone());
-                let (done, claimed) = self
-                    .store
-                    .enqueue_and_claim(session_id.to_owned(), message, claimer)
-                    .await?;
-                taken.deliver(claimed);
-                done
+                let enqueue = Command::Enqueue {
+                    session_id: session_id.to_owned(),
+                    message,
+                };
+                let claim = Command::Claim {
+                    session_id: session_id.to_owned(),
+                    host: taken.host.clone(),
+                    claim_id: taken.claim_id.clone(),
+                };
+                let (done, claimed) = self.store.together(enqueue, claim).await?;
+                taken.deliver(claimed.and_then(Done::claimed));
+                done.enqueued()?
             }
             None => self.store.enqueue(session_id.to_owned(), message).await?,
         };
@@ -399,7 +404,7 @@ impl Broker {
     ) -> (Option<Delivery>, Wake) {
         // Registered after the store said empty: an enqueue committed
         // before this point wakes `woken` instead.
-        let mut handoff: Option<Parked> = self.store.hands_off().then(|| {
+        let mut handoff: Option<Parked> = (!self.store.shared()).then(|| {
             self.handoffs
                 .park(session_id, host.clone(), claim_id.to_owned())
         });

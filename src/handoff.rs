@@ -1,7 +1,8 @@
 //! Parked claims waiting to be handed a turn. An enqueue that finds a claim
 //! parked on its session takes the oldest one, has the store claim the new
 //! turn for it in the enqueue's own transaction
-//! ([`crate::store::Store::enqueue_and_claim`]) and hands it the outcome: the
+//! (the broker composes the enqueue and the claim,
+//! [`crate::store::Store::together`]) and hands it the outcome: the
 //! parked host gets its turn one commit after the enqueue began, not two.
 //!
 //! A parked claim is in the registry only while it sleeps. It leaves by being

@@ -15,9 +15,9 @@
 //! counts up from), and the two backends share no rule, only SQL that looks
 //! alike. It knows nothing of HTTP and never waits for a client: a claim on
 //! an empty queue answers [`ClaimOutcome::Empty`] and the broker parks it
-//! until the feed says the session changed. (On SQLite the broker may still
-//! ask for an enqueue and a parked claimer's claim in one commit,
-//! [`Store::enqueue_and_claim`].)
+//! until the feed says the session changed. The broker may compose two
+//! decisions into one commit ([`Store::together`]): that is how it hands a
+//! parked claim the turn an enqueue brings.
 
 pub mod postgres;
 pub mod retention;
@@ -261,6 +261,51 @@ impl ChangeFeed {
     }
 }
 
+/// A decision the broker may compose with another into one commit
+/// ([`Store::together`]).
+#[derive(Clone)]
+pub enum Command {
+    /// [`Store::enqueue`].
+    Enqueue {
+        session_id: String,
+        message: EnqueueRequest,
+    },
+    /// [`Store::claim`].
+    Claim {
+        session_id: String,
+        host: HostIdentity,
+        claim_id: String,
+    },
+}
+
+/// What a [`Command`] decided.
+pub enum Done {
+    Enqueued(Box<Enqueue>),
+    Claimed(ClaimOutcome),
+}
+
+impl Done {
+    /// What an enqueue decided (an error for any other command's outcome).
+    pub fn enqueued(self) -> Result<Enqueue> {
+        match self {
+            Done::Enqueued(done) => Ok(*done),
+            Done::Claimed(_) => Err(mismatched()),
+        }
+    }
+
+    /// What a claim decided (an error for any other command's outcome).
+    pub fn claimed(self) -> Result<ClaimOutcome> {
+        match self {
+            Done::Claimed(outcome) => Ok(outcome),
+            Done::Enqueued(_) => Err(mismatched()),
+        }
+    }
+}
+
+fn mismatched() -> crate::error::Error {
+    crate::error::Error::store("deciding", "a command answered with another's outcome")
+}
+
 /// The durable state behind the broker: one transaction per decision (its
 /// rows loaded and locked, [`crate::decide`] called, its writes applied),
 /// plain reads, and the feed of what committed decisions changed. An
@@ -270,29 +315,16 @@ pub trait Store: Send + Sync + 'static {
     /// What committed decisions change, as they commit.
     fn feed(&self) -> &ChangeFeed;
 
-    /// Whether [`Store::enqueue_and_claim`] can claim in the enqueue's own
-    /// transaction. A store whose waiters may sit on other processes
-    /// (PostgreSQL replicas) wakes them instead.
-    fn hands_off(&self) -> bool {
-        false
-    }
+    /// Whether other processes may share this store (PostgreSQL replicas).
+    /// Their waiters are woken through the store's feed; only a store of
+    /// one process lets the broker hand its own parked claims a turn.
+    fn shared(&self) -> bool;
 
-    /// Enqueues, then claims the session's oldest queued turn for `host` and
-    /// `claim_id` in the same transaction, exactly as [`Store::claim`] would:
-    /// a refused claim keeps the enqueue. Only
-    /// called on a store that [`Store::hands_off`].
-    async fn enqueue_and_claim(
-        &self,
-        session_id: String,
-        message: EnqueueRequest,
-        claimer: (HostIdentity, String),
-    ) -> Result<(Enqueue, Result<ClaimOutcome>)> {
-        let _ = (session_id, message, claimer);
-        Err(crate::error::Error::store(
-            "enqueueing",
-            "this store does not claim in the enqueue's transaction",
-        ))
-    }
+    /// Decides `first` and then `then` in one transaction, each exactly as
+    /// its own method would: `first`'s refusal or failure fails both, and
+    /// `then`'s refusal undoes its own writes only and is answered in its
+    /// place (a claim refused after an enqueue keeps the enqueue).
+    async fn together(&self, first: Command, then: Command) -> Result<(Done, Result<Done>)>;
 
     /// Answers when the store can serve requests.
     async fn ping(&self) -> Result<()>;

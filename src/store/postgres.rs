@@ -110,7 +110,7 @@ mod rows;
 
 use super::CardUpdateJob;
 use super::retention::PruneStep;
-use super::{Change, ChangeFeed, Outbound, ReplyJob, ReplyUpdate, Store};
+use super::{Change, ChangeFeed, Command, Done, Outbound, ReplyJob, ReplyUpdate, Store};
 use crate::decide::lark::{Clicked, LarkClick};
 use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::decide::permission::Decision;
@@ -131,7 +131,7 @@ use crate::model::{
 use crate::permission;
 use crate::permission::PermissionRow;
 use crate::time::now_ms;
-use decisions::{bind, bind_rows, claim, close, complete, enqueue, release};
+use decisions::{bind, bind_rows, claim, close, complete, enqueue, release, together};
 use notify::Announcer;
 use permissions::{PERMISSION_COLUMNS, load_permission, permission_row};
 use pool::{Step, settle};
@@ -233,6 +233,19 @@ impl Store for PgStore {
             &self.minter
         ))?;
         Ok(done)
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn together(&self, first: Command, then: Command) -> Result<(Done, Result<Done>)> {
+        transaction!(self, "deciding", |conn| together(
+            conn,
+            &first,
+            &then,
+            &self.minter
+        ))
     }
 
     async fn claim(

@@ -25,12 +25,13 @@ mod writer;
 use super::retention::{self, PruneStep};
 use super::sync_sql as sql;
 use decisions::{
-    bind, bind_rows, claim, close, complete, enqueue, lapse_agent, notify, release, report_agent,
+    bind, bind_rows, claim, close, command, complete, enqueue, lapse_agent, notify, release,
+    report_agent,
 };
 use writer::{Writer, nested};
 
 use super::CardUpdateJob;
-use super::{Change, ChangeFeed, Outbound, ReplyJob, ReplyUpdate, Store, TurnPage};
+use super::{Change, ChangeFeed, Command, Done, Outbound, ReplyJob, ReplyUpdate, Store, TurnPage};
 use crate::decide::lark::{Clicked, LarkClick};
 use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::decide::permission::Decision;
@@ -351,25 +352,17 @@ impl Store for SqliteStore {
             .await
     }
 
-    fn hands_off(&self) -> bool {
-        true
+    fn shared(&self) -> bool {
+        false
     }
 
-    async fn enqueue_and_claim(
-        &self,
-        session_id: String,
-        message: EnqueueRequest,
-        (host, claim_id): (HostIdentity, String),
-    ) -> Result<(Enqueue, Result<ClaimOutcome>)> {
+    async fn together(&self, first: Command, then: Command) -> Result<(Done, Result<Done>)> {
         let minter = self.minter.clone();
         self.write(move |conn| {
-            let enqueued = enqueue(conn, session_id.clone(), message.clone(), &minter)?;
-            // Refusing the claimer (another claim is active, say) keeps the
-            // enqueue.
-            let claimed = nested(conn, |conn| {
-                claim(conn, session_id.clone(), host.clone(), claim_id.clone())
-            })?;
-            Ok((enqueued, claimed))
+            let first = command(conn, first.clone(), &minter)?;
+            // A refused second command keeps the first's writes.
+            let then = nested(conn, |conn| command(conn, then.clone(), &minter))?;
+            Ok((first, then))
         })
         .await
     }

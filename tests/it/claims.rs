@@ -617,3 +617,69 @@ async fn sse_claims_time_out_error_before_the_stream_and_report_a_close_in_strea
         "session_closed"
     );
 }
+
+/// The hand-off's two decisions in one commit (`Store::together`), on the
+/// store itself and on either backend: the claim takes the turn its enqueue
+/// brought; a claim refused after an enqueue (another claim is active)
+/// keeps the enqueue, and a refused enqueue (a closed session) writes nothing.
+#[tokio::test]
+async fn two_decisions_in_one_commit_keep_the_first_when_the_second_is_refused() {
+    use loopx::model::HostIdentity;
+    use loopx::store::{Command, Done};
+
+    let dir = tempfile::tempdir().unwrap();
+    let database = TestDatabase::create().await;
+    let url = database.as_ref().map(|database| database.url.as_str());
+    let store = loopx::serve::open_store(dir.path(), url, Durability::Relaxed)
+        .await
+        .unwrap();
+    let (goal, agent, host_session) = (unique("goal"), unique("agent"), unique("host"));
+    store
+        .register(thread(&goal, &agent, &host_session))
+        .await
+        .unwrap();
+    let session = match store
+        .bind(bind_request(&goal, &agent, &host_session))
+        .await
+        .unwrap()
+    {
+        loopx::decide::session::Bound::Created(session) => session,
+        loopx::decide::session::Bound::Existing(session) => session,
+    };
+    let id = session.session_id.clone();
+    let enqueue = |text: &str| Command::Enqueue {
+        session_id: id.clone(),
+        message: web(text),
+    };
+    let claim = |claim_id: &str| Command::Claim {
+        session_id: id.clone(),
+        host: HostIdentity {
+            host_surface: HOST_SURFACE.into(),
+            host_session_id: host_session.clone(),
+        },
+        claim_id: claim_id.into(),
+    };
+
+    let (first, claimed) = store.together(enqueue("one"), claim("c1")).await.unwrap();
+    let first = first.enqueued().unwrap();
+    match claimed.and_then(Done::claimed).unwrap() {
+        loopx::decide::turn::ClaimOutcome::Claimed { turn, replayed, .. } => {
+            assert_eq!(turn.turn_id, first.turn.turn_id);
+            assert!(!replayed);
+        }
+        other => panic!("the claim found nothing: {other:?}"),
+    }
+
+    let (second, refused) = store.together(enqueue("two"), claim("c2")).await.unwrap();
+    let second = second.enqueued().unwrap();
+    let refused = refused.err().expect("a second claim while c1 is active");
+    assert_eq!(refused.code, loopx::error::ErrorCode::ClaimActive);
+    let kept = store.turn(&id, &second.turn.turn_id).await.unwrap();
+    assert_eq!(kept.state, TurnState::Queued);
+
+    store.close(id.clone(), true).await.unwrap();
+    let closed = store.together(enqueue("three"), claim("c3")).await;
+    assert!(closed.is_err(), "an enqueue on a closed session is refused");
+    let turns = store.session(&id).await.unwrap().unwrap();
+    assert_eq!(turns.next_seq, session.next_seq + 2, "nothing more was written");
+}

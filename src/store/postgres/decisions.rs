@@ -10,6 +10,7 @@ use sqlx::postgres::PgConnection;
 use super::Step;
 use super::apply::decided;
 use super::load::{claim_rows, close_rows, complete_rows, enqueue_rows, release_rows};
+use super::pool::Fail;
 use super::rows::{SESSION_COLUMNS, TURN_COLUMNS, session_row, text, turn_row};
 use crate::decide;
 use crate::decide::presence::Reported;
@@ -22,6 +23,7 @@ use crate::model::HostIdentity;
 use crate::model::{
     AgentState, BindRequest, CompleteRequest, EnqueueRequest, NotificationKind, Receipt, Released,
 };
+use crate::store::{Command, Done};
 use crate::time::now_ms;
 
 pub(super) async fn bind_rows(
@@ -117,6 +119,49 @@ pub(super) async fn enqueue(
     let (session, earlier) = enqueue_rows(conn, session_id, client_message_id).await?;
     let decision = decide::turn::enqueue(session, earlier, message.clone(), minter, now_ms())?;
     decided(conn, decision).await
+}
+
+/// `first` and then `then` in the caller's transaction
+/// ([`crate::store::Store::together`]): `then` runs under a savepoint, so
+/// that its refusal undoes its own writes only; a database failure in either
+/// fails the transaction (taken again from the start on contention).
+pub(super) async fn together(
+    conn: &mut PgConnection,
+    first: &Command,
+    then: &Command,
+    minter: &Minter,
+) -> Step<(Done, crate::error::Result<Done>)> {
+    let first = command(conn, first, minter).await?;
+    let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
+    match command(&mut savepoint, then, minter).await {
+        Ok(done) => {
+            savepoint.commit().await?;
+            Ok((first, Ok(done)))
+        }
+        Err(Fail::Refused(e)) => {
+            savepoint.rollback().await?;
+            Ok((first, Err(e)))
+        }
+        Err(fail) => Err(fail),
+    }
+}
+
+async fn command(conn: &mut PgConnection, command: &Command, minter: &Minter) -> Step<Done> {
+    match command {
+        Command::Enqueue {
+            session_id,
+            message,
+        } => Ok(Done::Enqueued(Box::new(
+            enqueue(conn, session_id, message, minter).await?,
+        ))),
+        Command::Claim {
+            session_id,
+            host,
+            claim_id,
+        } => Ok(Done::Claimed(
+            claim(conn, session_id, host, claim_id).await?,
+        )),
+    }
 }
 
 pub(super) async fn claim(
