@@ -721,6 +721,77 @@ impl Store for SqliteStore {
 mod tests {
     use super::*;
 
+    /// A database written before migration 0013 (claims with a rowid and
+    /// the `claims_session` index) keeps every claim through the rebuild:
+    /// its claim_id still answers the same turn again, and a new claim
+    /// finds the claimed turn's claim active.
+    #[tokio::test]
+    async fn claims_written_before_the_rebuild_survive_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("broker.db");
+        create_private_file(&path).unwrap();
+        let options = SqliteConnectOptions::new().filename(&path);
+        let mut conn = SqliteConnection::connect_with(&options).await.unwrap();
+        let mut before = sqlx::migrate!("./migrations/sqlite");
+        before.migrations = before
+            .migrations
+            .iter()
+            .filter(|m| m.version < 13)
+            .cloned()
+            .collect::<Vec<_>>()
+            .into();
+        before.run(&mut conn).await.unwrap();
+        for statement in [
+            "insert into agent_threads values ('g', 'a', 'codex-cli', 'h', 1)",
+            "insert into sessions (session_id, goal_id, agent_id, host_surface, host_session_id,
+                 executor_endpoint_id, state, created_at, next_seq, queued_count,
+                 active_claim_id, next_event_no)
+             values ('ses_1', 'g', 'a', 'codex-cli', 'h', 'e', 'open', 1, 3, 0, 'c2', 1)",
+            "insert into turns (turn_id, session_id, seq, origin, text, state, enqueued_at,
+                 claim_count, current_claim_id, completion_id, response, completed_at)
+             values ('trn_1', 'ses_1', 1, 'web', 'one', 'completed', 1, 1, 'c1', 'done-1',
+                 '{}', 2)",
+            "insert into turns (turn_id, session_id, seq, origin, text, state, enqueued_at,
+                 claim_count, current_claim_id, claimed_at)
+             values ('trn_2', 'ses_1', 2, 'web', 'two', 'claimed', 1, 1, 'c2', 3)",
+            "insert into claims values ('c1', 'ses_1', 'trn_1', 1, 'completed', 2, null)",
+            "insert into claims values ('c2', 'ses_1', 'trn_2', 1, 'active', 3, null)",
+        ] {
+            sqlx::query(statement).execute(&mut conn).await.unwrap();
+        }
+        conn.close().await.unwrap();
+
+        let store = SqliteStore::open(&path, Durability::Relaxed).await.unwrap();
+        let host = HostIdentity {
+            host_surface: "codex-cli".into(),
+            host_session_id: "h".into(),
+        };
+        let again = store
+            .claim("ses_1".into(), host.clone(), "c2".into())
+            .await
+            .unwrap();
+        assert!(
+            matches!(&again, ClaimOutcome::Claimed { turn, replayed: true, .. } if turn.turn_id == "trn_2"),
+            "{again:?}"
+        );
+        let refused = store
+            .claim("ses_1".into(), host, "c3".into())
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code, crate::error::ErrorCode::ClaimActive);
+        let claims: i64 = sqlx::query_scalar("select count(*) from claims")
+            .fetch_one(&store.reads)
+            .await
+            .unwrap();
+        assert_eq!(claims, 2);
+        let table: String =
+            sqlx::query_scalar("select sql from sqlite_master where name = 'claims'")
+                .fetch_one(&store.reads)
+                .await
+                .unwrap();
+        assert!(table.contains("without rowid"), "{table}");
+    }
+
     /// `/metrics` and every retention statement go through indexes: none
     /// scans a whole table, however large the history.
     #[tokio::test]
