@@ -131,12 +131,6 @@ pub fn approvers_from_stored(stored: &str) -> Vec<String> {
     serde_json::from_str(stored).unwrap_or_default()
 }
 
-/// The message a linked chat receives for a new request: its interactive
-/// card ([`crate::lark::card::open`]), as the JSON string Lark's `content` takes.
-pub fn lark_message(row: &PermissionRow) -> String {
-    crate::lark::card::open(row).to_string()
-}
-
 impl LarkLink {
     /// The link as stored: its chat and its approvers' stored form.
     pub fn stored(session_id: &str, link: Option<(String, String)>) -> Self {

@@ -11,7 +11,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::model::HostIdentity;
 use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
-use crate::permission::{PermissionRow, lark_message};
+use crate::permission::PermissionRow;
 
 /// What a create or an answer answers: the request as written, or as stored
 /// for a replay.
@@ -101,7 +101,9 @@ pub fn create(
         session_id: row.session_id.clone(),
         request_id: row.request_id.clone(),
         chat_id,
-        text: lark_message(&row),
+        // The message a linked chat receives: the request's interactive
+        // card, as the JSON string Lark's `content` takes.
+        text: crate::lark::card::open(&row).to_string(),
         at: now,
     });
     Ok(Decided {
