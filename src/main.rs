@@ -1,6 +1,6 @@
-/// With the `mimalloc` feature, the broker allocates through mimalloc
-/// (BENCHMARKS.md, "A global allocator").
-#[cfg(feature = "mimalloc")]
+/// The broker allocates through mimalloc: the writer spends a fifth less CPU
+/// per cycle than on glibc's allocator (BENCHMARKS.md, "A global
+/// allocator").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -91,6 +91,10 @@ impl Broker {
         if let Some(token) = token {
             command.env("LOOPX_TOKEN", token);
         }
+        // The parked section holds 10,000 claims plus its own connections,
+        // past the broker's default cap of 10,000 (set through the
+        // environment, which builds older than the cap ignore).
+        command.env("LOOPX_MAX_CONNECTIONS", "20000");
         let child = command
             .spawn()
             .map_err(|e| format!("cannot run {}: {e}", loopx.display()))?;

@@ -681,5 +681,9 @@ async fn two_decisions_in_one_commit_keep_the_first_when_the_second_is_refused()
     let closed = store.together(enqueue("three"), claim("c3")).await;
     assert!(closed.is_err(), "an enqueue on a closed session is refused");
     let turns = store.session(&id).await.unwrap().unwrap();
-    assert_eq!(turns.next_seq, session.next_seq + 2, "nothing more was written");
+    assert_eq!(
+        turns.next_seq,
+        session.next_seq + 2,
+        "nothing more was written"
+    );
 }

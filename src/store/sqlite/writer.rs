@@ -155,7 +155,7 @@ fn run_writer(
     conn: Connection,
     mut queue: mpsc::Receiver<Box<dyn Job>>,
     flusher: Flusher,
-    checkpointer: Checkpointer,
+    mut checkpointer: Checkpointer,
 ) {
     let mut batch: Jobs = Vec::with_capacity(MAX_BATCH);
     let mut commits: u32 = 0;
@@ -209,6 +209,8 @@ const WRITER_CHECKPOINT_PAGES: i64 = 1500;
 const WAL_SIZE_LIMIT_BYTES: u64 = 8 * 1024 * 1024;
 /// How long the writer waits for readers when it forces a restart.
 const RESTART_WAIT: Duration = Duration::from_millis(200);
+/// How long after a forced restart that failed the writer tries again.
+const RESTART_RETRY: Duration = Duration::from_secs(1);
 /// The WAL size (pages, as the checkpointer last saw it) past which the
 /// writer, when its queue is empty, completes the checkpoint itself, so that
 /// under writes that pause the log restarts at a moment nobody waits on, and
@@ -231,6 +233,8 @@ struct Checkpointer {
     wal_pages: std::sync::Arc<std::sync::atomic::AtomicI64>,
     /// The write-ahead log's file, whose size says when a restart was missed.
     wal: std::path::PathBuf,
+    /// When the last forced restart found readers still in the log.
+    restart_failed_at: Option<std::time::Instant>,
 }
 
 impl Checkpointer {
@@ -260,6 +264,7 @@ impl Checkpointer {
             pokes,
             wal_pages,
             wal: wal_path(path),
+            restart_failed_at: None,
         })
     }
 
@@ -294,10 +299,16 @@ impl Checkpointer {
     /// then runs a `RESTART` checkpoint, which waits up to [`RESTART_WAIT`]
     /// for those readers, so that its next write starts the log over and
     /// truncates the file back to the limit. One `stat` per commit; the wait
-    /// only when the file is past the limit.
-    fn restart_when_over(&self, conn: &Connection) {
+    /// only when the file is past the limit, and not again within
+    /// [`RESTART_RETRY`] of a wait that failed (a reader holding its snapshot
+    /// that long would otherwise hold up every batch).
+    fn restart_when_over(&mut self, conn: &Connection) {
         let size = std::fs::metadata(&self.wal).map_or(0, |m| m.len());
-        if size <= WAL_SIZE_LIMIT_BYTES {
+        if size <= WAL_SIZE_LIMIT_BYTES
+            || self
+                .restart_failed_at
+                .is_some_and(|at| at.elapsed() < RESTART_RETRY)
+        {
             return;
         }
         let restarted = conn
@@ -309,11 +320,17 @@ impl Checkpointer {
             })
             .map(|busy| busy == 0);
         let _ = conn.busy_timeout(BUSY_TIMEOUT);
-        match restarted {
-            Ok(true) => self.wal_pages.store(0, Ordering::Relaxed),
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "restarting the write-ahead log failed"),
-        }
+        self.restart_failed_at = match restarted {
+            Ok(true) => {
+                self.wal_pages.store(0, Ordering::Relaxed);
+                None
+            }
+            Ok(false) => Some(std::time::Instant::now()),
+            Err(e) => {
+                tracing::warn!(error = %e, "restarting the write-ahead log failed");
+                Some(std::time::Instant::now())
+            }
+        };
     }
 }
 
