@@ -24,7 +24,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::decide::lark::{Clicked, LarkClick};
 use crate::decide::lark::{LarkEvent, LarkIngest};
-use crate::decide::permission::Decision;
 use crate::decide::session::Bound;
 use crate::decide::turn::ClaimOutcome;
 use crate::decide::turn::Releaser;
@@ -616,7 +615,7 @@ impl Broker {
     pub async fn lark_click(&self, click: LarkClick) -> Result<Clicked> {
         let clicked = self.store.lark_click(click).await?;
         if let Clicked::Answered { row, .. } = &clicked {
-            self.count(&Decision::Write(row.clone()), row.state.as_str());
+            self.count_written(row.state.as_str());
         }
         Ok(clicked)
     }

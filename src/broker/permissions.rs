@@ -117,10 +117,15 @@ impl Broker {
     /// the store's change feed.)
     pub(super) fn count(&self, decision: &Decision, outcome: &str) {
         if let Decision::Write(_) = decision {
-            self.metrics.permission(outcome, 1);
-            // A request's card (or message) in a linked Lark chat follows it.
-            self.outbox.notify_one();
+            self.count_written(outcome);
         }
+    }
+
+    /// Counts a decision that was written.
+    pub(super) fn count_written(&self, outcome: &str) {
+        self.metrics.permission(outcome, 1);
+        // A request's card (or message) in a linked Lark chat follows it.
+        self.outbox.notify_one();
     }
 
     pub async fn permission(

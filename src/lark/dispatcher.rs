@@ -443,16 +443,22 @@ fn request(base_url: &str, job: &ReplyJob, index: usize, text: &str) -> (String,
         Outbound::Permission {
             session_id,
             request_id,
-        } => (
-            format!("{base_url}/open-apis/im/v1/messages?receive_id_type=chat_id"),
-            json!({
-                "receive_id": job.chat_id,
-                // A card (`lark::card::open`); a text written before cards, as text.
-                "content": if is_card(text) { text.to_owned() } else { json!({ "text": text }).to_string() },
-                "msg_type": if is_card(text) { "interactive" } else { "text" },
-                "uuid": permission_uuid(session_id, request_id, index),
-            }),
-        ),
+        } => {
+            // A card (`lark::card::open`); a text written before cards, as text.
+            let (content, msg_type) = match is_card(text) {
+                true => (text.to_owned(), "interactive"),
+                false => (json!({ "text": text }).to_string(), "text"),
+            };
+            (
+                format!("{base_url}/open-apis/im/v1/messages?receive_id_type=chat_id"),
+                json!({
+                    "receive_id": job.chat_id,
+                    "content": content,
+                    "msg_type": msg_type,
+                    "uuid": permission_uuid(session_id, request_id, index),
+                }),
+            )
+        }
     }
 }
 

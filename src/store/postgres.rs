@@ -464,12 +464,10 @@ impl Store for PgStore {
     }
 
     async fn lark_click(&self, click: LarkClick) -> Result<Clicked> {
+        // An answer's writes carry its event: `committed` announces it.
         let clicked = transaction!(self, "taking a Lark card click", |conn| cards::click(
             conn, &click
         ))?;
-        if let Clicked::Answered { session_id, .. } = &clicked {
-            self.announcer.changed(session_id);
-        }
         Ok(clicked)
     }
 
