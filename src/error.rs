@@ -262,6 +262,14 @@ impl StoreCause for str {
     }
 }
 
+/// A journal record that does not (de)serialize: its kind and position,
+/// never its content.
+impl StoreCause for serde_json::Error {
+    fn describe(&self) -> String {
+        format!("{:?} error at column {}", self.classify(), self.column())
+    }
+}
+
 impl StoreCause for std::io::Error {
     fn describe(&self) -> String {
         match self.raw_os_error() {

@@ -39,7 +39,7 @@ pub enum ClaimState {
 }
 
 /// A stored claim: every claim ever made (a claim id keeps answering the same turn).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimRow {
     pub claim_id: String,
     pub session_id: String,
@@ -51,7 +51,7 @@ pub struct ClaimRow {
 }
 
 /// A row a decision writes: a new one, or new values for an existing one.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Change<T> {
     Insert(T),
     Update(T),
@@ -59,7 +59,7 @@ pub enum Change<T> {
 
 /// One entry appended to a session's event log, numbered by the decision
 /// from the session's (locked) `next_event_no`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct NewEvent {
     pub session_id: String,
     pub event_no: i64,
@@ -72,8 +72,70 @@ pub struct NewEvent {
     pub at: i64,
 }
 
+/// A [`NewEvent`] as read back (from the SQLite store's journal), its words
+/// not yet found among those an event is logged with.
+#[derive(Deserialize)]
+struct StoredEvent {
+    session_id: String,
+    event_no: i64,
+    kind: String,
+    turn_id: Option<String>,
+    seq: Option<i64>,
+    request_id: Option<String>,
+    state: String,
+    at: i64,
+}
+
+/// Every word an event's `kind` and `state` can hold: what [`Subject::kind`]
+/// and the decisions' calls of [`log`] give.
+const LOGGED_WORDS: &[&str] = &[
+    "turn",
+    "session",
+    "permission",
+    "agent",
+    "notification",
+    "queued",
+    "claimed",
+    "completed",
+    "released",
+    "cancelled",
+    "closed",
+    "pending",
+    "allowed",
+    "denied",
+    "expired",
+    "working",
+    "waiting",
+    "away",
+    "idle_prompt",
+    "permission_prompt",
+];
+
+impl<'de> Deserialize<'de> for NewEvent {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let e = StoredEvent::deserialize(d)?;
+        let word = |w: &str| {
+            LOGGED_WORDS
+                .iter()
+                .find(|known| **known == w)
+                .copied()
+                .ok_or_else(|| serde::de::Error::custom("an event word no decision logs"))
+        };
+        Ok(NewEvent {
+            kind: word(&e.kind)?,
+            state: word(&e.state)?,
+            session_id: e.session_id,
+            event_no: e.event_no,
+            turn_id: e.turn_id,
+            seq: e.seq,
+            request_id: e.request_id,
+            at: e.at,
+        })
+    }
+}
+
 /// A Lark reply to send for a completed turn that came from Lark.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NewReply {
     pub turn_id: String,
     pub session_id: String,
@@ -156,24 +218,40 @@ pub struct Sweep {
 /// first, then the Lark event guard, link, permission request, its chat
 /// message and card, a close's sweep; then turn, claim, session, event,
 /// reply), in the decision's transaction.
-#[derive(Debug, Default)]
+///
+/// The writes of a turn's cycle (turn, claim, session, event, reply) are
+/// what the SQLite store journals as one record: those serialize, the others
+/// do not ([`Writes::journaled`] says whether a decision wrote only those).
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Writes {
     /// The writes of a step the decision takes first (a close's release of
     /// the active claim, whose turn the sweep then cancels with the rest).
+    #[serde(skip)]
     pub before: Option<Box<Writes>>,
+    #[serde(skip)]
     pub lark_event: Option<SeenLarkEvent>,
+    #[serde(skip)]
     pub link: Option<LinkChange>,
+    #[serde(skip)]
     pub permission: Option<Change<PermissionRow>>,
+    #[serde(skip)]
     pub permission_message: Option<NewPermissionMessage>,
+    #[serde(skip)]
     pub card: Option<CardWrite>,
+    #[serde(skip)]
     pub sweep: Option<Sweep>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn: Option<Change<TurnRow>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim: Option<Change<ClaimRow>>,
     /// The session after the decision: its counters (`next_seq`,
     /// `next_event_no`, `queued_count`, `active_claim_id`) are written back
     /// as they are (the row is locked for the transaction).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionRow>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event: Option<NewEvent>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply: Option<NewReply>,
 }
 
@@ -188,6 +266,18 @@ pub struct Changed {
 }
 
 impl Writes {
+    /// Whether these are only a turn cycle's writes (turn, claim, session,
+    /// event, reply): all of them survive serialization.
+    pub fn journaled(&self) -> bool {
+        self.before.is_none()
+            && self.lark_event.is_none()
+            && self.link.is_none()
+            && self.permission.is_none()
+            && self.permission_message.is_none()
+            && self.card.is_none()
+            && self.sweep.is_none()
+    }
+
     /// What these writes change, once committed: `None` when they log no
     /// event (a replay, a refresh of presence that shows nothing new).
     pub fn changed(&self) -> Option<Changed> {

@@ -10,7 +10,7 @@ use crate::model::{
 use crate::time::rfc3339;
 
 /// A stored session, host session id included: never answered as is.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
 pub struct SessionRow {
     pub session_id: String,
     pub goal_id: String,
@@ -66,7 +66,7 @@ impl SessionRow {
 }
 
 /// A stored turn, with its content.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
 pub struct TurnRow {
     pub turn_id: String,
     pub session_id: String,

@@ -17,7 +17,9 @@ use sqlx::sqlite::{
 
 mod apply;
 mod cards;
+mod crash;
 mod decisions;
+mod journal;
 mod lark;
 mod permissions;
 mod writer;
@@ -129,26 +131,53 @@ impl SqliteStore {
         })
     }
 
-    /// Runs `op` on the writer ([`Writer::write`]) and, once it is answered,
-    /// publishes what its decisions changed (of its last run: an earlier
-    /// run's changes were rolled back).
-    async fn write<T, F>(&self, mut op: F) -> Result<T>
+    /// Runs `op` on the writer ([`Writer::write`]: the journal folded
+    /// first) and, once it is answered, publishes what its decisions changed
+    /// (of its last run: an earlier run's changes were rolled back).
+    async fn write<T, F>(&self, op: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnMut(&Connection) -> Result<T> + Send + 'static,
     {
-        let (answer, changed) = self
-            .writer
-            .write(move |conn| {
-                apply::take_changed();
-                let answer = op(conn)?;
-                Ok((answer, apply::take_changed()))
-            })
-            .await?;
+        self.decide(false, op).await
+    }
+
+    /// As [`SqliteStore::write`], for a decision of a turn's cycle, which
+    /// reads its rows through the journal ([`Writer::write_cycle`]).
+    async fn write_cycle<T, F>(&self, op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&Connection) -> Result<T> + Send + 'static,
+    {
+        self.decide(true, op).await
+    }
+
+    async fn decide<T, F>(&self, cycle: bool, mut op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&Connection) -> Result<T> + Send + 'static,
+    {
+        let op = move |conn: &Connection| {
+            apply::take_changed();
+            let answer = op(conn)?;
+            Ok((answer, apply::take_changed()))
+        };
+        let (answer, changed) = if cycle {
+            self.writer.write_cycle(op).await?
+        } else {
+            self.writer.write(op).await?
+        };
         changed
             .into_iter()
             .for_each(|c| self.feed.publish(&Change::Session(c)));
         Ok(answer)
+    }
+
+    /// The read pool, once the tables hold everything acknowledged
+    /// ([`Writer::caught_up`]).
+    async fn reads(&self) -> Result<&SqlitePool> {
+        self.writer.caught_up().await?;
+        Ok(&self.reads)
     }
 }
 
@@ -244,13 +273,26 @@ async fn read_turn(db: &SqlitePool, session_id: &str, turn_id: &str) -> Result<O
         .await?)
 }
 
+/// A session on the writer's connection, as last written (journaled or
+/// stored: [`journal::session`]).
 fn load_session(db: &Connection, session_id: &str) -> Result<Option<SessionRow>> {
+    journal::session(db, session_id)
+}
+
+/// A session's turn on the writer's connection, as last written.
+fn load_turn(db: &Connection, session_id: &str, turn_id: &str) -> Result<Option<TurnRow>> {
+    journal::turn(db, session_id, turn_id)
+}
+
+/// A session as the table holds it.
+fn stored_session(db: &Connection, session_id: &str) -> Result<Option<SessionRow>> {
     sql::query_as(SELECT_SESSION)
         .bind(session_id)
         .fetch_optional(db)
 }
 
-fn load_turn(db: &Connection, session_id: &str, turn_id: &str) -> Result<Option<TurnRow>> {
+/// A turn as the table holds it.
+fn stored_turn(db: &Connection, session_id: &str, turn_id: &str) -> Result<Option<TurnRow>> {
     sql::query_as(SELECT_TURN)
         .bind(session_id)
         .bind(turn_id)
@@ -323,7 +365,7 @@ impl Store for SqliteStore {
     }
 
     async fn session(&self, session_id: &str) -> Result<Option<SessionRow>> {
-        read_session(&self.reads, session_id).await
+        read_session(self.reads().await?, session_id).await
     }
 
     async fn sessions(&self, filter: ListSessions, limit: u32) -> Result<Vec<SessionRow>> {
@@ -339,13 +381,13 @@ impl Store for SqliteStore {
             .bind(filter.agent_id)
             .bind(filter.cursor)
             .bind(limit)
-            .fetch_all(&self.reads)
+            .fetch_all(self.reads().await?)
             .await?)
     }
 
     async fn enqueue(&self, session_id: String, message: EnqueueRequest) -> Result<Enqueue> {
         let minter = self.minter.clone();
-        self.write(move |conn| enqueue(conn, session_id.clone(), message.clone(), &minter))
+        self.write_cycle(move |conn| enqueue(conn, session_id.clone(), message.clone(), &minter))
             .await
     }
 
@@ -355,7 +397,7 @@ impl Store for SqliteStore {
 
     async fn together(&self, first: Command, then: Command) -> Result<(Done, Result<Done>)> {
         let minter = self.minter.clone();
-        self.write(move |conn| {
+        self.write_cycle(move |conn| {
             let first = command(conn, first.clone(), &minter)?;
             // A refused second command keeps the first's writes.
             let then = nested(conn, |conn| command(conn, then.clone(), &minter))?;
@@ -370,8 +412,10 @@ impl Store for SqliteStore {
         host: HostIdentity,
         claim_id: String,
     ) -> Result<ClaimOutcome> {
-        self.write(move |conn| claim(conn, session_id.clone(), host.clone(), claim_id.clone()))
-            .await
+        self.write_cycle(move |conn| {
+            claim(conn, session_id.clone(), host.clone(), claim_id.clone())
+        })
+        .await
     }
 
     async fn complete(
@@ -380,7 +424,7 @@ impl Store for SqliteStore {
         turn_id: String,
         completion: CompleteRequest,
     ) -> Result<Receipt> {
-        self.write(move |conn| {
+        self.write_cycle(move |conn| {
             complete(
                 conn,
                 session_id.clone(),
@@ -397,7 +441,7 @@ impl Store for SqliteStore {
         claim_id: String,
         by: crate::decide::turn::Releaser,
     ) -> Result<Released> {
-        self.write(move |conn| release(conn, session_id.clone(), claim_id.clone(), &by))
+        self.write_cycle(move |conn| release(conn, session_id.clone(), claim_id.clone(), &by))
             .await
     }
 
@@ -455,7 +499,7 @@ impl Store for SqliteStore {
         state: Option<AgentState>,
         claim_id: Option<String>,
     ) -> Result<Reported> {
-        self.write(move |conn| {
+        self.write_cycle(move |conn| {
             report_agent(
                 conn,
                 session_id.clone(),
@@ -472,19 +516,19 @@ impl Store for SqliteStore {
         Ok(sqlx::query_scalar(&sql)
             .bind(heard_before)
             .bind(crate::decide::presence::AWAY_AFTER_MS)
-            .fetch_all(&self.reads)
+            .fetch_all(self.reads().await?)
             .await?)
     }
 
     async fn lapse_agent(&self, session_id: String, now: i64) -> Result<Reported> {
-        self.write(move |conn| lapse_agent(conn, &session_id, now))
+        self.write_cycle(move |conn| lapse_agent(conn, &session_id, now))
             .await
     }
 
     async fn held_sessions(&self) -> Result<Vec<(SessionRow, i64)>> {
         use sqlx::{FromRow, Row};
         let rows = sqlx::query(super::HELD_SESSIONS)
-            .fetch_all(&self.reads)
+            .fetch_all(self.reads().await?)
             .await?;
         let held = rows
             .iter()
@@ -504,7 +548,7 @@ impl Store for SqliteStore {
         host: HostIdentity,
         kind: NotificationKind,
     ) -> Result<SessionRow> {
-        self.write(move |conn| notify(conn, session_id.clone(), host.clone(), kind))
+        self.write_cycle(move |conn| notify(conn, session_id.clone(), host.clone(), kind))
             .await
     }
 
@@ -521,11 +565,11 @@ impl Store for SqliteStore {
     }
 
     async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow> {
-        let session = read_session(&self.reads, session_id).await?;
+        let session = read_session(self.reads().await?, session_id).await?;
         let request = sqlx::query_as(SELECT_PERMISSION)
             .bind(session_id)
             .bind(request_id)
-            .fetch_optional(&self.reads)
+            .fetch_optional(self.reads().await?)
             .await?;
         decide::item(session, request, "permission request")
     }
@@ -535,7 +579,7 @@ impl Store for SqliteStore {
         session_id: &str,
         state: Option<PermissionState>,
     ) -> Result<Vec<PermissionRow>> {
-        decide::existing(read_session(&self.reads, session_id).await?)?;
+        decide::existing(read_session(self.reads().await?, session_id).await?)?;
         Ok(sqlx::query_as(concat!(
             "select ",
             permission_columns!(),
@@ -545,7 +589,7 @@ impl Store for SqliteStore {
         .bind(session_id)
         .bind(state)
         .bind(permission::LIST_LIMIT)
-        .fetch_all(&self.reads)
+        .fetch_all(self.reads().await?)
         .await?)
     }
 
@@ -567,11 +611,11 @@ impl Store for SqliteStore {
     }
 
     async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink> {
-        decide::existing(read_session(&self.reads, session_id).await?)?;
+        decide::existing(read_session(self.reads().await?, session_id).await?)?;
         let link: Option<(String, String)> =
             sqlx::query_as("select chat_id, approvers from lark_links where session_id = ?")
                 .bind(session_id)
-                .fetch_optional(&self.reads)
+                .fetch_optional(self.reads().await?)
                 .await?;
         Ok(LarkLink::stored(session_id, link))
     }
@@ -601,7 +645,7 @@ impl Store for SqliteStore {
         Ok(sqlx::query_as(cards::DUE_CARD_UPDATES)
             .bind(now_ms)
             .bind(limit)
-            .fetch_all(&self.reads)
+            .fetch_all(self.reads().await?)
             .await?)
     }
 
@@ -625,14 +669,14 @@ impl Store for SqliteStore {
         let rows: Vec<OutboxRow> = sqlx::query_as(super::DUE_OUTBOX)
             .bind(now_ms)
             .bind(limit)
-            .fetch_all(&self.reads)
+            .fetch_all(self.reads().await?)
             .await?;
         Ok(rows.into_iter().map(OutboxRow::job).collect())
     }
 
     async fn next_reply_due(&self) -> Result<Option<i64>> {
         Ok(sqlx::query_scalar(super::NEXT_OUTBOX_DUE)
-            .fetch_one(&self.reads)
+            .fetch_one(self.reads().await?)
             .await?)
     }
 
@@ -657,7 +701,9 @@ impl Store for SqliteStore {
     }
 
     async fn queue_stats(&self) -> Result<(i64, Option<i64>)> {
-        Ok(sqlx::query_as(QUEUE_STATS).fetch_one(&self.reads).await?)
+        Ok(sqlx::query_as(QUEUE_STATS)
+            .fetch_one(self.reads().await?)
+            .await?)
     }
 
     async fn prune_step(&self, cutoff_ms: i64) -> Result<PruneStep> {
@@ -668,7 +714,7 @@ impl Store for SqliteStore {
         let next: Option<i64> =
             sqlx::query_scalar("select next_event_no from sessions where session_id = ?")
                 .bind(session_id)
-                .fetch_optional(&self.reads)
+                .fetch_optional(self.reads().await?)
                 .await?;
         decide::last_event_no(next)
     }
@@ -681,13 +727,13 @@ impl Store for SqliteStore {
         .bind(session_id)
         .bind(after)
         .bind(limit)
-        .fetch_all(&self.reads)
+        .fetch_all(self.reads().await?)
         .await?)
     }
 
     async fn turn(&self, session_id: &str, turn_id: &str) -> Result<TurnRow> {
-        let session = read_session(&self.reads, session_id).await?;
-        let turn = read_turn(&self.reads, session_id, turn_id).await?;
+        let session = read_session(self.reads().await?, session_id).await?;
+        let turn = read_turn(self.reads().await?, session_id, turn_id).await?;
         decide::item(session, turn, "turn")
     }
 
@@ -697,7 +743,7 @@ impl Store for SqliteStore {
         page: ListTurns,
         limit: u32,
     ) -> Result<(Vec<TurnRow>, bool)> {
-        decide::existing(read_session(&self.reads, session_id).await?)?;
+        decide::existing(read_session(self.reads().await?, session_id).await?)?;
         let paging = TurnPage::new(&page, limit);
         let sql = if paging.backwards {
             "where t.session_id = ?1 and t.seq < ?3 order by t.seq desc limit ?4"
@@ -711,7 +757,7 @@ impl Store for SqliteStore {
             .bind(page.after_seq.unwrap_or(0))
             .bind(page.before_seq)
             .bind(paging.read_limit())
-            .fetch_all(&self.reads)
+            .fetch_all(self.reads().await?)
             .await?;
         Ok(paging.finish(turns))
     }

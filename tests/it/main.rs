@@ -15,6 +15,7 @@ mod fake_lark;
 mod fake_lark_ws;
 mod holders;
 mod hooks;
+mod journal;
 mod lark;
 mod lark_cards;
 mod lark_permissions;

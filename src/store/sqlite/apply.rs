@@ -1,5 +1,6 @@
 //! Writing what a decision returns: each [`Writes`] applied in its order,
-//! in the decision's transaction on the writer's connection. Every table a
+//! in the decision's transaction on the writer's connection, or journaled
+//! there and applied by a later fold ([`super::journal`]). Every table a
 //! decision changes is written here and nowhere else.
 
 use std::cell::RefCell;
@@ -17,7 +18,7 @@ use crate::model::SessionState;
 /// kept for [`take_changed`].
 pub(super) fn decided<T>(conn: &Connection, decided: Decided<T>) -> Result<T> {
     let changed = decided.writes.changed();
-    apply(conn, decided.writes)?;
+    super::journal::record(conn, decided.writes)?;
     if let Some(changed) = changed {
         CHANGED.with(|all| all.borrow_mut().push(changed));
     }
@@ -35,8 +36,8 @@ pub(super) fn take_changed() -> Vec<Changed> {
     CHANGED.with(|all| all.take())
 }
 
-/// Applies a decision's writes, in their order.
-fn apply(conn: &Connection, mut writes: Writes) -> Result<()> {
+/// Applies a decision's writes, in their order, to the tables.
+pub(super) fn apply(conn: &Connection, mut writes: Writes) -> Result<()> {
     if let Some(before) = writes.before.take() {
         apply(conn, *before)?;
     }

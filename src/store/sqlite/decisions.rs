@@ -6,14 +6,14 @@
 use rusqlite::Connection;
 
 use super::apply::decided;
-use super::{SESSION_COLUMNS, load_session, load_turn, sql};
+use super::{SESSION_COLUMNS, journal, load_session, load_turn, sql};
+use crate::decide::SessionRow;
 use crate::decide::presence::Reported;
 use crate::decide::session::{BindRows, CloseRows};
 use crate::decide::session::{Bound, Closed};
 use crate::decide::turn::{ClaimOutcome, Enqueue};
 use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows, Releaser};
 use crate::decide::{self, ClaimRow};
-use crate::decide::{SessionRow, TurnRow};
 use crate::error::Result;
 use crate::ids::Minter;
 use crate::model::HostIdentity;
@@ -23,16 +23,10 @@ use crate::model::{
 use crate::store::{Command, Done};
 use crate::time::now_ms;
 
-fn load_claim(conn: &Connection, claim_id: &str) -> Result<Option<ClaimRow>> {
-    sql::query_as("select * from claims where claim_id = ?")
-        .bind(claim_id)
-        .fetch_optional(conn)
-}
-
 /// The session's active claim, if it has one.
 fn active_claim(conn: &Connection, session: Option<&SessionRow>) -> Result<Option<ClaimRow>> {
     match session.and_then(|s| s.active_claim_id.as_ref()) {
-        Some(claim_id) => load_claim(conn, claim_id),
+        Some(claim_id) => journal::claim(conn, claim_id),
         None => Ok(None),
     }
 }
@@ -87,18 +81,6 @@ pub(super) fn bind(conn: &Connection, request: BindRequest, minter: &Minter) -> 
     Ok(bound)
 }
 
-/// The session's turn enqueued with this `client_message_id`, if any.
-pub(super) fn earlier_turn(
-    conn: &Connection,
-    session_id: &str,
-    client_message_id: &str,
-) -> Result<Option<TurnRow>> {
-    sql::query_as("select * from turns where session_id = ? and client_message_id = ?")
-        .bind(session_id)
-        .bind(client_message_id)
-        .fetch_optional(conn)
-}
-
 pub(super) fn enqueue(
     conn: &Connection,
     session_id: String,
@@ -107,7 +89,9 @@ pub(super) fn enqueue(
 ) -> Result<Enqueue> {
     let session = load_session(conn, &session_id)?;
     let earlier = match (&session, &message.client_message_id) {
-        (Some(_), Some(client_message_id)) => earlier_turn(conn, &session_id, client_message_id)?,
+        (Some(_), Some(client_message_id)) => {
+            journal::turn_by_client_message_id(conn, &session_id, client_message_id)?
+        }
         _ => None,
     };
     let decision = decide::turn::enqueue(session, earlier, message, minter, now_ms())?;
@@ -133,16 +117,12 @@ fn claim_rows(conn: &Connection, session_id: &str, claim_id: &str) -> Result<Cla
     let Some(session) = load_session(conn, session_id)? else {
         return Ok(ClaimRows::default());
     };
-    let earlier = load_claim(conn, claim_id)?;
+    let earlier = journal::claim(conn, claim_id)?;
     let earlier_turn = match &earlier {
         Some(claim) => load_turn(conn, session_id, &claim.turn_id)?,
         None => None,
     };
-    let head = sql::query_as(
-        "select * from turns where session_id = ? and state = 'queued' order by seq limit 1",
-    )
-    .bind(session_id)
-    .fetch_optional(conn)?;
+    let head = journal::head(conn, session_id)?;
     Ok(ClaimRows {
         active: active_claim(conn, Some(&session))?,
         session: Some(session),
@@ -170,15 +150,10 @@ pub(super) fn complete(
 ) -> Result<Receipt> {
     let session = load_session(conn, &session_id)?;
     let turn = load_turn(conn, &session_id, &turn_id)?;
-    let used: Option<i64> =
-        sql::query_scalar("select 1 from turns where session_id = ? and completion_id = ?")
-            .bind(&session_id)
-            .bind(&completion.completion_id)
-            .fetch_optional(conn)?;
     let rows = CompleteRows {
         session,
         turn,
-        completion_id_used: used.is_some(),
+        completion_id_used: journal::completion_used(conn, &session_id, &completion.completion_id)?,
     };
     decided(conn, decide::turn::complete(rows, completion, now_ms())?)
 }
@@ -190,7 +165,7 @@ pub(super) fn release(
     by: &Releaser,
 ) -> Result<Released> {
     let session = load_session(conn, &session_id)?;
-    let claim = load_claim(conn, &claim_id)?.filter(|c| c.session_id == session_id);
+    let claim = journal::claim(conn, &claim_id)?.filter(|c| c.session_id == session_id);
     let turn = match &claim {
         Some(claim) => load_turn(conn, &session_id, &claim.turn_id)?,
         None => None,

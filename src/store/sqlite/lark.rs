@@ -6,8 +6,7 @@
 use rusqlite::Connection;
 
 use super::apply::decided;
-use super::decisions::earlier_turn;
-use super::{load_permission, load_session, sql};
+use super::{journal, load_permission, load_session, sql};
 use crate::decide::lark::{self, EventRows};
 use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::error::Result;
@@ -65,7 +64,7 @@ fn event_rows(conn: &Connection, event: &LarkEvent) -> Result<EventRows> {
     };
     Ok(EventRows {
         seen: false,
-        earlier: earlier_turn(conn, &session_id, &event.event_id)?,
+        earlier: journal::turn_by_client_message_id(conn, &session_id, &event.event_id)?,
         linked: load_session(conn, &session_id)?.map(|session| (session, approvers)),
         request,
     })

@@ -4,7 +4,10 @@
 //! commits once, and only then answers them
 //! (group commit: one fsync for a batch of concurrent writes); the flusher
 //! syncs the WAL off the writer's path, the checkpointer copies it back. It
-//! knows nothing of what a job writes.
+//! knows nothing of what a job writes, but it runs the journal
+//! ([`super::journal`]): replays it at start, folds it before a job that
+//! reads the tables, folds it behind the answers, and rebuilds it after a
+//! rollback.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -14,6 +17,7 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use super::Durability;
+use super::journal::{self, Marks};
 use crate::error::{Error, Result};
 
 /// How long the writer's connection waits on a lock held by another.
@@ -27,6 +31,9 @@ const MAX_BATCH: usize = 256;
 /// job that fails after changing rows has the whole transaction rolled back
 /// and the others run again without it (see [`run_batch`]).
 trait Job: Send {
+    /// Whether the journal is folded into the tables before it runs (a job
+    /// that reads them with its own queries).
+    fn reads_tables(&self) -> bool;
     /// Runs the write and says whether its changes are kept.
     fn run(&mut self, conn: &Connection) -> bool;
     /// Answers the outcome of its last run, given that the batch committed
@@ -40,12 +47,22 @@ type Jobs = Vec<Box<dyn Job>>;
 /// where the answer goes.
 struct Write<T, F> {
     op: F,
+    reads_tables: bool,
     outcome: Option<Result<T>>,
     reply: oneshot::Sender<Result<T>>,
 }
 
 /// A job for `op`, and where its answer arrives.
+#[cfg(test)]
 fn job<T, F>(op: F) -> (Box<dyn Job>, oneshot::Receiver<Result<T>>)
+where
+    T: Send + 'static,
+    F: FnMut(&Connection) -> Result<T> + Send + 'static,
+{
+    job_on(op, true)
+}
+
+fn job_on<T, F>(op: F, reads_tables: bool) -> (Box<dyn Job>, oneshot::Receiver<Result<T>>)
 where
     T: Send + 'static,
     F: FnMut(&Connection) -> Result<T> + Send + 'static,
@@ -53,6 +70,7 @@ where
     let (reply, answer) = oneshot::channel();
     let write = Write {
         op,
+        reads_tables,
         outcome: None,
         reply,
     };
@@ -64,6 +82,10 @@ where
     T: Send,
     F: FnMut(&Connection) -> Result<T> + Send,
 {
+    fn reads_tables(&self) -> bool {
+        self.reads_tables
+    }
+
     fn run(&mut self, conn: &Connection) -> bool {
         let outcome = (self.op)(conn);
         let keep = outcome.is_ok();
@@ -83,38 +105,82 @@ where
 /// bounded queue of jobs.
 pub struct Writer {
     jobs: mpsc::Sender<Box<dyn Job>>,
+    marks: std::sync::Arc<Marks>,
 }
 
 impl Writer {
     /// Opens the writer's connection and starts its thread (with the
-    /// checkpointer and the flusher).
+    /// checkpointer and the flusher), once it has replayed the journal.
     pub fn start(path: &Path, durability: Durability) -> Result<Self> {
         let writer = open_writer(path).map_err(|e| Error::store("opening the writer", e))?;
         let checkpointer = Checkpointer::start(path)?;
         let flusher = Flusher::start(wal_path(path), durability)
             .map_err(|e| Error::store("starting the flusher", e))?;
         let (jobs, queue) = mpsc::channel(4 * MAX_BATCH);
+        let (opened, replayed) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name("loopx-sqlite-writer".into())
-            .spawn(move || run_writer(writer, queue, flusher, checkpointer))
+            .spawn(move || match journal::replay(&writer) {
+                Ok(marks) => {
+                    let _ = opened.send(Ok(marks));
+                    run_writer(writer, queue, flusher, checkpointer);
+                }
+                Err(e) => {
+                    let _ = opened.send(Err(e));
+                }
+            })
             .map_err(|e| Error::store("starting the writer", e))?;
-        Ok(Self { jobs })
+        let marks = replayed
+            .recv()
+            .map_err(|_| Error::store("replaying the journal", "the writer has stopped"))??;
+        Ok(Self { jobs, marks })
     }
 
     /// Runs `op` on the writer, in the transaction of a group commit, and
     /// answers after the commit. An `Err` from `op` rolls back its own changes
     /// only. `op` may run more than once (its transaction rolled back between
     /// runs: see [`run_batch`]); only its last run's outcome is answered, so
-    /// it must do nothing but read and write through `conn`.
+    /// it must do nothing but read and write through `conn`. The journal is
+    /// folded first: `op` reads the tables as they are.
     pub async fn write<T, F>(&self, op: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnMut(&Connection) -> Result<T> + Send + 'static,
     {
-        let (job, rx) = job(op);
+        self.send(job_on(op, true)).await
+    }
+
+    /// As [`Writer::write`], for a decision of a turn's cycle: it reads
+    /// its rows only through [`journal`]'s loads, so nothing is folded first.
+    pub async fn write_cycle<T, F>(&self, op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&Connection) -> Result<T> + Send + 'static,
+    {
+        self.send(job_on(op, false)).await
+    }
+
+    async fn send<T>(&self, (job, rx): (Box<dyn Job>, oneshot::Receiver<Result<T>>)) -> Result<T> {
         let stopped = || Error::store("writing", "the writer has stopped");
         self.jobs.send(job).await.map_err(|_| stopped())?;
         rx.await.map_err(|_| stopped())?
+    }
+
+    /// Returns once the tables hold every record committed before the call
+    /// (at once when they do): for reads of the read pool.
+    pub async fn caught_up(&self) -> Result<()> {
+        let Some(through) = self.marks.behind() else {
+            return Ok(());
+        };
+        // A fold job, answered at its sync; the readers go on as soon as it
+        // has committed (the mark moves then).
+        let (job, rx) = job_on(|_: &Connection| Ok(()), true);
+        let stopped = || Error::store("reading", "the writer has stopped");
+        self.jobs.send(job).await.map_err(|_| stopped())?;
+        tokio::select! {
+            () = self.marks.folded(through) => Ok(()),
+            answer = rx => answer.map_err(|_| stopped())?,
+        }
     }
 }
 
@@ -157,9 +223,27 @@ fn run_writer(
     flusher: Flusher,
     mut checkpointer: Checkpointer,
 ) {
+    // Only to wait for a job with a timeout while the journal has records
+    // to fold (an idle broker with nothing to fold sets no timer).
+    let timer = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a timer runtime on the writer's thread");
     let mut batch: Jobs = Vec::with_capacity(MAX_BATCH);
     let mut commits: u32 = 0;
-    while let Some(first) = queue.blocking_recv() {
+    loop {
+        let first = if journal::pending() == 0 {
+            queue.blocking_recv()
+        } else {
+            match timer.block_on(async { tokio::time::timeout(FOLD_IDLE, queue.recv()).await }) {
+                Ok(job) => job,
+                Err(_) => {
+                    fold_behind(&conn, journal::Fold::Slice);
+                    continue;
+                }
+            }
+        };
+        let Some(first) = first else { break };
         batch.push(first);
         while batch.len() < MAX_BATCH {
             match queue.try_recv() {
@@ -169,6 +253,9 @@ fn run_writer(
         }
         let committed = run_batch(&conn, &mut batch);
         if committed.is_ok() {
+            if journal::committed() {
+                super::crash::at(super::crash::Point::Journaled);
+            }
             commits = commits.wrapping_add(1);
             if commits.is_multiple_of(CHECKPOINT_EVERY) {
                 checkpointer.poke();
@@ -182,10 +269,50 @@ fn run_writer(
                 }
             }
         }
+        if journal::due() {
+            fold_behind(&conn, journal::Fold::Slice);
+        }
         if queue.is_empty() {
             checkpointer.finish_when_idle(&conn);
         }
         checkpointer.restart_when_over(&conn);
+    }
+}
+
+/// How long the writer waits for a job, with records to fold, before it
+/// folds a slice (so that the tables catch up when writes pause).
+const FOLD_IDLE: Duration = Duration::from_millis(20);
+
+/// Folds journal records in a transaction of their own. Its
+/// commit needs no sync of its own: a crash that loses it loses the
+/// records' deletion with it, and they are folded again at start-up; the
+/// next batch's sync covers it.
+fn fold_behind(conn: &Connection, fold: journal::Fold) {
+    let folded = execute(conn, "begin immediate")
+        .and_then(|()| journal::fold(conn, fold))
+        .and_then(|_| execute(conn, "commit"));
+    match folded {
+        Ok(()) => {
+            journal::committed();
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "folding the journal into the tables failed");
+            rolled_back(conn);
+        }
+    }
+}
+
+/// After a transaction was rolled back (or failed to commit): the
+/// journal's records and overlay are read again from what is committed.
+fn rolled_back(conn: &Connection) {
+    if !conn.is_autocommit() {
+        let _ = execute(conn, "rollback");
+    }
+    if let Err(e) = journal::reload(conn) {
+        // The overlay may now disagree with the journal: nothing may be
+        // decided on it. The writer stops; the broker fails closed.
+        tracing::error!(error = %e, "reading the journal after a rollback failed");
+        std::process::abort();
     }
 }
 
@@ -457,6 +584,11 @@ fn run_batch(conn: &Connection, batch: &mut Jobs) -> Result<()> {
             if *settled {
                 continue;
             }
+            if job.reads_tables()
+                && let Err(e) = journal::fold_all(conn)
+            {
+                break 'batch Err(e);
+            }
             let changes = conn.total_changes();
             let kept = job.run(conn);
             if conn.is_autocommit() {
@@ -466,16 +598,17 @@ fn run_batch(conn: &Connection, batch: &mut Jobs) -> Result<()> {
             }
             if !kept && conn.total_changes() != changes {
                 *settled = true;
-                if let Err(e) = execute(conn, "rollback") {
-                    break 'batch Err(e);
+                rolled_back(conn);
+                if !conn.is_autocommit() {
+                    break 'batch Err(Error::store("writing", "the rollback failed"));
                 }
                 continue 'batch;
             }
         }
         break execute(conn, "commit");
     };
-    if result.is_err() && !conn.is_autocommit() {
-        let _ = execute(conn, "rollback");
+    if result.is_err() {
+        rolled_back(conn);
     }
     result
 }

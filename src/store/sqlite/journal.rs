@@ -1,0 +1,463 @@
+//! The journal: the SQLite store's record of truth for a turn's cycle.
+//!
+//! A decision that writes only a cycle's rows (a turn enqueued, claimed,
+//! completed or released; presence; see [`Writes::journaled`]) is not
+//! applied to the tables in its commit: its writes become one record,
+//! appended to `journal` in the writer's batch, and the batch's one sync
+//! makes it durable before any answer. The writer keeps, in memory, the rows
+//! those records changed (the overlay), and the decisions that follow read
+//! them from there first ([`session`], [`turn`], [`claim`], and the
+//! cycle's lookups), so that they decide on what was journaled.
+//!
+//! The tables are brought up to date behind the answers: a fold applies the
+//! oldest records' writes, in their order, through the statements a direct
+//! write runs ([`super::apply`]), and deletes them from `journal` in the same
+//! transaction, so a record is applied exactly once whatever crashes when.
+//! Folding many records in one commit writes each page they touch once,
+//! where applying each in its own commit wrote it again every time.
+//!
+//! Every other write folds everything first ([`fold_all`]), so it reads and
+//! writes the tables as they are. Reads through the read pool wait until the
+//! tables hold everything acknowledged ([`Marks`]); at start-up the records
+//! a crash left are folded before the first write ([`replay`]); after a
+//! rolled-back transaction the overlay is rebuilt from the records that
+//! remain ([`reload`]).
+//!
+//! All of it lives on the writer's thread (a `thread_local`, like
+//! [`super::apply`]'s changes): the writer is the only one who decides.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use rusqlite::Connection;
+
+use super::apply::apply;
+use super::sql;
+use crate::decide::{Change, ClaimRow, SessionRow, TurnRow, Writes};
+use crate::error::{Error, Result};
+use crate::model::TurnState;
+
+/// How far the journal and the tables are, for the readers: the last record
+/// committed, and the last one folded into the tables (both ids; the tables
+/// hold everything acknowledged when `folded >= journaled`).
+#[derive(Debug)]
+pub struct Marks {
+    journaled: AtomicI64,
+    folded: tokio::sync::watch::Sender<i64>,
+}
+
+impl Marks {
+    fn new(through: i64) -> Self {
+        Self {
+            journaled: AtomicI64::new(through),
+            folded: tokio::sync::watch::Sender::new(through),
+        }
+    }
+
+    /// The last record committed, if the tables do not hold it yet.
+    pub fn behind(&self) -> Option<i64> {
+        let journaled = self.journaled.load(Ordering::Acquire);
+        (*self.folded.borrow() < journaled).then_some(journaled)
+    }
+
+    /// Waits until the tables hold record `id`.
+    pub async fn folded(&self, id: i64) {
+        let mut folded = self.folded.subscribe();
+        let _ = folded.wait_for(|folded| *folded >= id).await;
+    }
+}
+
+/// The writer's journal: the records not yet folded, in order, and the rows
+/// they changed, each with the record that last wrote it.
+struct Journal {
+    marks: Arc<Marks>,
+    next_id: i64,
+    /// The last id a committed transaction journaled.
+    committed: i64,
+    /// The records not yet folded: id, size and writes.
+    pending: VecDeque<(i64, usize, Writes)>,
+    /// Their size, in bytes of records.
+    pending_bytes: usize,
+    sessions: HashMap<String, (i64, SessionRow)>,
+    turns: HashMap<String, (i64, TurnRow)>,
+    claims: HashMap<String, (i64, ClaimRow)>,
+}
+
+impl Journal {
+    fn new(marks: Arc<Marks>, next_id: i64) -> Self {
+        Self {
+            marks,
+            next_id,
+            committed: next_id - 1,
+            pending: VecDeque::new(),
+            pending_bytes: 0,
+            sessions: HashMap::new(),
+            turns: HashMap::new(),
+            claims: HashMap::new(),
+        }
+    }
+
+    /// Keeps the rows record `id` writes as the latest.
+    fn remember(&mut self, id: i64, writes: &Writes) {
+        if let Some(Change::Insert(t) | Change::Update(t)) = &writes.turn {
+            self.turns.insert(t.turn_id.clone(), (id, t.clone()));
+        }
+        if let Some(Change::Insert(c) | Change::Update(c)) = &writes.claim {
+            self.claims.insert(c.claim_id.clone(), (id, c.clone()));
+        }
+        if let Some(s) = &writes.session {
+            self.sessions.insert(s.session_id.clone(), (id, s.clone()));
+        }
+    }
+
+    /// Forgets the rows record `id` wrote, unless a later record wrote them
+    /// again: the tables now hold them.
+    fn forget(&mut self, id: i64, writes: &Writes) {
+        if let Some(Change::Insert(t) | Change::Update(t)) = &writes.turn
+            && self.turns.get(&t.turn_id).is_some_and(|(at, _)| *at <= id)
+        {
+            self.turns.remove(&t.turn_id);
+        }
+        if let Some(Change::Insert(c) | Change::Update(c)) = &writes.claim
+            && self
+                .claims
+                .get(&c.claim_id)
+                .is_some_and(|(at, _)| *at <= id)
+        {
+            self.claims.remove(&c.claim_id);
+        }
+        if let Some(s) = &writes.session
+            && self
+                .sessions
+                .get(&s.session_id)
+                .is_some_and(|(at, _)| *at <= id)
+        {
+            self.sessions.remove(&s.session_id);
+        }
+    }
+
+    /// The last id the tables hold.
+    fn folded_through(&self) -> i64 {
+        self.pending
+            .front()
+            .map_or(self.next_id - 1, |(id, ..)| id - 1)
+    }
+}
+
+thread_local! {
+    static JOURNAL: RefCell<Option<Journal>> = const { RefCell::new(None) };
+}
+
+fn with<T>(f: impl FnOnce(&mut Journal) -> T) -> T {
+    JOURNAL.with(|journal| {
+        let mut journal = journal.borrow_mut();
+        f(journal
+            .as_mut()
+            .expect("the journal is opened on the writer's thread"))
+    })
+}
+
+/// Whether the journal is open on this thread (only the writer's).
+fn open() -> bool {
+    JOURNAL.with(|journal| journal.borrow().is_some())
+}
+
+/// A decision's writes: journaled when they are a cycle's, else applied to
+/// the tables (after everything journaled before them).
+pub(super) fn record(conn: &Connection, writes: Writes) -> Result<()> {
+    if !writes.journaled() || !open() {
+        fold_all(conn)?;
+        return apply(conn, writes);
+    }
+    let rec = serde_json::to_vec(&writes).map_err(|e| Error::store("journaling a write", e))?;
+    let id = with(|j| j.next_id);
+    conn.prepare_cached("insert into journal (id, rec) values (?, ?)")?
+        .execute(rusqlite::params![id, rec])?;
+    with(|j| {
+        j.next_id = id + 1;
+        j.remember(id, &writes);
+        j.pending_bytes += rec.len();
+        j.pending.push_back((id, rec.len(), writes));
+    });
+    Ok(())
+}
+
+/// The most records one fold behind the answers applies, and about the
+/// most bytes of records (a fold holds up the writer's next batch while it
+/// runs, and a slice of large turns must not grow the WAL past its limit).
+const SLICE_RECORDS: usize = 128;
+const SLICE_BYTES: usize = 512 * 1024;
+
+/// Whether a slice is due to be folded behind the answers.
+pub(super) fn due() -> bool {
+    open() && with(|j| j.pending.len() >= SLICE_RECORDS || j.pending_bytes >= SLICE_BYTES)
+}
+
+/// How many records wait to be folded.
+pub(super) fn pending() -> usize {
+    if !open() {
+        return 0;
+    }
+    with(|j| j.pending.len())
+}
+
+/// How much one fold takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fold {
+    /// The oldest records, up to a slice ([`SLICE_RECORDS`], [`SLICE_BYTES`]).
+    Slice,
+    /// Every record.
+    All,
+}
+
+/// Folds the oldest records into the tables, in the caller's transaction:
+/// their writes applied in order, the records deleted. Answers how many it
+/// folded.
+pub(super) fn fold(conn: &Connection, fold: Fold) -> Result<usize> {
+    if !open() {
+        return Ok(0);
+    }
+    let slice: Vec<(i64, usize, Writes)> = with(|j| {
+        let mut n = 0;
+        let mut bytes = 0;
+        while n < j.pending.len()
+            && (fold == Fold::All || (n < SLICE_RECORDS && bytes < SLICE_BYTES))
+        {
+            bytes += j.pending[n].1;
+            n += 1;
+        }
+        j.pending_bytes -= bytes;
+        j.pending.drain(..n).collect()
+    });
+    let Some(&(through, ..)) = slice.last() else {
+        return Ok(0);
+    };
+    let folded = slice.len();
+    let applied = slice
+        .into_iter()
+        .enumerate()
+        .try_for_each(|(n, (id, _, writes))| {
+            if n == folded / 2 {
+                super::crash::at(super::crash::Point::Folding);
+            }
+            with(|j| j.forget(id, &writes));
+            apply(conn, writes)
+        });
+    let deleted = applied.and_then(|()| {
+        conn.prepare_cached("delete from journal where id <= ?")?
+            .execute([through])?;
+        Ok(())
+    });
+    if let Err(e) = deleted {
+        // The records are still in `journal` (its delete did not run): the
+        // overlay is rebuilt from them, and the writer rolls back whatever
+        // of the slice was applied.
+        reload(conn)?;
+        return Err(e);
+    }
+    Ok(folded)
+}
+
+/// Folds every record, in the caller's transaction.
+pub(super) fn fold_all(conn: &Connection) -> Result<usize> {
+    fold(conn, Fold::All)
+}
+
+/// After a commit: what it journaled and folded is so, for the readers.
+/// Answers whether it journaled anything.
+pub(super) fn committed() -> bool {
+    if !open() {
+        return false;
+    }
+    with(|j| {
+        let journaled = j.next_id - 1 > j.committed;
+        j.committed = j.next_id - 1;
+        let folded = j.folded_through();
+        j.marks.folded.send_if_modified(|mark| {
+            let moved = *mark != folded;
+            *mark = folded;
+            moved
+        });
+        j.marks.journaled.store(j.committed, Ordering::Release);
+        journaled
+    })
+}
+
+/// Reads the records a transaction left in `journal` (after a rollback, or
+/// at start-up) into the pending records and the overlay.
+pub(super) fn reload(conn: &Connection) -> Result<()> {
+    if !open() {
+        return Ok(());
+    }
+    let records = read_all(conn)?;
+    with(|j| {
+        j.pending.clear();
+        j.pending_bytes = 0;
+        j.sessions.clear();
+        j.turns.clear();
+        j.claims.clear();
+        // Ids stay past every id a committed transaction gave, so that the
+        // readers' marks only grow.
+        j.next_id = j.committed + 1;
+        for (id, bytes, writes) in records {
+            j.remember(id, &writes);
+            j.pending_bytes += bytes;
+            j.pending.push_back((id, bytes, writes));
+            j.next_id = j.next_id.max(id + 1);
+        }
+    });
+    Ok(())
+}
+
+fn read_all(conn: &Connection) -> Result<Vec<(i64, usize, Writes)>> {
+    let mut statement = conn.prepare_cached("select id, rec from journal order by id")?;
+    let mut rows = statement.query([])?;
+    let mut records = Vec::new();
+    while let Some(row) = rows.next()? {
+        let id: i64 = row.get(0)?;
+        let rec: Vec<u8> = row.get(1)?;
+        let writes: Writes =
+            serde_json::from_slice(&rec).map_err(|e| Error::store("reading the journal", e))?;
+        records.push((id, rec.len(), writes));
+    }
+    Ok(records)
+}
+
+/// On the writer's thread, before its first write: opens the journal and
+/// folds what a crash left in it (in one transaction: a crash during it
+/// leaves the records as they were). Answers the readers' marks.
+pub(super) fn replay(conn: &Connection) -> Result<Arc<Marks>> {
+    let last: Option<i64> = conn.query_row("select max(id) from journal", [], |row| row.get(0))?;
+    let marks = Arc::new(Marks::new(0));
+    JOURNAL.with(|journal| {
+        *journal.borrow_mut() = Some(Journal::new(marks.clone(), last.unwrap_or(0) + 1));
+    });
+    with(|j| j.committed = last.unwrap_or(0));
+    reload(conn)?;
+    if pending() > 0 {
+        conn.execute_batch("begin immediate")?;
+        super::crash::at(super::crash::Point::Replaying);
+        let folded = fold_all(conn).and_then(|_| Ok(conn.execute_batch("commit")?));
+        if let Err(e) = folded {
+            let _ = conn.execute_batch("rollback");
+            return Err(e);
+        }
+    }
+    committed();
+    Ok(marks)
+}
+
+/// A session, as last written: journaled, else in the table.
+pub(super) fn session(conn: &Connection, session_id: &str) -> Result<Option<SessionRow>> {
+    if let Some(row) = open()
+        .then(|| with(|j| j.sessions.get(session_id).map(|(_, s)| s.clone())))
+        .flatten()
+    {
+        return Ok(Some(row));
+    }
+    super::stored_session(conn, session_id)
+}
+
+/// A session's turn, as last written.
+pub(super) fn turn(conn: &Connection, session_id: &str, turn_id: &str) -> Result<Option<TurnRow>> {
+    if let Some(row) = journaled_turn(turn_id) {
+        return Ok(Some(row).filter(|t| t.session_id == session_id));
+    }
+    super::stored_turn(conn, session_id, turn_id)
+}
+
+fn journaled_turn(turn_id: &str) -> Option<TurnRow> {
+    open()
+        .then(|| with(|j| j.turns.get(turn_id).map(|(_, t)| t.clone())))
+        .flatten()
+}
+
+/// A claim by id, as last written.
+pub(super) fn claim(conn: &Connection, claim_id: &str) -> Result<Option<ClaimRow>> {
+    if let Some(row) = open()
+        .then(|| with(|j| j.claims.get(claim_id).map(|(_, c)| c.clone())))
+        .flatten()
+    {
+        return Ok(Some(row));
+    }
+    sql::query_as("select * from claims where claim_id = ?")
+        .bind(claim_id)
+        .fetch_optional(conn)
+}
+
+/// The first journaled turn of a session that `matches`, by seq.
+fn first_journaled(session_id: &str, matches: impl Fn(&TurnRow) -> bool) -> Option<TurnRow> {
+    if !open() {
+        return None;
+    }
+    with(|j| {
+        j.turns
+            .values()
+            .map(|(_, t)| t)
+            .filter(|t| t.session_id == session_id && matches(t))
+            .min_by_key(|t| t.seq)
+            .cloned()
+    })
+}
+
+/// The session's turn enqueued with this `client_message_id`, if any.
+pub(super) fn turn_by_client_message_id(
+    conn: &Connection,
+    session_id: &str,
+    client_message_id: &str,
+) -> Result<Option<TurnRow>> {
+    let cmid = Some(client_message_id);
+    if let Some(t) = first_journaled(session_id, |t| t.client_message_id.as_deref() == cmid) {
+        return Ok(Some(t));
+    }
+    let stored: Option<TurnRow> =
+        sql::query_as("select * from turns where session_id = ? and client_message_id = ?")
+            .bind(session_id)
+            .bind(client_message_id)
+            .fetch_optional(conn)?;
+    Ok(stored.map(|t| journaled_turn(&t.turn_id).unwrap_or(t)))
+}
+
+/// Whether a turn of the session was completed with this `completion_id`.
+pub(super) fn completion_used(
+    conn: &Connection,
+    session_id: &str,
+    completion_id: &str,
+) -> Result<bool> {
+    let id = Some(completion_id);
+    if first_journaled(session_id, |t| t.completion_id.as_deref() == id).is_some() {
+        return Ok(true);
+    }
+    // A completion, once written, is never unwritten: the table's is final.
+    let used: Option<i64> =
+        sql::query_scalar("select 1 from turns where session_id = ? and completion_id = ?")
+            .bind(session_id)
+            .bind(completion_id)
+            .fetch_optional(conn)?;
+    Ok(used.is_some())
+}
+
+/// The session's oldest queued turn: the first of the table's queued turns
+/// that no record has since taken, or a journaled one before it.
+pub(super) fn head(conn: &Connection, session_id: &str) -> Result<Option<TurnRow>> {
+    let journaled = first_journaled(session_id, |t| t.state == TurnState::Queued);
+    let mut statement = conn.prepare_cached(
+        "select turn_id, seq from turns where session_id = ? and state = 'queued' order by seq",
+    )?;
+    let mut rows = statement.query([session_id])?;
+    while let Some(row) = rows.next()? {
+        let seq: i64 = row.get(1)?;
+        if journaled.as_ref().is_some_and(|t| t.seq < seq) {
+            break;
+        }
+        let turn_id: String = row.get(0)?;
+        if journaled_turn(&turn_id).is_some() {
+            // Taken (or queued again: then `journaled` has it) since.
+            continue;
+        }
+        return turn(conn, session_id, &turn_id);
+    }
+    Ok(journaled)
+}
