@@ -80,6 +80,8 @@ struct Journal {
     pending: VecDeque<(i64, usize, Writes)>,
     /// Their size, in bytes of records.
     pending_bytes: usize,
+    /// The most records that ever waited at once.
+    peak: usize,
     sessions: HashMap<String, (i64, SessionRow)>,
     turns: HashMap<String, (i64, TurnRow)>,
     claims: HashMap<String, (i64, ClaimRow)>,
@@ -93,6 +95,7 @@ impl Journal {
             committed: next_id - 1,
             pending: VecDeque::new(),
             pending_bytes: 0,
+            peak: 0,
             sessions: HashMap::new(),
             turns: HashMap::new(),
             claims: HashMap::new(),
@@ -180,6 +183,7 @@ pub(super) fn record(conn: &Connection, writes: Writes) -> Result<()> {
         j.remember(id, &writes);
         j.pending_bytes += rec.len();
         j.pending.push_back((id, rec.len(), writes));
+        j.peak = j.peak.max(j.pending.len());
     });
     Ok(())
 }
@@ -460,4 +464,265 @@ pub(super) fn head(conn: &Connection, session_id: &str) -> Result<Option<TurnRow
         return turn(conn, session_id, &turn_id);
     }
     Ok(journaled)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::session::Bound;
+    use crate::decide::turn::{ClaimOutcome, Releaser};
+    use crate::model::{
+        AgentState, BindRequest, CompleteRequest, EnqueueRequest, HostIdentity, Origin,
+        RegisterAgentThread,
+    };
+    use crate::store::Store;
+    use crate::store::sqlite::{Durability, SqliteStore};
+
+    /// What the writer decides on for the ids a test used: every row, each
+    /// session's head, and the lookups by client message and completion id.
+    #[derive(Debug, PartialEq)]
+    struct Seen {
+        rows: Vec<String>,
+        pending: usize,
+    }
+
+    fn seen(conn: &Connection, ids: &Ids) -> Result<Seen> {
+        let mut rows = Vec::new();
+        for session in &ids.sessions {
+            rows.push(format!("{:?}", session_of(conn, session)?));
+            rows.push(format!("head {:?}", head(conn, session)?));
+            for n in 0..ids.keys {
+                let (cmid, k) = (format!("m{n}"), format!("k{n}"));
+                rows.push(format!(
+                    "{:?}",
+                    turn_by_client_message_id(conn, session, &cmid)?
+                ));
+                rows.push(format!("{}", completion_used(conn, session, &k)?));
+                rows.push(format!("{:?}", claim(conn, &format!("c{n}"))?));
+            }
+        }
+        for (session, turn_id) in &ids.turns {
+            rows.push(format!("{:?}", turn(conn, session, turn_id)?));
+        }
+        Ok(Seen {
+            rows,
+            pending: pending(),
+        })
+    }
+
+    fn session_of(conn: &Connection, session_id: &str) -> Result<Option<SessionRow>> {
+        session(conn, session_id)
+    }
+
+    #[derive(Clone, Default)]
+    struct Ids {
+        sessions: Vec<String>,
+        turns: Vec<(String, String)>,
+        keys: usize,
+    }
+
+    /// A small deterministic generator (xorshift), so that a failing seed
+    /// can be run again.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    fn host(n: usize) -> HostIdentity {
+        HostIdentity {
+            host_surface: "codex-cli".into(),
+            host_session_id: format!("h{n}"),
+        }
+    }
+
+    async fn store_with_sessions(dir: &std::path::Path, n: usize) -> (SqliteStore, Ids) {
+        let store = SqliteStore::open(&dir.join("broker.db"), Durability::Relaxed)
+            .await
+            .unwrap();
+        let mut ids = Ids::default();
+        for i in 0..n {
+            let host = host(i);
+            store
+                .register(RegisterAgentThread {
+                    goal_id: "g".into(),
+                    agent_id: "a".into(),
+                    host_surface: host.host_surface.clone(),
+                    host_session_id: host.host_session_id.clone(),
+                })
+                .await
+                .unwrap();
+            let bound = store
+                .bind(BindRequest {
+                    goal_id: "g".into(),
+                    agent_id: "a".into(),
+                    host_surface: host.host_surface,
+                    host_session_id: host.host_session_id,
+                    executor_endpoint_id: "e".into(),
+                    dry_run: false,
+                })
+                .await
+                .unwrap();
+            let (Bound::Created(s) | Bound::Existing(s)) = bound;
+            ids.sessions.push(s.session_id);
+        }
+        (store, ids)
+    }
+
+    fn message(text: String, client_message_id: Option<String>) -> EnqueueRequest {
+        EnqueueRequest {
+            origin: Origin::Web,
+            text,
+            client_message_id,
+            ingress: Default::default(),
+            lark: None,
+        }
+    }
+
+    /// The property: after any sequence of a cycle's operations (enqueues
+    /// with reused and conflicting client message ids, claims with reused
+    /// claim ids, completions with reused completion ids, releases, presence
+    /// reports), what the writer decides on from the journal's overlay is
+    /// exactly what the tables hold once the journal is folded.
+    #[tokio::test]
+    async fn the_overlay_and_the_tables_agree_after_any_sequence_of_operations() {
+        let mut compared_with_records = 0;
+        for seed in 1..=6u64 {
+            let dir = tempfile::tempdir().unwrap();
+            let (store, mut ids) = store_with_sessions(dir.path(), 3).await;
+            ids.keys = 24;
+            let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut claims: Vec<(usize, String, String)> = Vec::new();
+            for step in 0..400 {
+                let s = rng.below(3) as usize;
+                let session = ids.sessions[s].clone();
+                let n = rng.below(ids.keys as u64);
+                match rng.below(7) {
+                    0..=2 => {
+                        let cmid = (rng.below(3) > 0).then(|| format!("m{n}"));
+                        // Mostly the same text for an id (a duplicate), now
+                        // and then another (refused).
+                        let text = format!("t{n}-{}", rng.below(5) / 4);
+                        if let Ok(done) = store.enqueue(session.clone(), message(text, cmid)).await
+                        {
+                            ids.turns.push((session, done.turn.turn_id));
+                        }
+                    }
+                    3 => {
+                        let claim_id = format!("c{n}");
+                        if let Ok(ClaimOutcome::Claimed { turn, .. }) = store
+                            .claim(session.clone(), host(s), claim_id.clone())
+                            .await
+                        {
+                            claims.push((s, claim_id, turn.turn_id));
+                        }
+                    }
+                    4 if !claims.is_empty() => {
+                        let (s, claim_id, turn_id) =
+                            claims[rng.below(claims.len() as u64) as usize].clone();
+                        let completion = CompleteRequest {
+                            host_surface: "codex-cli".into(),
+                            host_session_id: host(s).host_session_id,
+                            claim_id,
+                            completion_id: format!("k{}", rng.below(ids.keys as u64)),
+                            response: serde_json::Map::new(),
+                        };
+                        let _ = store
+                            .complete(ids.sessions[s].clone(), turn_id, completion)
+                            .await;
+                    }
+                    5 if !claims.is_empty() => {
+                        let (s, claim_id, _) =
+                            claims[rng.below(claims.len() as u64) as usize].clone();
+                        let _ = store
+                            .release(ids.sessions[s].clone(), claim_id, Releaser::Host(host(s)))
+                            .await;
+                    }
+                    _ => {
+                        let state = [AgentState::Working, AgentState::Waiting, AgentState::Away]
+                            [rng.below(3) as usize];
+                        let _ = store
+                            .report_agent(session, host(s), Some(state), None)
+                            .await;
+                    }
+                }
+                if step % 20 == 19 {
+                    let (journaled, folded) = (ids.clone(), ids.clone());
+                    let before = store
+                        .writer
+                        .write_cycle(move |conn| seen(conn, &journaled))
+                        .await
+                        .unwrap();
+                    // A write that reads the tables folds every record first.
+                    let after = store
+                        .writer
+                        .write(move |conn| seen(conn, &folded))
+                        .await
+                        .unwrap();
+                    assert_eq!(after.pending, 0, "the fold took every record");
+                    let differs = before.rows.iter().zip(&after.rows).find(|(b, a)| b != a);
+                    assert_eq!(differs, None, "seed {seed}, step {step}: journaled, stored");
+                    assert_eq!(before.rows.len(), after.rows.len());
+                    if before.pending > 0 {
+                        compared_with_records += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            compared_with_records > 20,
+            "the overlay was compared while it held records ({compared_with_records} times)"
+        );
+    }
+
+    /// With 10,000 turns queued, the writer holds no more than a fold's
+    /// slice and a batch of records in memory: the queued turns are in the
+    /// tables, not in the overlay.
+    #[tokio::test]
+    async fn memory_stays_bounded_with_10000_queued_turns() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, ids) = store_with_sessions(dir.path(), 1).await;
+        let store = std::sync::Arc::new(store);
+        let mut writers = Vec::new();
+        for w in 0..50 {
+            let (store, session) = (store.clone(), ids.sessions[0].clone());
+            writers.push(tokio::spawn(async move {
+                for i in 0..200 {
+                    let text = format!("turn {w}-{i}");
+                    store
+                        .enqueue(session.clone(), message(text, None))
+                        .await
+                        .unwrap();
+                }
+            }));
+        }
+        for writer in writers {
+            writer.await.unwrap();
+        }
+        let (peak, overlay) = store
+            .writer
+            .write_cycle(|_| {
+                Ok(with(|j| {
+                    (j.peak, j.turns.len() + j.sessions.len() + j.claims.len())
+                }))
+            })
+            .await
+            .unwrap();
+        let bound = SLICE_RECORDS + super::super::writer::MAX_BATCH;
+        assert!(
+            peak <= bound,
+            "{peak} records waited at once (bound {bound})"
+        );
+        assert!(overlay <= bound, "the overlay holds {overlay} rows");
+        let queued: i64 = sqlx::query_scalar("select count(*) from turns where state = 'queued'")
+            .fetch_one(store.reads().await.unwrap())
+            .await
+            .unwrap();
+        assert_eq!(queued, 10_000);
+    }
 }

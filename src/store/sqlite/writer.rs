@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The most writes one transaction commits together.
-const MAX_BATCH: usize = 256;
+pub(super) const MAX_BATCH: usize = 256;
 
 /// A write, run by the writer in a batch's transaction, and answered once the
 /// batch has committed. It may run more than once before it is answered: a
