@@ -5,7 +5,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use loopx::model::{ClaimAnswer, ListTurns, TurnState};
+use loopx::model::{ClaimAnswer, TurnState};
 
 use crate::support::*;
 
@@ -105,30 +105,11 @@ async fn kill_9_during_a_burst_loses_no_acknowledged_enqueue() {
     );
 
     let broker = Spawned::start(&data, &[]).await;
-    let mut stored = HashMap::new();
-    let mut after = 0;
-    loop {
-        let page = broker
-            .client
-            .turns(
-                host.session_id(),
-                &ListTurns {
-                    after_seq: Some(after),
-                    limit: Some(200),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap()
-            .body;
-        for turn in &page.turns {
-            stored.insert(turn.turn_id.clone(), (turn.seq, turn.text.clone()));
-        }
-        after = page.turns.last().map_or(after, |t| t.seq);
-        if !page.has_more {
-            break;
-        }
-    }
+    let stored: HashMap<String, (i64, String)> = all_turns(&broker.client, &host)
+        .await
+        .into_iter()
+        .map(|turn| (turn.turn_id, (turn.seq, turn.text)))
+        .collect();
     for (turn_id, expected) in &acknowledged {
         assert_eq!(
             stored.get(turn_id),

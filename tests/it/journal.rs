@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use loopx::client::Client;
-use loopx::model::{ClaimAnswer, EnqueueRequest, ListTurns, Turn, TurnState};
+use loopx::model::{ClaimAnswer, EnqueueRequest, Turn, TurnState};
 
 use crate::support::*;
 
@@ -91,30 +91,6 @@ async fn cycle_until_it_dies(client: &Client, hosts: &[Host]) -> Vec<Told> {
             .unwrap();
     }
     told.iter().map(|t| t.lock().unwrap().clone()).collect()
-}
-
-async fn all_turns(client: &Client, host: &Host) -> Vec<Turn> {
-    let mut turns = Vec::new();
-    let mut after = 0;
-    loop {
-        let page = client
-            .turns(
-                host.session_id(),
-                &ListTurns {
-                    after_seq: Some(after),
-                    limit: Some(200),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap()
-            .body;
-        after = page.turns.last().map_or(after, |t| t.seq);
-        turns.extend(page.turns);
-        if !page.has_more {
-            return turns;
-        }
-    }
 }
 
 /// Everything acknowledged is there as acknowledged; every message sent,

@@ -525,27 +525,7 @@ async fn a_replica_killed_with_kill_9_loses_nothing_acknowledged() {
 
     // Everything acknowledged by either replica is there, in one gapless order.
     let c = &b.client;
-    let mut turns = Vec::new();
-    let mut after = 0;
-    loop {
-        let page = c
-            .turns(
-                host.session_id(),
-                &ListTurns {
-                    after_seq: Some(after),
-                    limit: Some(200),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap()
-            .body;
-        after = page.turns.last().map_or(after, |t| t.seq);
-        turns.extend(page.turns);
-        if !page.has_more {
-            break;
-        }
-    }
+    let turns = all_turns(c, &host).await;
     let seqs: Vec<i64> = turns.iter().map(|t| t.seq).collect();
     assert_eq!(seqs, (1..=turns.len() as i64).collect::<Vec<_>>());
     let stored: HashSet<&str> = turns.iter().map(|t| t.turn_id.as_str()).collect();

@@ -295,6 +295,31 @@ pub async fn enqueue(client: &Client, host: &Host, text: &str) -> Enqueued {
         .body
 }
 
+/// Every turn of the host's session, page by page, in seq order.
+pub async fn all_turns(client: &Client, host: &Host) -> Vec<loopx::model::Turn> {
+    let mut turns = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = client
+            .turns(
+                host.session_id(),
+                &loopx::model::ListTurns {
+                    after_seq: Some(after),
+                    limit: Some(200),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap()
+            .body;
+        after = page.turns.last().map_or(after, |t| t.seq);
+        turns.extend(page.turns);
+        if !page.has_more {
+            return turns;
+        }
+    }
+}
+
 /// Claims and expects a turn.
 pub async fn claim(client: &Client, host: &Host, claim_id: &str, wait: u64) -> Claimed {
     match client
