@@ -167,10 +167,29 @@ fn open() -> bool {
     JOURNAL.with(|journal| journal.borrow().is_some())
 }
 
-/// A decision's writes: journaled when they are a cycle's, else applied to
-/// the tables (after everything journaled before them).
+thread_local! {
+    /// Whether the writer's current batch applies its writes directly.
+    static DIRECT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The most jobs a batch has for its cycle's writes to be journaled. A
+/// larger batch applies them to the tables directly (after the records
+/// before it): its commit already writes each page it touches once for
+/// all of its jobs, so records would only add their own pages (measured at
+/// 128 sessions, batches of up to 128: 1.07x the bytes and 1.12x the writer
+/// CPU per cycle of applying directly; at 16 sessions 0.69x and 0.83x).
+pub(super) const JOURNALED_BATCH: usize = 32;
+
+/// Says how the writer's next batch, of `jobs` jobs, writes a cycle's rows.
+pub(super) fn batch_of(jobs: usize) {
+    DIRECT.with(|direct| direct.set(jobs > JOURNALED_BATCH));
+}
+
+/// A decision's writes: journaled when they are a cycle's (in a batch small
+/// enough), else applied to the tables (after everything journaled before
+/// them).
 pub(super) fn record(conn: &Connection, writes: Writes) -> Result<()> {
-    if !writes.journaled() || !open() {
+    if !writes.journaled() || !open() || DIRECT.with(std::cell::Cell::get) {
         fold_all(conn)?;
         return apply(conn, writes);
     }

@@ -251,6 +251,7 @@ fn run_writer(
                 Err(_) => break,
             }
         }
+        journal::batch_of(batch.len());
         let committed = run_batch(&conn, &mut batch);
         if committed.is_ok() {
             if journal::committed() {
@@ -276,6 +277,11 @@ fn run_writer(
             checkpointer.finish_when_idle(&conn);
         }
         checkpointer.restart_when_over(&conn);
+    }
+    // The store is dropped: what is still journaled goes into the tables
+    // now rather than at the next start.
+    if journal::pending() > 0 {
+        fold_behind(&conn, journal::Fold::All);
     }
 }
 
