@@ -465,6 +465,15 @@ pub(super) fn completion_used(
 /// The session's oldest queued turn: the first of the table's queued turns
 /// that no record has since taken, or a journaled one before it.
 pub(super) fn head(conn: &Connection, session_id: &str) -> Result<Option<TurnRow>> {
+    let overlaid = open() && with(|j| j.turns.values().any(|(_, t)| t.session_id == session_id));
+    if !overlaid {
+        // No record changed a turn of this session: the table's head is it.
+        return sql::query_as(
+            "select * from turns where session_id = ? and state = 'queued' order by seq limit 1",
+        )
+        .bind(session_id)
+        .fetch_optional(conn);
+    }
     let journaled = first_journaled(session_id, |t| t.state == TurnState::Queued);
     let mut statement = conn.prepare_cached(
         "select turn_id, seq from turns where session_id = ? and state = 'queued' order by seq",
