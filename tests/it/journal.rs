@@ -150,23 +150,24 @@ async fn nothing_lost_or_doubled(client: &Client, hosts: &[Host], told: &[Told])
     }
 }
 
-fn journal_records(data: &Path) -> i64 {
-    let db = rusqlite::Connection::open_with_flags(
+/// The data dir's database, read-only.
+fn database(data: &Path) -> rusqlite::Connection {
+    rusqlite::Connection::open_with_flags(
         data.join("broker.db"),
         rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
     )
-    .unwrap();
-    db.query_row("select count(*) from journal", [], |row| row.get(0))
+    .unwrap()
+}
+
+fn journal_records(data: &Path) -> i64 {
+    database(data)
+        .query_row("select count(*) from journal", [], |row| row.get(0))
         .unwrap()
 }
 
 /// The cycle's tables, row by row, as text.
 fn tables(data: &Path) -> BTreeMap<&'static str, Vec<String>> {
-    let db = rusqlite::Connection::open_with_flags(
-        data.join("broker.db"),
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-    )
-    .unwrap();
+    let db = database(data);
     let mut dump = BTreeMap::new();
     for table in ["sessions", "turns", "claims", "session_events", "journal"] {
         let mut rows = db
@@ -196,24 +197,27 @@ async fn hosts(client: &Client, n: usize) -> Vec<Host> {
     hosts
 }
 
-/// Waits for a broker that is to crash by itself.
-async fn crashed(mut broker: Spawned) {
+/// Starts a broker on `data` that crashes at `crash_at`, runs full cycles
+/// on 4 sessions until it has, and answers the sessions' hosts and what
+/// their clients were told.
+async fn cycles_until_crash(data: &Path, crash_at: &str) -> (Vec<Host>, Vec<Told>) {
+    let mut broker = Spawned::start_env(data, &[], &[("LOOPX_TEST_CRASH_AT", crash_at)]).await;
+    let client = broker.client.clone();
+    let hosts = hosts(&client, 4).await;
+    let told = cycle_until_it_dies(&client, &hosts).await;
     let status = tokio::time::timeout(Duration::from_secs(60), broker.child.wait())
         .await
         .expect("the broker crashed")
         .unwrap();
     assert!(!status.success(), "it crashed: {}", broker.logs());
+    (hosts, told)
 }
 
 #[tokio::test]
 async fn a_crash_after_the_journal_commits_before_the_answers_loses_and_doubles_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let broker = Spawned::start_env(&data, &[], &[("LOOPX_TEST_CRASH_AT", "journaled:400")]).await;
-    let client = broker.client.clone();
-    let hosts = hosts(&client, 4).await;
-    let told = cycle_until_it_dies(&client, &hosts).await;
-    crashed(broker).await;
+    let (hosts, told) = cycles_until_crash(&data, "journaled:400").await;
     assert!(
         told.iter().map(|t| t.completed.len()).sum::<usize>() > 20,
         "the cycles got going"
@@ -232,11 +236,7 @@ async fn a_crash_after_the_journal_commits_before_the_answers_loses_and_doubles_
 async fn a_crash_mid_fold_then_mid_replay_loses_and_doubles_nothing_and_replays_alike() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let broker = Spawned::start_env(&data, &[], &[("LOOPX_TEST_CRASH_AT", "folding:3")]).await;
-    let client = broker.client.clone();
-    let hosts = hosts(&client, 4).await;
-    let told = cycle_until_it_dies(&client, &hosts).await;
-    crashed(broker).await;
+    let (hosts, told) = cycles_until_crash(&data, "folding:3").await;
     let left = journal_records(&data);
     assert!(left > 0, "the fold that crashed left its records");
 

@@ -19,7 +19,7 @@
 //! Every other write folds everything first ([`fold_all`]), so it reads and
 //! writes the tables as they are. Reads through the read pool wait until the
 //! tables hold everything acknowledged ([`Marks`]); at start-up the records
-//! a crash left are folded before the first write ([`replay`]); after a
+//! a crash left are folded before the first write ([`open_on_writer`]); after a
 //! rolled-back transaction the overlay is rebuilt from the records that
 //! remain ([`reload`]).
 //!
@@ -350,26 +350,16 @@ fn read_all(conn: &Connection) -> Result<Vec<(i64, usize, Writes)>> {
     Ok(records)
 }
 
-/// On the writer's thread, before its first write: opens the journal and
-/// folds what a crash left in it (in one transaction: a crash during it
-/// leaves the records as they were). Answers the readers' marks.
-pub(super) fn replay(conn: &Connection) -> Result<Arc<Marks>> {
+/// On the writer's thread, before its first write: opens the journal with
+/// the records a crash left in it (the writer then folds them, before its
+/// first job). Answers the readers' marks.
+pub(super) fn open_on_writer(conn: &Connection) -> Result<Arc<Marks>> {
     let last: Option<i64> = conn.query_row("select max(id) from journal", [], |row| row.get(0))?;
     let marks = Arc::new(Marks::new(0));
     JOURNAL.with(|journal| {
         *journal.borrow_mut() = Some(Journal::new(marks.clone(), last.unwrap_or(0) + 1));
     });
-    with(|j| j.committed = last.unwrap_or(0));
     reload(conn)?;
-    if pending() > 0 {
-        conn.execute_batch("begin immediate")?;
-        super::crash::at(super::crash::Point::Replaying);
-        let folded = fold_all(conn).and_then(|_| Ok(conn.execute_batch("commit")?));
-        if let Err(e) = folded {
-            let _ = conn.execute_batch("rollback");
-            return Err(e);
-        }
-    }
     committed();
     Ok(marks)
 }
@@ -427,6 +417,16 @@ fn first_journaled(session_id: &str, matches: impl Fn(&TurnRow) -> bool) -> Opti
     })
 }
 
+/// Whether a journaled turn of the session `matches`.
+fn any_journaled(session_id: &str, matches: impl Fn(&TurnRow) -> bool) -> bool {
+    open()
+        && with(|j| {
+            j.turns
+                .values()
+                .any(|(_, t)| t.session_id == session_id && matches(t))
+        })
+}
+
 /// The session's turn enqueued with this `client_message_id`, if any.
 pub(super) fn turn_by_client_message_id(
     conn: &Connection,
@@ -452,7 +452,7 @@ pub(super) fn completion_used(
     completion_id: &str,
 ) -> Result<bool> {
     let id = Some(completion_id);
-    if first_journaled(session_id, |t| t.completion_id.as_deref() == id).is_some() {
+    if any_journaled(session_id, |t| t.completion_id.as_deref() == id) {
         return Ok(true);
     }
     // A completion, once written, is never unwritten: the table's is final.
@@ -467,8 +467,7 @@ pub(super) fn completion_used(
 /// The session's oldest queued turn: the first of the table's queued turns
 /// that no record has since taken, or a journaled one before it.
 pub(super) fn head(conn: &Connection, session_id: &str) -> Result<Option<TurnRow>> {
-    let overlaid = open() && with(|j| j.turns.values().any(|(_, t)| t.session_id == session_id));
-    if !overlaid {
+    if !any_journaled(session_id, |_| true) {
         // No record changed a turn of this session: the table's head is it.
         return sql::query_as(
             "select * from turns where session_id = ? and state = 'queued' order by seq limit 1",
@@ -518,16 +517,17 @@ mod tests {
 
     fn seen(conn: &Connection, ids: &Ids) -> Result<Seen> {
         let mut rows = Vec::new();
-        for session in &ids.sessions {
-            rows.push(format!("{:?}", session_of(conn, session)?));
-            rows.push(format!("head {:?}", head(conn, session)?));
+        for session_id in &ids.sessions {
+            let session_id = session_id.as_str();
+            rows.push(format!("{:?}", session(conn, session_id)?));
+            rows.push(format!("head {:?}", head(conn, session_id)?));
             for n in 0..ids.keys {
                 let (cmid, k) = (format!("m{n}"), format!("k{n}"));
                 rows.push(format!(
                     "{:?}",
-                    turn_by_client_message_id(conn, session, &cmid)?
+                    turn_by_client_message_id(conn, session_id, &cmid)?
                 ));
-                rows.push(format!("{}", completion_used(conn, session, &k)?));
+                rows.push(format!("{}", completion_used(conn, session_id, &k)?));
                 rows.push(format!("{:?}", claim(conn, &format!("c{n}"))?));
             }
         }
@@ -538,10 +538,6 @@ mod tests {
             rows,
             pending: pending(),
         })
-    }
-
-    fn session_of(conn: &Connection, session_id: &str) -> Result<Option<SessionRow>> {
-        session(conn, session_id)
     }
 
     #[derive(Clone, Default)]

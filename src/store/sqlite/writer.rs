@@ -120,7 +120,7 @@ impl Writer {
         let (opened, replayed) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name("loopx-sqlite-writer".into())
-            .spawn(move || match journal::replay(&writer) {
+            .spawn(move || match replay(&writer) {
                 Ok(marks) => {
                     let _ = opened.send(Ok(marks));
                     run_writer(writer, queue, flusher, checkpointer);
@@ -238,7 +238,7 @@ fn run_writer(
             match timer.block_on(async { tokio::time::timeout(FOLD_IDLE, queue.recv()).await }) {
                 Ok(job) => job,
                 Err(_) => {
-                    fold_behind(&conn, journal::Fold::Slice);
+                    let _ = fold_behind(&conn, journal::Fold::Slice);
                     continue;
                 }
             }
@@ -271,7 +271,7 @@ fn run_writer(
             }
         }
         if journal::due() {
-            fold_behind(&conn, journal::Fold::Slice);
+            let _ = fold_behind(&conn, journal::Fold::Slice);
         }
         if queue.is_empty() {
             checkpointer.finish_when_idle(&conn);
@@ -281,7 +281,7 @@ fn run_writer(
     // The store is dropped: what is still journaled goes into the tables
     // now rather than at the next start.
     if journal::pending() > 0 {
-        fold_behind(&conn, journal::Fold::All);
+        let _ = fold_behind(&conn, journal::Fold::All);
     }
 }
 
@@ -289,21 +289,36 @@ fn run_writer(
 /// folds a slice (so that the tables catch up when writes pause).
 const FOLD_IDLE: Duration = Duration::from_millis(20);
 
+/// Opens the journal and folds what a crash left in it, in one transaction
+/// (a crash during it leaves the records as they were), before the first
+/// job.
+fn replay(conn: &Connection) -> Result<std::sync::Arc<Marks>> {
+    let marks = journal::open_on_writer(conn)?;
+    if journal::pending() > 0 {
+        super::crash::at(super::crash::Point::Replaying);
+        fold_behind(conn, journal::Fold::All)?;
+    }
+    Ok(marks)
+}
+
 /// Folds journal records in a transaction of their own. Its
 /// commit needs no sync of its own: a crash that loses it loses the
 /// records' deletion with it, and they are folded again at start-up; the
-/// next batch's sync covers it.
-fn fold_behind(conn: &Connection, fold: journal::Fold) {
+/// next batch's sync covers it. A failure is logged and answered; the
+/// records stay, to be folded again.
+fn fold_behind(conn: &Connection, fold: journal::Fold) -> Result<()> {
     let folded = execute(conn, "begin immediate")
         .and_then(|()| journal::fold(conn, fold))
         .and_then(|_| execute(conn, "commit"));
     match folded {
         Ok(()) => {
             journal::committed();
+            Ok(())
         }
         Err(e) => {
             tracing::warn!(error = %e, "folding the journal into the tables failed");
             rolled_back(conn);
+            Err(e)
         }
     }
 }
