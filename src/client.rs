@@ -29,7 +29,13 @@ pub struct Client {
     http: reqwest::Client,
     base: String,
     token: Option<String>,
+    /// A parked call's HTTP timeout is its wait plus this: 30 s, or the
+    /// timeout set by `with_timeout` (a hook's budget is 5 s, wait or not).
+    slack: Duration,
 }
+
+/// The time a parked call's HTTP timeout allows above its wait by default.
+const PARKED_SLACK: Duration = Duration::from_secs(30);
 
 /// A raw answer: status, whether it replays an earlier request, and the body as sent.
 #[derive(Debug, Clone)]
@@ -86,11 +92,12 @@ impl Client {
                 .expect("a plain HTTP client builds"),
             base: base.into().trim_end_matches('/').to_owned(),
             token,
+            slack: PARKED_SLACK,
         }
     }
 
-    /// The same client with every request bounded by `timeout` (a call that
-    /// passes its own timeout, a parked claim's, keeps that one).
+    /// The same client with every request bounded by `timeout`, and a parked
+    /// call (a claim, a permission wait) by its wait plus `timeout`.
     pub fn with_timeout(self, timeout: Duration) -> Self {
         Self {
             http: reqwest::Client::builder()
@@ -99,8 +106,14 @@ impl Client {
                 .timeout(timeout)
                 .build()
                 .expect("a plain HTTP client builds"),
+            slack: timeout,
             ..self
         }
+    }
+
+    /// The HTTP timeout of a call parked for `wait_seconds` (at most 1,800).
+    fn parked(&self, wait_seconds: u64) -> Duration {
+        Duration::from_secs(wait_seconds.min(1800)) + self.slack
     }
 
     pub fn base_url(&self) -> &str {
@@ -243,7 +256,7 @@ impl Client {
         session_id: &str,
         claim: &ClaimRequest,
     ) -> Result<TypedReply<ClaimAnswer>, ClientError> {
-        let timeout = Duration::from_secs(claim.wait_seconds.min(1800) + 30);
+        let timeout = self.parked(claim.wait_seconds);
         self.call(
             Method::POST,
             &session_path(session_id, "/claims"),
@@ -456,7 +469,7 @@ impl Client {
         request_id: &str,
         wait: &WaitPermission,
     ) -> Result<TypedReply<PermissionRequest>, ClientError> {
-        let timeout = Duration::from_secs(wait.wait_seconds.min(1800) + 30);
+        let timeout = self.parked(wait.wait_seconds);
         let path = permission_path(session_id, request_id, "/wait");
         self.call(Method::POST, &path, Some(wait), Some(timeout))
             .await

@@ -906,7 +906,7 @@ pub struct CreatePermissionRequest {
 
 /// A permission request as read back (content-bearing, like a turn).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
-#[schema(example = json!({"request_id": "abcde", "session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "tool_name": "Bash", "description": "Remove the build directory", "input_preview": "rm -rf build", "state": "allowed", "created_at": "2026-11-30T10:00:01.000Z", "answered_at": "2026-11-30T10:00:09.000Z", "answered_via": "owner"}))]
+#[schema(example = json!({"request_id": "abcde", "session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "tool_name": "Bash", "description": "Remove the build directory", "input_preview": "rm -rf build", "state": "allowed", "created_at": "2026-11-30T10:00:01.000Z", "answered_at": "2026-11-30T10:00:09.000Z", "answered_via": "owner", "relayed_at": "2026-11-30T10:00:10.000Z"}))]
 pub struct PermissionRequest {
     pub request_id: String,
     pub session_id: String,

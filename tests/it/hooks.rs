@@ -67,6 +67,12 @@ impl Agent {
 
 /// Runs `loopx hook <args…>` with `stdin`, as the agent does.
 async fn hook(url: &str, args: &[&str], stdin: &str) -> Run {
+    hook_with(url, args, stdin, true).await
+}
+
+/// Runs `loopx hook <args…>` with `stdin`, left open when `close` is false
+/// (an agent that never ends the hook's input).
+async fn hook_with(url: &str, args: &[&str], stdin: &str, close: bool) -> Run {
     let started = Instant::now();
     let mut child = loopx()
         .arg("hook")
@@ -81,7 +87,7 @@ async fn hook(url: &str, args: &[&str], stdin: &str) -> Run {
         .unwrap();
     let mut input = child.stdin.take().unwrap();
     input.write_all(stdin.as_bytes()).await.unwrap();
-    drop(input);
+    let _open = (!close).then_some(input);
     let output = child.wait_with_output().await.unwrap();
     Run {
         code: output.status.code().expect("exits, not killed"),
@@ -91,15 +97,33 @@ async fn hook(url: &str, args: &[&str], stdin: &str) -> Run {
     }
 }
 
-/// One agent's hooks on one bound session.
+/// One agent's hooks on one bound session, with the agent's transcript (a
+/// file that grows by a line each turn, as the agents' transcripts do) and
+/// its current turn (Codex's `turn_id`).
 struct Agents<'a> {
     broker: &'a TestBroker,
     host: &'a Host,
     agent: Agent,
+    transcript: tempfile::NamedTempFile,
+    turn: std::cell::Cell<u32>,
 }
 
-impl Agents<'_> {
-    async fn run(&self, event: &str, name: &str, fields: Value, extra: &[&str]) -> Run {
+impl<'a> Agents<'a> {
+    fn new(broker: &'a TestBroker, host: &'a Host, agent: Agent) -> Self {
+        Agents {
+            broker,
+            host,
+            agent,
+            transcript: tempfile::NamedTempFile::new().unwrap(),
+            turn: std::cell::Cell::new(0),
+        }
+    }
+
+    async fn run(&self, event: &str, name: &str, mut fields: Value, extra: &[&str]) -> Run {
+        fields["transcript_path"] = json!(self.transcript.path());
+        if self.agent == Agent::Codex && event != "session-start" && event != "session-end" {
+            fields["turn_id"] = json!(format!("turn-{}", self.turn.get()));
+        }
         let mut args = vec![
             event,
             "--agent",
@@ -114,7 +138,18 @@ impl Agents<'_> {
         hook(&self.broker.url, &args, &stdin).await
     }
 
+    /// The agent ends a turn: its answer is written to the transcript, then
+    /// the Stop hook runs.
     async fn stop(&self, last: Option<&str>, extra: &[&str]) -> Run {
+        use std::io::Write;
+        self.turn.set(self.turn.get() + 1);
+        writeln!(self.transcript.as_file(), "{last:?}").unwrap();
+        self.stop_again(last, extra).await
+    }
+
+    /// The Stop hook run again with the same input (the transcript and the
+    /// turn as they were).
+    async fn stop_again(&self, last: Option<&str>, extra: &[&str]) -> Run {
         let fields = match last {
             Some(text) => json!({"stop_hook_active": true, "last_assistant_message": text}),
             None if self.agent == Agent::Codex => {
@@ -151,11 +186,7 @@ async fn stop_delivers_web_and_lark_messages_in_order_each_answered_once() {
     for agent in [Agent::ClaudeCode, Agent::Codex] {
         let (_fake, broker, events, host, chat) = linked(&[ANN]).await;
         let c = &broker.client;
-        let hooks = Agents {
-            broker: &broker,
-            host: &host,
-            agent,
-        };
+        let hooks = Agents::new(&broker, &host, agent);
         silent(&hooks.stop(None, &[]).await);
         let web = enqueue(c, &host, "Please summarise the failing test.").await;
         acked(
@@ -172,7 +203,7 @@ async fn stop_delivers_web_and_lark_messages_in_order_each_answered_once() {
         assert!(first.contains("LoopX Web page"), "{first}");
         // Claude Code or Codex running the same stop again: the same turn,
         // nothing answered.
-        assert_eq!(blocked(&hooks.stop(Some("Ready."), &[]).await), first);
+        assert_eq!(blocked(&hooks.stop_again(Some("Ready."), &[]).await), first);
 
         let second = blocked(&hooks.stop(Some("The test times out."), &[]).await);
         assert!(second.contains("And list the flaky ones."), "{second}");
@@ -183,7 +214,7 @@ async fn stop_delivers_web_and_lark_messages_in_order_each_answered_once() {
 
         silent(&hooks.stop(Some("Two are flaky."), &[]).await);
         // Repeated: the completion replays, nothing doubles.
-        silent(&hooks.stop(Some("Two are flaky."), &[]).await);
+        silent(&hooks.stop_again(Some("Two are flaky."), &[]).await);
         let turns = c
             .turns(host.session_id(), &Default::default())
             .await
@@ -213,15 +244,53 @@ async fn stop_delivers_web_and_lark_messages_in_order_each_answered_once() {
     }
 }
 
+/// A model that answers every message with the same words: each message is
+/// still answered once, in order (the turn, not its words, tells two stops
+/// apart).
+#[tokio::test]
+async fn the_same_answer_twice_answers_each_message_once_in_order() {
+    for agent in [Agent::ClaudeCode, Agent::Codex] {
+        let broker = TestBroker::start().await;
+        let c = &broker.client;
+        let host = bound_host(c).await;
+        let hooks = Agents::new(&broker, &host, agent);
+        for text in ["First.", "Second.", "Third."] {
+            enqueue(c, &host, text).await;
+        }
+        assert!(blocked(&hooks.stop(Some("hello"), &[]).await).contains("First."));
+        assert!(blocked(&hooks.stop(Some("Done."), &[]).await).contains("Second."));
+        assert!(blocked(&hooks.stop(Some("Done."), &[]).await).contains("Third."));
+        silent(&hooks.stop(Some("Done."), &[]).await);
+        let turns = c
+            .turns(host.session_id(), &Default::default())
+            .await
+            .unwrap()
+            .body
+            .turns;
+        let answers: Vec<(String, TurnState, Value)> = turns
+            .iter()
+            .map(|t| {
+                let answer = t.response.clone().unwrap_or_default()["message"].clone();
+                (t.text.clone(), t.state, answer)
+            })
+            .collect();
+        assert_eq!(
+            answers,
+            [
+                ("First.".into(), TurnState::Completed, json!("Done.")),
+                ("Second.".into(), TurnState::Completed, json!("Done.")),
+                ("Third.".into(), TurnState::Completed, json!("Done.")),
+            ],
+            "{agent:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn stop_with_wait_seconds_parks_and_wakes_on_an_enqueue() {
     let broker = TestBroker::start().await;
     let host = bound_host(&broker.client).await;
-    let hooks = Agents {
-        broker: &broker,
-        host: &host,
-        agent: Agent::Codex,
-    };
+    let hooks = Agents::new(&broker, &host, Agent::Codex);
     let started = Instant::now();
     let parked = hooks.stop(Some("Done."), &["--wait-seconds", "20"]);
     let sender = async {
@@ -247,11 +316,7 @@ async fn session_end_hands_back_an_unanswered_turn_which_a_resumed_session_gets_
     let broker = TestBroker::start().await;
     let c = &broker.client;
     let host = bound_host(c).await;
-    let hooks = Agents {
-        broker: &broker,
-        host: &host,
-        agent: Agent::ClaudeCode,
-    };
+    let hooks = Agents::new(&broker, &host, Agent::ClaudeCode);
     let sent = enqueue(c, &host, "Deploy the fix.").await;
     assert!(blocked(&hooks.stop(None, &[]).await).contains("Deploy the fix."));
     let ended = hooks
@@ -315,11 +380,7 @@ async fn permission_requests_print_the_verdict_from_the_web_page_and_lark() {
         (Agent::Codex, "deny"),
         (Agent::Codex, "lark"),
     ] {
-        let hooks = Agents {
-            broker: &broker,
-            host: &host,
-            agent,
-        };
+        let hooks = Agents::new(&broker, &host, agent);
         let secret = unique("rm -rf /srv/secret-preview");
         let asked = hooks.ask(json!({"command": secret, "description": "Clean up"}), &[]);
         let answering = async {
@@ -371,11 +432,7 @@ async fn an_unanswered_permission_request_prints_nothing_and_expires() {
     let broker = TestBroker::start().await;
     let c = &broker.client;
     let host = bound_host(c).await;
-    let hooks = Agents {
-        broker: &broker,
-        host: &host,
-        agent: Agent::ClaudeCode,
-    };
+    let hooks = Agents::new(&broker, &host, Agent::ClaudeCode);
     let secret = unique("cat /etc/secret-preview");
     let run = hooks
         .ask(json!({"command": secret}), &["--wait-seconds", "1"])
@@ -400,11 +457,7 @@ async fn presence_follows_the_hooks_in_order_on_the_projection_and_the_stream() 
     let c = &broker.client;
     let host = bound_host(c).await;
     let mut events = subscribe(&broker.url, TOKEN, host.session_id(), None).await;
-    let hooks = Agents {
-        broker: &broker,
-        host: &host,
-        agent: Agent::Codex,
-    };
+    let hooks = Agents::new(&broker, &host, Agent::Codex);
     let starts = [
         (
             "session-start",
@@ -480,11 +533,7 @@ async fn the_agent_never_fails_broker_down_garbage_stdin_or_a_closed_session() {
     let broker = TestBroker::start().await;
     let c = &broker.client;
     let host = bound_host(c).await;
-    let hooks = Agents {
-        broker: &broker,
-        host: &host,
-        agent: Agent::ClaudeCode,
-    };
+    let hooks = Agents::new(&broker, &host, Agent::ClaudeCode);
     let down = format!("http://127.0.0.1:{}", free_port());
     let stdin = Agent::Codex.input("h", "Stop", json!({"stop_hook_active": false}));
     for event in ["stop", "permission-request", "session-start", "session-end"] {
@@ -541,6 +590,69 @@ async fn the_agent_never_fails_broker_down_garbage_stdin_or_a_closed_session() {
         assert!(run.stderr.contains("session_closed"), "{run:?}");
         assert!(run.took < Duration::from_secs(5), "{run:?}");
     }
+}
+
+/// No hook holds the agent: not an agent that never closes the hook's stdin
+/// (every event gives up within its budget, `session-end` within 1 s), not a
+/// broker that accepts and never answers (each request within 5 s, a
+/// claim's included).
+#[tokio::test]
+async fn a_hook_never_holds_the_agent_open_stdin_or_a_silent_broker() {
+    let broker = TestBroker::start().await;
+    let host = bound_host(&broker.client).await;
+    let events = [
+        ("stop", "Stop", 7.0),
+        ("permission-request", "PermissionRequest", 7.0),
+        ("session-start", "SessionStart", 7.0),
+        ("user-prompt-submit", "UserPromptSubmit", 7.0),
+        ("notification", "Notification", 7.0),
+        ("session-end", "SessionEnd", 1.5),
+    ];
+    let args = |event| {
+        [
+            event,
+            "--agent",
+            "claude-code",
+            "--session-id",
+            host.session_id(),
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let open = events.map(|(event, name, _)| {
+        let stdin = Agent::ClaudeCode.input(&host.host_session_id, name, json!({}));
+        let args = args(event);
+        let url = broker.url.clone();
+        tokio::spawn(async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            hook_with(&url, &args, &stdin, false).await
+        })
+    });
+    for ((event, _, budget), run) in events.iter().zip(open) {
+        let run = run.await.unwrap();
+        silent(&run);
+        assert!(run.stderr.contains("stdin did not end"), "{event}: {run:?}");
+        assert!(run.took.as_secs_f64() < *budget, "{event}: {run:?}");
+    }
+
+    // A listener that accepts every connection and never answers.
+    let silent_broker = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", silent_broker.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut sockets = Vec::new();
+        while let Ok((socket, _)) = silent_broker.accept().await {
+            sockets.push(socket);
+        }
+    });
+    for (event, name, budget) in [("stop", "Stop", 7.0), ("session-end", "SessionEnd", 1.5)] {
+        let stdin = Agent::ClaudeCode.input(&host.host_session_id, name, json!({}));
+        let args = args(event);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = hook(&url, &args, &stdin).await;
+        silent(&run);
+        assert!(run.took.as_secs_f64() < budget, "{event}: {run:?}");
+    }
+    held.abort();
 }
 
 #[tokio::test]
@@ -619,11 +731,7 @@ async fn claude_codes_notifications_are_session_events_without_their_text() {
     let c = &broker.client;
     let host = bound_host(c).await;
     let mut events = subscribe(&broker.url, TOKEN, host.session_id(), None).await;
-    let hooks = Agents {
-        broker: &broker,
-        host: &host,
-        agent: Agent::ClaudeCode,
-    };
+    let hooks = Agents::new(&broker, &host, Agent::ClaudeCode);
     let secret = unique("Claude needs your permission to use the secret tool");
     for kind in ["permission_prompt", "idle_prompt", "auth_success"] {
         let fields = json!({"message": secret, "title": "Claude Code", "notification_type": kind});

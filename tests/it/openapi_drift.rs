@@ -32,3 +32,32 @@ async fn the_broker_serves_the_committed_document_without_a_token() {
     assert_eq!(doc["openapi"], "3.1.0");
     assert!(doc["paths"]["/v1/sessions/{session_id}/claims"]["post"]["operationId"] == "claimTurn");
 }
+
+/// Every schema's example has the schema's required properties and no other
+/// (a field added to a type must not leave its example behind; redocly's
+/// `no-invalid-schema-examples` checks the rest in CI).
+#[test]
+fn every_schema_example_has_exactly_its_schemas_properties() {
+    let doc: serde_json::Value = serde_json::from_str(&loopx::openapi::document_json()).unwrap();
+    let mut checked = 0;
+    for (name, schema) in doc["components"]["schemas"].as_object().unwrap() {
+        let (Some(example), Some(properties)) = (
+            schema["example"].as_object(),
+            schema["properties"].as_object(),
+        ) else {
+            continue;
+        };
+        for required in schema["required"].as_array().into_iter().flatten() {
+            let key = required.as_str().unwrap();
+            assert!(example.contains_key(key), "{name}'s example lacks `{key}`");
+        }
+        for key in example.keys() {
+            assert!(
+                properties.contains_key(key),
+                "{name}'s example has `{key}`, not in the schema"
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked > 5, "only {checked} examples found");
+}

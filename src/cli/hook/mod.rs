@@ -13,7 +13,7 @@
 
 use std::io::Read;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::Value;
@@ -31,8 +31,12 @@ mod turns;
 
 /// Each broker request's timeout (a parked wait gets its wait on top).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// `session-end` finishes within this (Codex gives it 1 s, Claude Code 1.5 s).
+/// `session-end` finishes within this, reading stdin included (Codex gives
+/// it 1 s, Claude Code 1.5 s).
 const SESSION_END_BUDGET: Duration = Duration::from_millis(900);
+/// The longest any other event waits for its stdin to end (the agents write
+/// it at once and close it; one that never closes must not hold the agent).
+const STDIN_BUDGET: Duration = REQUEST_TIMEOUT;
 /// The most stdin a hook reads.
 const MAX_STDIN: u64 = 16 * 1024 * 1024;
 
@@ -158,7 +162,12 @@ pub fn run(args: HookArgs) -> ExitCode {
 
 /// The event's JSON for stdout, if any.
 fn run_event(event: &str, options: HookOptions) -> Result<Option<String>, Failure> {
-    let input = read_stdin(event)?;
+    let started = Instant::now();
+    let stdin_budget = match event {
+        "session-end" => SESSION_END_BUDGET,
+        _ => STDIN_BUDGET,
+    };
+    let input = read_stdin(event, stdin_budget)?;
     let hook = Hook::new(options, input)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -167,9 +176,12 @@ fn run_event(event: &str, options: HookOptions) -> Result<Option<String>, Failur
     runtime.block_on(async {
         match event {
             "stop" => turns::stop(&hook).await,
-            "session-end" => tokio::time::timeout(SESSION_END_BUDGET, turns::session_end(&hook))
-                .await
-                .unwrap_or_else(|_| Err("the broker did not answer within 1 s".into())),
+            "session-end" => {
+                let left = SESSION_END_BUDGET.saturating_sub(started.elapsed());
+                tokio::time::timeout(left, turns::session_end(&hook))
+                    .await
+                    .unwrap_or_else(|_| Err("the broker did not answer within 1 s".into()))
+            }
             "permission-request" => approval::permission_request(&hook).await,
             "session-start" => hook.report(AgentState::Waiting).await.map(|_| None),
             "user-prompt-submit" => hook.report(AgentState::Working).await.map(|_| None),
@@ -179,13 +191,28 @@ fn run_event(event: &str, options: HookOptions) -> Result<Option<String>, Failur
 }
 
 /// The agent's JSON document: an object with a non-empty `session_id`, of
-/// the event this command handles.
-fn read_stdin(event: &str) -> Result<Value, Failure> {
-    let mut text = String::new();
-    std::io::stdin()
-        .take(MAX_STDIN)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("cannot read stdin: {e}"))?;
+/// the event this command handles, read to its end within `budget`. The
+/// reader is a thread of its own, left blocked when the budget runs out (the
+/// process exits after the event anyway).
+fn read_stdin(event: &str, budget: Duration) -> Result<Value, Failure> {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let read = std::io::stdin()
+            .take(MAX_STDIN)
+            .read_to_string(&mut text)
+            .map(|_| text);
+        let _ = sender.send(read);
+    });
+    let text = match receiver.recv_timeout(budget) {
+        Ok(read) => read.map_err(|e| format!("cannot read stdin: {e}"))?,
+        Err(_) => {
+            return Err(format!(
+                "stdin did not end within {} ms",
+                budget.as_millis()
+            ));
+        }
+    };
     let input: Value = serde_json::from_str(&text)
         .map_err(|_| "stdin is not the agent's JSON document".to_owned())?;
     let named = input.get("hook_event_name").and_then(Value::as_str);

@@ -4,10 +4,10 @@
 //! file's: it is the active claim this host identity holds, which only the
 //! same host identity can see (a claim answers 409 `claim_active` with its
 //! id, and claiming with that id again replays its turn). A hook's claim ids
-//! start with `hook-` and end with a fingerprint of the agent's last message
-//! when the turn was delivered, so a `stop` repeated with the same input
-//! delivers the same turn again instead of answering it with the answer to
-//! the turn before.
+//! start with `hook-` and end with a fingerprint of the agent's turn when
+//! the turn was delivered, so a `stop` repeated with the same input delivers
+//! the same turn again instead of answering it with the answer to the turn
+//! before, while two turns that ended with the same words are told apart.
 
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
@@ -36,7 +36,7 @@ enum Holding {
 /// The Stop hook (HOOKS.md "stop").
 pub async fn stop(hook: &Hook) -> Result<Option<String>, Failure> {
     let last = hook.field("last_assistant_message").unwrap_or_default();
-    let fingerprint = fingerprint(last);
+    let fingerprint = fingerprint(hook);
     let claimed = match holding(hook, &fingerprint, 0).await? {
         Holding::Other => return Err("another bridge of this host holds a turn".into()),
         Holding::Nothing(claimed) => claimed,
@@ -209,9 +209,26 @@ pub fn block(claimed: &Claimed) -> String {
     json!({"decision": "block", "reason": reason}).to_string()
 }
 
-/// A short fingerprint of the agent's last message.
-fn fingerprint(last: &str) -> String {
-    hex::encode(&Sha256::digest(last.as_bytes())[..6])
+/// A short fingerprint of the turn that just ended: its last message, the
+/// agent's `turn_id` (Codex) and the length of its transcript. A model may
+/// answer two messages with the same words ("Done."), but the transcript
+/// grows between them (the delivered message and the answer are written to
+/// it), while a `stop` run again with the same input sees the same length.
+fn fingerprint(hook: &Hook) -> String {
+    let transcript = hook
+        .field("transcript_path")
+        .and_then(|path| std::fs::metadata(path).ok())
+        .map_or(0, |meta| meta.len());
+    let mut digest = Sha256::new();
+    for part in [
+        hook.field("last_assistant_message").unwrap_or_default(),
+        hook.field("turn_id").unwrap_or_default(),
+    ] {
+        digest.update(part.as_bytes());
+        digest.update([0]);
+    }
+    digest.update(transcript.to_le_bytes());
+    hex::encode(&digest.finalize()[..6])
 }
 
 /// The fingerprint a hook claim id carries.
