@@ -58,3 +58,39 @@ assert run["num_turns"] >= 2 and not run["is_error"], run
 assert session["agent"]["state"] == "away", session
 print("claude code", "delivered and answered:", answer)
 PY
+
+# A model that answers everything with the same words (issue 35): three
+# messages queued before the run, each delivered once, in order, and each
+# answered "Done." (the Stop hook tells the turns apart by the transcript).
+model_port_same=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+python3 tests/hooks/stub_model.py "$model_port_same" "Done." --same 2>"$work/model-same.log" &
+same_pid=$!
+trap 'kill $model_pid $same_pid 2>/dev/null; stop_broker' EXIT
+host2=$(python3 -c 'import uuid; print(uuid.uuid4())')
+"$loopx" worker-bridge bind-agent-thread --broker-url "$BROKER_URL" --goal-id g-hooks-same \
+  --agent-id agent-hooks --host-surface claude-code --host-session-id "$host2" >/dev/null
+session2=$("$loopx" worker-bridge attached-session-bind --broker-url "$BROKER_URL" --goal-id g-hooks-same \
+  --agent-id agent-hooks --host-surface claude-code --host-session-id "$host2" \
+  --executor-endpoint-id exec-ci --execute --format json | python3 -c 'import json,sys; print(json.load(sys.stdin)["session_id"])')
+mkdir -p "$work/project2"
+"$loopx" hook install --agent claude-code --project-dir "$work/project2" \
+  --session-id "$session2" --broker-url "$BROKER_URL" >/dev/null
+for text in "First message." "Second message." "Third message."; do
+  "$loopx" chat send --broker-url "$BROKER_URL" --session-id "$session2" --text "$text" >/dev/null
+done
+for _ in $(seq 50); do  # the stub listening
+  (exec 3<>"/dev/tcp/127.0.0.1/$model_port_same") 2>/dev/null && break
+  sleep 0.1
+done
+(cd "$work/project2" && ANTHROPIC_BASE_URL="http://127.0.0.1:$model_port_same" ANTHROPIC_API_KEY=sk-stub \
+  DISABLE_TELEMETRY=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 \
+  timeout 120 "$claude" -p "Hello." --session-id "$host2" --output-format json >"$work/run2.json")
+turns=$(curl -fsS -H "Authorization: Bearer $LOOPX_TOKEN" "$BROKER_URL/v1/sessions/$session2/turns")
+python3 - "$turns" <<'PY'
+import json, sys
+turns = json.loads(sys.argv[1])["turns"]
+got = [(t["text"], t["state"], (t.get("response") or {}).get("message")) for t in turns]
+want = [(m, "completed", "Done.") for m in ("First message.", "Second message.", "Third message.")]
+assert got == want, got
+print("claude code, the same answer every time: three messages answered once each, in order")
+PY

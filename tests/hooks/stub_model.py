@@ -1,12 +1,15 @@
 """A stub of the Anthropic Messages API for tests/hooks/claude_code.sh: every
 message is answered with "Stub answer. [<the tail of the last user text>]", as
 a stream when asked, so the test sees which instruction each turn answered.
+With a TEXT and --same, every message is answered with exactly TEXT (a model
+that says "Done." to everything).
 
-Usage: python3 stub_model.py PORT
+Usage: python3 stub_model.py PORT [TEXT [--same]]
 """
 import json, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 TEXT = sys.argv[2] if len(sys.argv) > 2 else "Stub answer."
+SAME = "--same" in sys.argv[3:]
 class H(BaseHTTPRequestHandler):
     def log_message(self, *a):
         sys.stderr.write("stub: %s %s\n" % (self.command, self.path))
@@ -25,7 +28,7 @@ class H(BaseHTTPRequestHandler):
             elif isinstance(c, list):
                 for p in c:
                     if p.get("type") == "text": last = p["text"]
-        text = TEXT + " [" + last[-60:].replace("\n"," ") + "]"
+        text = TEXT if SAME else TEXT + " [" + last[-60:].replace("\n"," ") + "]"
         msg = {"id":"msg_1","type":"message","role":"assistant","model":body.get("model","m"),"content":[],"stop_reason":None,"stop_sequence":None,"usage":{"input_tokens":1,"output_tokens":1}}
         if not body.get("stream"):
             msg["content"]=[{"type":"text","text":text}]; msg["stop_reason"]="end_turn"
