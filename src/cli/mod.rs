@@ -74,7 +74,7 @@ pub enum Command {
     /// JSON on stdin; never fails the agent (exit 0, one line on stderr).
     /// `install` writes the entries into the agent's settings.
     ///
-    /// Example: loopx hook install --agent claude-code --session-id ses_01JD...
+    /// Example: loopx hook install --agent claude-code --goal-id my-project --agent-id claude --executor-endpoint-id my-laptop
     Hook(hook::HookArgs),
     /// Check that a broker is up and its store answers (no token needed);
     /// exit 0 when healthy, 1 when not, 3 when nothing answers.

@@ -73,11 +73,20 @@ async fn hook(url: &str, args: &[&str], stdin: &str) -> Run {
 /// Runs `loopx hook <args…>` with `stdin`, left open when `close` is false
 /// (an agent that never ends the hook's input).
 async fn hook_with(url: &str, args: &[&str], stdin: &str, close: bool) -> Run {
-    let started = Instant::now();
-    let mut child = loopx()
+    let mut command = loopx();
+    command
         .arg("hook")
         .args(args)
         .args(["--broker-url", url])
+        .env("LOOPX_DATA_DIR", hooks_data_dir());
+    spawn(command, stdin, close).await
+}
+
+/// Runs a `loopx` command with the owner token and `stdin` (left open when
+/// `close` is false), to its exit.
+async fn spawn(mut command: tokio::process::Command, stdin: &str, close: bool) -> Run {
+    let started = Instant::now();
+    let mut child = command
         .env("LOOPX_TOKEN", TOKEN)
         .env_remove("LOOPX_SESSION_ID")
         .stdin(Stdio::piped())
@@ -95,6 +104,12 @@ async fn hook_with(url: &str, args: &[&str], stdin: &str, close: bool) -> Run {
         stderr: String::from_utf8(output.stderr).unwrap(),
         took: started.elapsed(),
     }
+}
+
+/// Where the hooks of these tests keep their refusals (`hooks.log`), not
+/// in the home of whoever runs the tests.
+fn hooks_data_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("loopx-it-hooks-{}", std::process::id()))
 }
 
 /// One agent's hooks on one bound session, with the agent's transcript (a
@@ -670,7 +685,8 @@ async fn install_merges_the_hooks_once_and_keeps_what_is_there() {
         async move {
             let output = loopx()
                 .args(["hook", "install", "--agent", agent, "--scope", "project"])
-                .args(["--session-id", "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B"])
+                .args(["--goal-id", "g-1", "--agent-id", "agent-7"])
+                .args(["--executor-endpoint-id", "exec-laptop"])
                 .arg("--project-dir")
                 .arg(&dir)
                 .env("HOME", &dir)
@@ -694,7 +710,7 @@ async fn install_merges_the_hooks_once_and_keeps_what_is_there() {
     let command = stop[1]["hooks"][0]["command"].as_str().unwrap();
     assert!(
         command.starts_with('/')
-            && command.contains(" hook stop --agent claude-code --session-id ses_"),
+            && command.contains(" hook stop --agent claude-code --goal-id g-1 --agent-id agent-7"),
         "{command}"
     );
     assert_eq!(stop[1]["hooks"][0]["timeout"], 60);
@@ -723,6 +739,90 @@ async fn install_merges_the_hooks_once_and_keeps_what_is_there() {
     assert!(!text.contains("Notification"), "{text}");
     install("codex").await;
     assert_eq!(std::fs::read_to_string(&codex).unwrap(), text);
+}
+
+/// The README's first example as a newcomer met it: hooks installed for a
+/// session bound as in the curl walk-through. Install refuses a session the
+/// hooks cannot attach to and says what to do; a hook refused at run time
+/// shows in `loopx hook doctor` until a hook works again.
+#[tokio::test]
+async fn install_refuses_a_session_hooks_cannot_attach_to_and_doctor_shows_refusals() {
+    let broker = TestBroker::start().await;
+    let host = bound_host(&broker.client).await; // a codex-cli host, as in the walk-through
+    let dir = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let run = |args: Vec<String>, stdin: Option<String>| {
+        let (url, dir, data) = (
+            broker.url.clone(),
+            dir.path().to_owned(),
+            data.path().to_owned(),
+        );
+        async move {
+            let mut command = loopx();
+            command.args(&args);
+            if args[1] != "doctor" {
+                command.args(["--broker-url", &url]);
+            }
+            if args[1] == "install" || args[1] == "doctor" {
+                command.arg("--project-dir").arg(&dir);
+            }
+            command.env("HOME", &dir).env("LOOPX_DATA_DIR", &data);
+            let run = spawn(command, &stdin.unwrap_or_default(), true).await;
+            (run.code, run.stdout, run.stderr)
+        }
+    };
+    let words = |line: &str| line.split(' ').map(str::to_owned).collect::<Vec<_>>();
+    let install = |agent: &str| {
+        words(&format!(
+            "hook install --agent {agent} --session-id {}",
+            host.session_id()
+        ))
+    };
+    let (code, _, err) = run(install("claude-code"), None).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("host_mismatch") && err.contains("--goal-id"),
+        "{err}"
+    );
+    assert!(!dir.path().join(".claude").exists(), "nothing written");
+
+    let (code, out, err) = run(install("codex"), None).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("answers only the host session it was bound to"),
+        "{out}"
+    );
+    let doctor = words("hook doctor --agent codex");
+    let (code, out, _) = run(doctor.clone(), None).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("ok: the broker at") && out.contains("is open"),
+        "{out}"
+    );
+
+    // Codex runs the hooks as its own session: refused, and doctor says so.
+    let stop = |host_session_id: &str| {
+        Agent::Codex.input(host_session_id, "Stop", json!({"stop_hook_active": false}))
+    };
+    let hook = words(&format!(
+        "hook stop --agent codex --session-id {}",
+        host.session_id()
+    ));
+    let refused = run(hook.clone(), Some(stop("codex-thread-1"))).await;
+    assert_eq!((refused.0, refused.1.as_str()), (0, ""), "{refused:?}");
+    let (code, out, _) = run(doctor.clone(), None).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("problem: a hook failed") && out.contains("host_mismatch"),
+        "{out}"
+    );
+    assert!(!out.contains("codex-thread-1"), "no host session id: {out}");
+
+    // A hook that works clears them.
+    let worked = run(hook, Some(stop(&host.host_session_id))).await;
+    assert_eq!(worked.0, 0, "{worked:?}");
+    let (code, out, _) = run(doctor, None).await;
+    assert_eq!(code, 0, "{out}");
 }
 
 #[tokio::test]

@@ -58,4 +58,13 @@ run_block close "$work/close.sh" SESSION="$session"
 for expected in '"released":true' '"state":"closed"'; do
   grep -qF "$expected" "$work/close.out" || { echo "the close block: no $expected in:"; cat "$work/close.out"; exit 1; }
 done
+
+# Claude Code with hooks: install in a fresh project, then the doctor, which
+# must find the entries, the binary, this broker and no refusal.
+block '### Claude Code with hooks' >"$work/hooks.sh"
+grep -q '^loopx hook install --agent claude-code' "$work/hooks.sh" || { echo "the hooks block does not install"; exit 1; }
+mkdir -p "$work/project"
+(cd "$work/project" && run_block hooks "$work/hooks.sh" LOOPX_BROKER_URL="$BROKER_URL")
+grep -q '^ok: the broker at' "$work/hooks.out" || { echo "the doctor did not reach the broker:"; cat "$work/hooks.out"; exit 1; }
+grep -q 'Stop' "$work/project/.claude/settings.local.json" || { echo "no Stop hook was installed"; exit 1; }
 echo "the README set-up blocks run as pasted"

@@ -39,6 +39,15 @@ pub struct InstallArgs {
     /// The owner token's file, written into the commands when given.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// The data dir whose owner.token install uses to check --session-id
+    /// [default: $XDG_DATA_HOME/loopx, else ~/.local/share/loopx].
+    #[arg(long, env = "LOOPX_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// permission-request: seconds to wait for an answer from the Web page
+    /// or Lark before the agent asks at its terminal [default: 120]. (The
+    /// binding's --wait-seconds is the Stop hook's parked wait only.)
+    #[arg(long)]
+    pub permission_wait_seconds: Option<u64>,
     #[command(flatten)]
     pub binding: Binding,
 }
@@ -70,15 +79,18 @@ fn install(args: &InstallArgs) -> Result<Vec<String>, String> {
     let exe = std::env::current_exe()
         .and_then(|p| p.canonicalize())
         .map_err(|e| format!("cannot find this binary's path: {e}"))?;
-    let path = settings_path(args)?;
+    let path = settings_path(args.agent, args.scope, args.project_dir.as_deref())?;
+    let mut notes = match &args.binding.session_id {
+        Some(session_id) => check_session(args, session_id)?,
+        None => Vec::new(),
+    };
     let commands: Vec<(&str, String, Option<u64>)> = EVENTS
         .iter()
         .filter(|(name, ..)| args.agent == Agent::ClaudeCode || *name != "Notification")
         .map(|(name, event, timeout)| {
-            let timeout = match (*event, args.binding.wait_seconds) {
-                ("stop", Some(wait)) => Some(wait.min(1800) + 30),
-                ("permission-request", Some(wait)) => Some(wait.min(1800) + 30),
-                _ => *timeout,
+            let timeout = match wait_flag(event, args) {
+                Some(wait) => Some(wait.min(1800) + 30),
+                None => *timeout,
             };
             (*name, command(&exe, event, args), timeout)
         })
@@ -102,6 +114,7 @@ fn install(args: &InstallArgs) -> Result<Vec<String>, String> {
     } else {
         lines.insert(0, format!("{} already has the hooks", path.display()));
     }
+    lines.append(&mut notes);
     if args.agent == Agent::Codex {
         lines.push(
             "Codex runs a hook only once you trust it: start Codex, open /hooks and trust the \
@@ -112,17 +125,78 @@ fn install(args: &InstallArgs) -> Result<Vec<String>, String> {
     Ok(lines)
 }
 
-fn settings_path(args: &InstallArgs) -> Result<PathBuf, String> {
+/// `--session-id`: the session must be open and bound to the surface the
+/// hooks attach as, or every hook would be refused (`host_mismatch`) where
+/// nobody looks. The hooks attach as the agent's own session id, which
+/// install cannot know: the note says so.
+fn check_session(args: &InstallArgs, session_id: &str) -> Result<Vec<String>, String> {
+    let surface = args
+        .binding
+        .host_surface
+        .clone()
+        .unwrap_or_else(|| args.agent.host_surface().to_owned());
+    let bind_instead = format!(
+        "install with the bind flags instead (loopx hook install --agent {} --goal-id <goal> \
+         --agent-id <agent> --executor-endpoint-id <label>): the hooks then bind a session \
+         to the agent's own session on its first hook",
+        args.agent.flag()
+    );
+    let connection = crate::cli::common::Connection {
+        broker_url: args
+            .broker_url
+            .clone()
+            .unwrap_or_else(|| crate::client::DEFAULT_BROKER_URL.to_owned()),
+        token_file: args.token_file.clone(),
+        data_dir: args.data_dir.clone(),
+    };
+    let (client, _) = connection.client()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let session = runtime
+        .block_on(
+            client
+                .with_timeout(super::REQUEST_TIMEOUT)
+                .session(session_id),
+        )
+        .map_err(|e| format!("cannot check session {session_id} ({e}); or {bind_instead}"))?
+        .body;
+    if session.state != crate::model::SessionState::Open {
+        return Err(format!("session {session_id} is closed; {bind_instead}"));
+    }
+    if session.host_surface != surface {
+        return Err(format!(
+            "session {session_id} is bound to a {} host, but the hooks attach as {surface}: \
+             every hook would be refused (host_mismatch). Bind a session for this agent, or \
+             {bind_instead}",
+            session.host_surface
+        ));
+    }
+    Ok(vec![format!(
+        "session {session_id} answers only the host session it was bound to: start the agent \
+         as that session (Claude Code: `claude --session-id <host session id>`, or `--resume` \
+         it), or {bind_instead}. `loopx hook doctor --agent {}` shows the hooks' refusals.",
+        args.agent.flag()
+    )])
+}
+
+/// The agent's settings file for `scope`.
+pub fn settings_path(
+    agent: Agent,
+    scope: Scope,
+    project_dir: Option<&Path>,
+) -> Result<PathBuf, String> {
     let home = || {
         std::env::var_os("HOME")
             .map(PathBuf::from)
             .ok_or_else(|| "HOME is not set".to_owned())
     };
-    let project = || match &args.project_dir {
-        Some(dir) => Ok(dir.clone()),
+    let project = || match project_dir {
+        Some(dir) => Ok(dir.to_owned()),
         None => std::env::current_dir().map_err(|e| format!("no current directory: {e}")),
     };
-    Ok(match (args.agent, args.scope) {
+    Ok(match (agent, scope) {
         (Agent::ClaudeCode, Scope::Project) => project()?.join(".claude/settings.local.json"),
         (Agent::ClaudeCode, Scope::User) => home()?.join(".claude/settings.json"),
         (Agent::Codex, Scope::Project) => project()?.join(".codex/config.toml"),
@@ -133,16 +207,12 @@ fn settings_path(args: &InstallArgs) -> Result<PathBuf, String> {
 /// The command line an agent runs: the absolute binary, the event, the agent
 /// and the binding flags given to `install`.
 fn command(exe: &Path, event: &str, args: &InstallArgs) -> String {
-    let agent = match args.agent {
-        Agent::ClaudeCode => "claude-code",
-        Agent::Codex => "codex",
-    };
     let mut words = vec![
         exe.display().to_string(),
         "hook".into(),
         event.into(),
         "--agent".into(),
-        agent.into(),
+        args.agent.flag().into(),
     ];
     let b = &args.binding;
     let flags = [
@@ -162,7 +232,7 @@ fn command(exe: &Path, event: &str, args: &InstallArgs) -> String {
             words.extend([flag.to_owned(), value]);
         }
     }
-    if let (Some(wait), "stop" | "permission-request") = (b.wait_seconds, event) {
+    if let Some(wait) = wait_flag(event, args) {
         words.extend(["--wait-seconds".into(), wait.to_string()]);
     }
     words
@@ -170,6 +240,16 @@ fn command(exe: &Path, event: &str, args: &InstallArgs) -> String {
         .map(|w| shell_word(w))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// The `--wait-seconds` an event's command gets: stop's parked wait from
+/// `--wait-seconds`, permission-request's from `--permission-wait-seconds`.
+fn wait_flag(event: &str, args: &InstallArgs) -> Option<u64> {
+    match event {
+        "stop" => args.binding.wait_seconds,
+        "permission-request" => args.permission_wait_seconds,
+        _ => None,
+    }
 }
 
 /// A word as a POSIX shell reads it back.
@@ -186,7 +266,7 @@ fn shell_word(word: &str) -> String {
 }
 
 /// Whether a configured command is a `loopx hook <event>` entry.
-fn is_ours(command: &str, event: &str) -> bool {
+pub fn is_ours(command: &str, event: &str) -> bool {
     command.contains(&format!(" hook {event} --agent "))
 }
 

@@ -26,6 +26,8 @@ use crate::model::{
 };
 
 mod approval;
+mod doctor;
+mod failures;
 mod install;
 mod turns;
 
@@ -66,6 +68,9 @@ pub enum HookCommand {
     SessionEnd(HookOptions),
     /// Writes the hook entries into Claude Code's or Codex's settings.
     Install(install::InstallArgs),
+    /// Checks the installed hooks (binary, broker, token, session) and shows
+    /// their refusals since the last hook that worked; exit 1 on a problem.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Which agent runs the hook: its input shape and its default host surface.
@@ -76,6 +81,14 @@ pub enum Agent {
 }
 
 impl Agent {
+    /// The `--agent` value.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Agent::ClaudeCode => "claude-code",
+            Agent::Codex => "codex",
+        }
+    }
+
     pub fn host_surface(self) -> &'static str {
         match self {
             Agent::ClaudeCode => "claude-code",
@@ -145,6 +158,7 @@ impl From<Problem> for Failure {
 pub fn run(args: HookArgs) -> ExitCode {
     let (event, options) = match args.command {
         HookCommand::Install(args) => return install::run(args),
+        HookCommand::Doctor(args) => return doctor::run(args),
         HookCommand::SessionStart(o) => ("session-start", o),
         HookCommand::UserPromptSubmit(o) => ("user-prompt-submit", o),
         HookCommand::Stop(o) => ("stop", o),
@@ -152,10 +166,23 @@ pub fn run(args: HookArgs) -> ExitCode {
         HookCommand::Notification(o) => ("notification", o),
         HookCommand::SessionEnd(o) => ("session-end", o),
     };
+    let agent = options.agent.flag();
+    let data_dir = options
+        .connection
+        .data_dir
+        .clone()
+        .unwrap_or_else(crate::config::default_data_dir);
     match run_event(event, options) {
-        Ok(Some(output)) => println!("{output}"),
-        Ok(None) => {}
-        Err(why) => eprintln!("loopx hook {event}: {why}"),
+        Ok(output) => {
+            failures::clear(&data_dir);
+            if let Some(output) = output {
+                println!("{output}");
+            }
+        }
+        Err(why) => {
+            eprintln!("loopx hook {event}: {why}");
+            failures::record(&data_dir, agent, event, &why);
+        }
     }
     ExitCode::SUCCESS
 }
