@@ -3,15 +3,18 @@
 //! secret), opens the WebSocket it names and receives the app's events over
 //! it, so it needs outbound HTTPS only. It pings at Lark's interval with the
 //! endpoint's service id and reconnects when pongs stop; applies the
-//! ClientConfig Lark sends with the endpoint and with pongs; reassembles
-//! fragmented events (bounded, dropped after 10 s); hands each whole event to
+//! ClientConfig Lark sends with the endpoint and with pongs, every number
+//! bounded first; reassembles fragmented events ([`super::fragments`],
+//! bounded in sets and memory, dropped after 10 s); hands each whole event to
 //! the one ingestion path ([`super::inbound`]) in arrival order and
 //! acknowledges it only after the commit (code 500 when the store failed, so
-//! Lark redelivers). It reconnects forever (the pushed interval, a random
-//! delay before the first try) unless Lark refuses the app for good, which
-//! stops the connector alone. Its state is one INFO line per change, two
-//! metrics and [`ConnectorStatus`]; it never logs the secret, the endpoint
-//! URL (it carries Lark's ticket) or a message's text.
+//! Lark redelivers). It reconnects forever (Lark's schedule, under a backoff
+//! from 1 s that grows while tries keep failing) unless Lark refuses the app
+//! for good, which stops the connector alone; its loop runs in a watched
+//! task, so a failure is told and restarted. Its state is an INFO line per
+//! change (repeats summarised), two metrics and [`ConnectorStatus`]; it never
+//! logs the secret, the endpoint URL (it carries Lark's ticket) or a
+//! message's text.
 
 use std::collections::HashMap;
 use std::ops::RangeInclusive;
