@@ -85,6 +85,18 @@ async fn metric(client: &loopx::client::Client, name: &str) -> f64 {
         .unwrap()
 }
 
+/// Waits for `more` pings on the first connection than it has had so far;
+/// then all of them.
+async fn more_pings(fake: &FakeLark, more: usize, within: Duration) -> Vec<Ping> {
+    let seen = fake.ws.pings(0).len();
+    fake.ws
+        .wait_for(&format!("{more} more pings"), within, |ws| {
+            ws.pings(0).len() >= seen + more
+        })
+        .await;
+    fake.ws.pings(0)
+}
+
 #[tokio::test]
 async fn connects_out_and_pings_with_the_service_id_at_the_pushed_interval() {
     let fake = FakeLark::start().await;
@@ -131,13 +143,7 @@ async fn connects_out_and_pings_with_the_service_id_at_the_pushed_interval() {
 
     // A pong carrying a ClientConfig changes the interval.
     fake.ws.set_pong_config(Some(json!({"PingInterval": 2})));
-    let seen = fake.ws.pings(0).len();
-    fake.ws
-        .wait_for("3 more pings", Duration::from_secs(10), |ws| {
-            ws.pings(0).len() >= seen + 3
-        })
-        .await;
-    let pings = fake.ws.pings(0);
+    let pings = more_pings(&fake, 3, Duration::from_secs(10)).await;
     let last = pings[pings.len() - 1].at - pings[pings.len() - 2].at;
     assert!(
         last > Duration::from_millis(1800) && last < Duration::from_millis(2600),
@@ -299,16 +305,19 @@ async fn missing_pongs_make_it_reconnect() {
         "not before the timeout: {after:?}"
     );
     fake.ws.set_silent(false);
+    let state = events_flow(&fake, &broker, "after-timeout").await;
+    assert!(state.reconnects >= 1, "{state:?}");
+}
+
+/// A message to a newly linked chat becomes one turn: the connector serves
+/// on. Its state then.
+async fn events_flow(fake: &FakeLark, broker: &TestBroker, name: &str) -> LarkConnector {
     let chat = unique("oc");
     let host = linked(&broker.client, &chat).await;
-    deliver_ok(
-        &fake,
-        &message("ev-pong", &chat, "om-pong", "after the timeout"),
-    )
-    .await;
+    let event = message(&format!("ev-{name}"), &chat, &format!("om-{name}"), name);
+    deliver_ok(fake, &event).await;
     assert_eq!(turns(&broker.client, host.session_id()).await.len(), 1);
-    let state = connector(&broker.client).await;
-    assert!(state.reconnects >= 1, "{state:?}");
+    connector(&broker.client).await
 }
 
 /// `PingInterval: i64::MAX` from the endpoint, or in a pong, once killed the
@@ -343,15 +352,7 @@ async fn a_huge_ping_interval_is_bounded_and_the_connector_lives_on() {
                 |ws| ws.pings(0).len() >= 4,
             )
             .await;
-        let chat = unique("oc");
-        let host = linked(&broker.client, &chat).await;
-        deliver_ok(
-            &fake,
-            &message("ev-huge-ping", &chat, "om-huge-ping", "alive"),
-        )
-        .await;
-        assert_eq!(turns(&broker.client, host.session_id()).await.len(), 1);
-        let state = connector(&broker.client).await;
+        let state = events_flow(&fake, &broker, "huge-ping").await;
         assert_eq!(
             state.state,
             Some(LarkConnectionState::Connected),
@@ -394,13 +395,7 @@ async fn a_flood_of_fragment_sets_leaves_pings_and_events_on_time() {
     assert!(took < Duration::from_secs(10), "acknowledged in {took:?}");
     assert_eq!(turns(&broker.client, host.session_id()).await.len(), 1);
     // Pings (every second) go on; no pong was missed, no reconnect.
-    let pings = fake.ws.pings(0).len();
-    fake.ws
-        .wait_for("2 more pings", Duration::from_secs(10), |ws| {
-            ws.pings(0).len() >= pings + 2
-        })
-        .await;
-    let pings = fake.ws.pings(0);
+    let pings = more_pings(&fake, 2, Duration::from_secs(10)).await;
     let longest = pings.windows(2).map(|p| p[1].at - p[0].at).max().unwrap();
     assert!(
         longest < Duration::from_secs(3),
