@@ -91,14 +91,14 @@ impl Fragments {
     ) -> Result<Option<Vec<u8>>, &'static str> {
         let (held, replacing) = match self.sets.get(message_id) {
             Some(set) if set.sum != sum => {
-                self.drop_set(message_id);
+                self.remove(message_id);
                 return Err("fragments of one message disagree on their count");
             }
             Some(set) => (set.payload, set.parts.get(&seq).map(Vec::len)),
             None => (0, None),
         };
         if held - replacing.unwrap_or(0) + payload.len() > MAX_EVENT_BYTES {
-            self.drop_set(message_id);
+            self.remove(message_id);
             return Err("a fragmented event over the size limit");
         }
         let new_set = !self.sets.contains_key(message_id);
@@ -148,7 +148,7 @@ impl Fragments {
             let Some(oldest) = oldest.cloned() else {
                 return;
             };
-            self.drop_set(&oldest);
+            self.remove(&oldest);
             self.evicted += 1;
         }
     }
@@ -158,10 +158,6 @@ impl Fragments {
         self.arrivals.remove(&set.order);
         self.bytes -= set.charged;
         Some(set)
-    }
-
-    fn drop_set(&mut self, message_id: &str) {
-        self.remove(message_id);
     }
 
     /// When the oldest incomplete set expires.
@@ -176,7 +172,7 @@ impl Fragments {
         while self.next_expiry().is_some_and(|at| at <= now) {
             let (_, oldest) = self.arrivals.first_key_value().expect("a set is there");
             let oldest = oldest.clone();
-            self.drop_set(&oldest);
+            self.remove(&oldest);
             dropped += 1;
         }
         dropped
