@@ -251,6 +251,8 @@ pub struct ClickRows {
     pub link: Option<(String, String)>,
     /// The request the button names.
     pub request: Option<PermissionRow>,
+    /// The chat its card was sent to: only that chat learns what became of it.
+    pub card_chat: Option<String>,
     /// Who answered it in Lark, as its card records.
     pub answered_by: Option<String>,
 }
@@ -263,7 +265,8 @@ pub enum Clicked {
     /// The button names no request the broker has.
     Unknown,
     /// The request is pending, and the clicker is no approver of the chat
-    /// the session is linked to: nothing changes.
+    /// the session is linked to; or it is settled and the click comes from
+    /// another chat than its card's: nothing changes, nothing is told.
     Refused,
     /// This click answered the request (`answered_via: "lark"`).
     Answered {
@@ -281,7 +284,8 @@ pub enum Clicked {
 /// A click, in this order: seen before (its event id) a duplicate, nothing
 /// written; else it is recorded once, and: an unknown session or request,
 /// unknown; a request settled before, its final state (which the answer to
-/// the click shows on the card); from anyone but an approver of the link,
+/// the click shows on the card) in its card's chat, refused in any other (a
+/// stranger's chat learns nothing of it); from anyone but an approver of the link,
 /// in the linked chat, refused; else an approver's answer, through the same
 /// [`answer`] as every other.
 pub fn click(rows: ClickRows, click: LarkClick, now: i64) -> Result<Decided<Clicked>> {
@@ -303,6 +307,10 @@ fn click_decision(rows: ClickRows, click: &LarkClick, now: i64) -> Result<Decide
         return Ok(Decided::nothing(Clicked::Unknown));
     };
     if request.state != PermissionState::Pending {
+        let own_chat = rows.card_chat.is_some() && click.chat_id == rows.card_chat;
+        if !own_chat {
+            return Ok(Decided::nothing(Clicked::Refused));
+        }
         return Ok(settled(request, rows.answered_by));
     }
     let approvers = match &rows.link {
@@ -656,6 +664,7 @@ mod tests {
             session: Some(session(SessionState::Open)),
             link: Some(("oc_1".into(), approvers_to_stored(&["ou_a".to_owned()]))),
             request,
+            card_chat: Some("oc_1".into()),
             answered_by: Some("ou_b".into()),
         };
         click(rows, tap(operator, chat), 9).expect("decided")
@@ -708,17 +717,21 @@ mod tests {
     }
 
     #[test]
-    fn a_tap_on_a_settled_request_shows_its_final_state_from_anyone() {
+    fn a_tap_on_a_settled_request_shows_its_final_state_to_its_own_chat_only() {
         let expired = PermissionRow {
             state: EXPIRED_ON_CLOSE,
             ..created()
         };
-        let decided = tapped(Some(expired), "ou_x", "oc_9");
+        let decided = tapped(Some(expired.clone()), "ou_x", "oc_1");
         let Clicked::Settled { row, by } = &decided.answer else {
             panic!("{:?}", decided.answer)
         };
         assert_eq!((row.state, by.as_deref()), (EXPIRED_ON_CLOSE, Some("ou_b")));
         assert!(decided.writes.permission.is_none() && decided.writes.event.is_none());
         assert!(decided.writes.card.as_ref().is_some_and(|c| c.shown));
+        // Another chat learns nothing: not the state, not who answered.
+        let elsewhere = tapped(Some(expired), "ou_x", "oc_9");
+        assert!(matches!(elsewhere.answer, Clicked::Refused));
+        assert!(elsewhere.writes.card.is_none() && elsewhere.writes.permission.is_none());
     }
 }

@@ -18,7 +18,9 @@ pub fn router() -> axum::Router<AppState> {
 ///
 /// `events` is `off` (not configured), `webhook` or `long_connection`. Over
 /// the long connection, `state` is `connecting`, `connected`, `retrying`
-/// (with the `reason`; it is tried again for as long as the broker runs),
+/// (with the `reason`: a lost or refused connection, or a connector that
+/// failed and is restarted; it is tried again for as long as the broker
+/// runs, backing off from 1 s to about 2 min while tries keep failing),
 /// `fatal` (Lark refused the app for good, e.g. bad credentials, the wrong
 /// region or a 403: the connector stopped, the rest of the broker serves on;
 /// `reason` says what to fix) or `stopped` (shutting down), `since` when it

@@ -3,20 +3,25 @@
 //! secret), opens the WebSocket it names and receives the app's events over
 //! it, so it needs outbound HTTPS only. It pings at Lark's interval with the
 //! endpoint's service id and reconnects when pongs stop; applies the
-//! ClientConfig Lark sends with the endpoint and with pongs; reassembles
-//! fragmented events (bounded, dropped after 10 s); hands each whole event to
+//! ClientConfig Lark sends with the endpoint and with pongs, every number
+//! bounded first; reassembles fragmented events ([`super::fragments`],
+//! bounded in sets and memory, dropped after 10 s); hands each whole event to
 //! the one ingestion path ([`super::inbound`]) in arrival order and
 //! acknowledges it only after the commit (code 500 when the store failed, so
-//! Lark redelivers). It reconnects forever (the pushed interval, a random
-//! delay before the first try) unless Lark refuses the app for good, which
-//! stops the connector alone. Its state is one INFO line per change, two
-//! metrics and [`ConnectorStatus`]; it never logs the secret, the endpoint
-//! URL (it carries Lark's ticket) or a message's text.
+//! Lark redelivers). It reconnects forever (Lark's schedule, under a backoff
+//! from 1 s that grows while tries keep failing) unless Lark refuses the app
+//! for good, which stops the connector alone; its loop runs in a watched
+//! task, so a failure is told and restarted. Its state is an INFO line per
+//! change (repeats summarised), two metrics and [`ConnectorStatus`]; it never
+//! logs the secret, the endpoint URL (it carries Lark's ticket) or a
+//! message's text.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::ops::RangeInclusive;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use backon::BackoffBuilder;
 use futures_util::{SinkExt, StreamExt};
 use prost::Message as _;
 use serde::Deserialize;
@@ -28,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use super::ClientConfig;
 use super::LarkConfig;
+use super::fragments::{Fragments, MAX_EVENT_BYTES};
 use super::frame::{CONTROL, DATA, Frame};
 use super::inbound::{self, Envelope};
 use crate::broker::Broker;
@@ -43,36 +49,46 @@ const WRONG_DOMAIN: i64 = 1000040351;
 const OVER_CONNECTION_LIMIT: &str = "1000040350";
 /// Pongs missing for this many ping intervals: the connection is dead.
 const PONG_INTERVALS: u32 = 3;
-/// An incomplete fragment set is dropped after this long.
-const FRAGMENT_TTL: Duration = Duration::from_secs(10);
-/// The largest event (as the webhook's body limit) and the most fragment
-/// bytes held at once, over all sets.
-const MAX_EVENT_BYTES: usize = crate::broker::MAX_BODY_BYTES;
-const MAX_BUFFERED_BYTES: usize = 4 * MAX_EVENT_BYTES;
-/// The most fragments one event may come in.
-const MAX_FRAGMENTS: usize = 256;
 
-/// A ClientConfig as Lark sends it (seconds). `ReconnectCount` is not
-/// honoured: an owner-local broker reconnects for as long as it runs.
+/// A ClientConfig as Lark sends it (seconds). Any JSON number is read (a
+/// number out of every range must not make the whole answer unreadable);
+/// [`ClientConfig::apply`] bounds it. `ReconnectCount` is not honoured: an
+/// owner-local broker reconnects for as long as it runs.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "PascalCase", default)]
 struct PushedConfig {
-    ping_interval: Option<i64>,
-    reconnect_interval: Option<i64>,
-    reconnect_nonce: Option<i64>,
+    ping_interval: Option<serde_json::Value>,
+    reconnect_interval: Option<serde_json::Value>,
+    reconnect_nonce: Option<serde_json::Value>,
 }
 
+/// The ping interval Lark may set: 1 s to 10 min (LARK.md says 120 s).
+const PING_INTERVAL_SECS: RangeInclusive<f64> = 1.0..=600.0;
+/// The reconnect interval Lark may set: 1 s to 10 min. The backoff may
+/// wait longer, never shorter.
+const RECONNECT_INTERVAL_SECS: RangeInclusive<f64> = 1.0..=600.0;
+/// The most random delay Lark may ask before a first reconnect: 0 to 60 s.
+const RECONNECT_NONCE_SECS: RangeInclusive<f64> = 0.0..=60.0;
+
 impl ClientConfig {
+    /// Applies what Lark pushed, each number brought into its range first:
+    /// this is the one place Lark's numbers enter the connector's timing, so
+    /// none can overflow a deadline or spin the reconnect loop.
     fn apply(&mut self, pushed: &PushedConfig) {
-        let secs = |s: i64| Duration::from_secs(s as u64);
-        if let Some(s) = pushed.ping_interval.filter(|s| *s > 0) {
-            self.ping_interval = secs(s);
+        let bounded = |value: &Option<serde_json::Value>, range: RangeInclusive<f64>| {
+            let secs = value.as_ref()?.as_f64()?;
+            Some(Duration::from_secs(
+                secs.clamp(*range.start(), *range.end()) as u64,
+            ))
+        };
+        if let Some(ping) = bounded(&pushed.ping_interval, PING_INTERVAL_SECS) {
+            self.ping_interval = ping;
         }
-        if let Some(s) = pushed.reconnect_interval.filter(|s| *s >= 0) {
-            self.reconnect_interval = secs(s);
+        if let Some(interval) = bounded(&pushed.reconnect_interval, RECONNECT_INTERVAL_SECS) {
+            self.reconnect_interval = interval;
         }
-        if let Some(s) = pushed.reconnect_nonce.filter(|s| *s >= 0) {
-            self.reconnect_nonce = secs(s);
+        if let Some(nonce) = bounded(&pushed.reconnect_nonce, RECONNECT_NONCE_SECS) {
+            self.reconnect_nonce = nonce;
         }
     }
 }
@@ -89,6 +105,7 @@ struct StatusInner {
     state: Option<LarkConnectionState>,
     reason: Option<String>,
     since_ms: i64,
+    repeats: Repeats,
 }
 
 impl ConnectorStatus {
@@ -98,6 +115,7 @@ impl ConnectorStatus {
                 state: None,
                 reason: None,
                 since_ms: now_ms(),
+                repeats: Repeats::default(),
             }),
             connected: metrics.lark_connected.clone(),
             reconnects: metrics.lark_reconnects.clone(),
@@ -106,10 +124,7 @@ impl ConnectorStatus {
 
     /// The connector as the API shows it.
     pub fn snapshot(&self) -> LarkConnector {
-        let inner = self
-            .inner
-            .lock()
-            .expect("the status lock is never poisoned");
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         LarkConnector {
             events: LarkEvents::LongConnection,
             state: Some(inner.state.unwrap_or(LarkConnectionState::Connecting)),
@@ -119,34 +134,111 @@ impl ConnectorStatus {
         }
     }
 
-    /// Enters `state`, with one log line when it changed.
+    /// Enters `state`, with a log line when it changed (see [`Repeats`]).
     fn set(&self, state: LarkConnectionState, reason: Option<String>) {
-        let mut inner = self
-            .inner
-            .lock()
-            .expect("the status lock is never poisoned");
-        if inner.state == Some(state) && inner.reason == reason {
+        self.enter(state, reason, String::new());
+    }
+
+    /// Enters `retrying` for `reason`, the next try after `delay`.
+    fn retrying(&self, reason: String, delay: Duration) {
+        let next = format!("; next try in {} s", delay.as_secs());
+        self.enter(LarkConnectionState::Retrying, Some(reason), next);
+    }
+
+    /// The status reason is `reason` and `detail`; repeats are told apart by
+    /// state and `reason` alone, so a changing delay does not defeat the summary.
+    fn enter(&self, state: LarkConnectionState, reason: Option<String>, detail: String) {
+        // A panic elsewhere while the lock was held must not silence the status.
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let why = reason.clone().unwrap_or_default();
+        let shown = reason.map(|reason| reason + &detail);
+        if inner.state == Some(state) && inner.reason == shown {
             return;
         }
-        let why = reason.as_deref().unwrap_or_default();
-        match state {
-            LarkConnectionState::Connecting => tracing::info!("lark long connection: connecting"),
-            LarkConnectionState::Connected => tracing::info!("lark long connection: connected"),
-            LarkConnectionState::Retrying => {
-                tracing::info!("lark long connection: retrying: {why}")
-            }
-            LarkConnectionState::Fatal => tracing::error!(
-                "lark long connection: stopped for good (the rest of the broker serves on; fix the Lark settings and restart): {why}"
-            ),
-            LarkConnectionState::Stopped => tracing::info!("lark long connection: closed"),
-        }
+        let left_out = inner
+            .repeats
+            .admit(&format!("{state:?} {why}"), Instant::now());
+        log_state(state, &format!("{why}{detail}"), left_out);
         self.connected
             .set(i64::from(state == LarkConnectionState::Connected));
-        *inner = StatusInner {
-            state: Some(state),
-            reason,
-            since_ms: now_ms(),
-        };
+        inner.state = Some(state);
+        inner.reason = shown;
+        inner.since_ms = now_ms();
+    }
+}
+
+/// The log line of a new state; `None` (a repeat within the minute) logs
+/// nothing, but a fatal or final state is always told.
+fn log_state(state: LarkConnectionState, why: &str, left_out: Option<u64>) {
+    match (state, left_out) {
+        (LarkConnectionState::Fatal, _) => tracing::error!(
+            "lark long connection: stopped for good (the rest of the broker serves on; fix the Lark settings and restart): {why}"
+        ),
+        (LarkConnectionState::Stopped, _) => tracing::info!("lark long connection: closed"),
+        (_, None) => {}
+        (LarkConnectionState::Connecting, Some(n)) => {
+            tracing::info!("lark long connection: connecting{}", more(n))
+        }
+        (LarkConnectionState::Connected, Some(n)) => {
+            tracing::info!("lark long connection: connected{}", more(n))
+        }
+        (LarkConnectionState::Retrying, Some(n)) => {
+            tracing::info!("lark long connection: retrying: {why}{}", more(n))
+        }
+    }
+}
+
+/// How long a log line's repeats are left out before one is logged again.
+const REPEAT_WINDOW: Duration = Duration::from_secs(60);
+/// The most kinds of lines remembered (a hostile Lark's varied reasons
+/// must not grow the memory).
+const REPEAT_KINDS: usize = 64;
+
+/// Summarises repeated log lines: the first of a kind is logged, then at
+/// most one a minute, saying how many like it were left out.
+#[derive(Default)]
+struct Repeats {
+    /// By kind: when one was last logged, and how many were left out since.
+    last: HashMap<String, (Instant, u64)>,
+}
+
+impl Repeats {
+    /// `Some(left out since the last one)` when a line of `kind` is to be
+    /// logged now, `None` when it is left out.
+    fn admit(&mut self, kind: &str, now: Instant) -> Option<u64> {
+        if self.last.len() >= REPEAT_KINDS {
+            self.last
+                .retain(|_, (at, _)| now.duration_since(*at) < REPEAT_WINDOW);
+            if self.last.len() >= REPEAT_KINDS {
+                self.last.clear();
+            }
+        }
+        match self.last.get_mut(kind) {
+            Some((at, left_out)) if now.duration_since(*at) < REPEAT_WINDOW => {
+                *left_out += 1;
+                None
+            }
+            Some(entry) => Some(std::mem::replace(entry, (now, 0)).1),
+            None => {
+                self.last.insert(kind.to_owned(), (now, 0));
+                Some(0)
+            }
+        }
+    }
+
+    /// Logs a warning of `kind` unless it is a repeat within the minute.
+    fn warn(&mut self, kind: &str) {
+        if let Some(left_out) = self.admit(kind, Instant::now()) {
+            tracing::warn!("lark long connection: {kind}{}", more(left_out));
+        }
+    }
+}
+
+/// The tail of a summarised line.
+fn more(left_out: u64) -> String {
+    match left_out {
+        0 => String::new(),
+        n => format!(" ({n} more like this)"),
     }
 }
 
@@ -197,15 +289,29 @@ impl LongConnection {
         }
     }
 
-    /// Connects and reconnects until shutdown or a fatal refusal.
+    /// Connects and reconnects until shutdown or a fatal refusal. The loop
+    /// runs in a task of its own, watched: should it end any other way (a
+    /// panic), the status says so and it is started again after a backoff.
     pub async fn run(self) {
+        let this = Arc::new(self);
+        let (status, shutdown) = (this.status.clone(), this.shutdown.clone());
+        let backoff = Backoff::new(this.config.reconnect_max);
+        supervise(&status, &shutdown, backoff, move || {
+            this.clone().reconnect_forever()
+        })
+        .await;
+    }
+
+    async fn reconnect_forever(self: Arc<Self>) {
         let mut settings = self.config.long_connection;
-        // Failures since the last connection: the first retry waits a random
-        // delay (so many clients do not return at once), later ones the interval.
-        let mut failures = 0u32;
+        let mut backoff = Backoff::new(self.config.reconnect_max);
+        // Lark's schedule: after a connection, a random delay (so many
+        // clients do not return at once), then its interval. The backoff
+        // is the floor under it, whatever Lark pushed.
+        let mut first_retry = true;
         loop {
             self.status.set(LarkConnectionState::Connecting, None);
-            let end = self.connect_and_serve(&mut settings, &mut failures).await;
+            let (end, up) = self.connect_and_serve(&mut settings).await;
             let reason = match end {
                 End::Shutdown => {
                     self.status.set(LarkConnectionState::Stopped, None);
@@ -218,46 +324,47 @@ impl LongConnection {
                 End::Retry(reason) => reason,
             };
             self.status.reconnects.inc();
-            let delay = if failures == 0 {
+            if let Some(up) = up {
+                first_retry = true;
+                backoff.settled(up);
+            }
+            let lark = if first_retry {
                 jitter(settings.reconnect_nonce)
             } else {
                 settings.reconnect_interval
             };
-            failures += 1;
-            self.status.set(
-                LarkConnectionState::Retrying,
-                Some(format!("{reason}; next try in {} s", delay.as_secs())),
-            );
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = self.shutdown.cancelled() => {
-                    self.status.set(LarkConnectionState::Stopped, None);
-                    return;
-                }
+            first_retry = false;
+            let delay = lark.max(backoff.next());
+            self.status.retrying(reason, delay);
+            if !sleep_unless_shutdown(delay, &self.shutdown).await {
+                self.status.set(LarkConnectionState::Stopped, None);
+                return;
             }
         }
     }
 
-    async fn connect_and_serve(&self, settings: &mut ClientConfig, failures: &mut u32) -> End {
+    /// One connection, and how long it was up when it got that far.
+    async fn connect_and_serve(&self, settings: &mut ClientConfig) -> (End, Option<Duration>) {
         let endpoint = tokio::select! {
             endpoint = self.bootstrap(settings) => endpoint,
-            _ = self.shutdown.cancelled() => return End::Shutdown,
+            _ = self.shutdown.cancelled() => return (End::Shutdown, None),
         };
         let endpoint = match endpoint {
             Ok(endpoint) => endpoint,
-            Err(end) => return end,
+            Err(end) => return (end, None),
         };
         let socket = tokio::select! {
             socket = connect(&endpoint.url) => socket,
-            _ = self.shutdown.cancelled() => return End::Shutdown,
+            _ = self.shutdown.cancelled() => return (End::Shutdown, None),
         };
         let socket = match socket {
             Ok(socket) => socket,
-            Err(end) => return end,
+            Err(end) => return (end, None),
         };
-        *failures = 0;
+        let opened = Instant::now();
         self.status.set(LarkConnectionState::Connected, None);
-        self.serve(socket, endpoint.service_id, settings).await
+        let end = self.serve(socket, endpoint.service_id, settings).await;
+        (end, Some(opened.elapsed()))
     }
 
     /// `POST {base}/callback/ws/endpoint`: the WebSocket URL, its service id,
@@ -350,12 +457,12 @@ impl LongConnection {
             acks,
             self.shutdown.clone(),
         ));
-        let mut fragments = Fragments::default();
+        let mut reader = Reader::default();
         // The first ping goes out at once.
         let mut next_ping = Instant::now();
         let mut last_pong = Instant::now();
         let end = loop {
-            let expiry = fragments.next_expiry();
+            let expiry = reader.fragments.next_expiry();
             tokio::select! {
                 _ = self.shutdown.cancelled() => break End::Shutdown,
                 _ = tokio::time::sleep_until(next_ping) => {
@@ -368,21 +475,25 @@ impl LongConnection {
                     }
                     next_ping = Instant::now() + settings.ping_interval;
                 }
-                Some(ack) = acked.recv() => {
-                    if let Err(e) = send(&mut socket, &ack).await {
+                ack = acked.recv() => match ack {
+                    Some(ack) => if let Err(e) = send(&mut socket, &ack).await {
                         break End::Retry(format!("an acknowledgement failed: {e}"));
-                    }
-                }
-                _ = sleep_until_some(expiry) => fragments.expire(Instant::now()),
+                    },
+                    // The ingest task ends at shutdown, or when it failed:
+                    // events would go unacknowledged on a live connection.
+                    None if self.shutdown.is_cancelled() => break End::Shutdown,
+                    None => break End::Retry("the event intake failed".into()),
+                },
+                _ = sleep_until_some(expiry) => reader.expire(Instant::now()),
                 message = socket.next() => match message {
                     None | Some(Ok(Message::Close(_))) => break End::Retry("Lark closed the connection".into()),
                     Some(Err(e)) => break End::Retry(format!("the connection failed: {e}")),
                     Some(Ok(Message::Binary(bytes))) => {
-                        let Some(control) = self.on_frame(&bytes, &mut fragments, &work).await else {
+                        let Some(pushed) = reader.frame(&bytes, &work).await else {
                             continue;
                         };
                         last_pong = Instant::now();
-                        if let Some(pushed) = control {
+                        if let Some(pushed) = pushed {
                             let before = settings.ping_interval;
                             settings.apply(&pushed);
                             if settings.ping_interval != before {
@@ -409,45 +520,48 @@ impl LongConnection {
         }
         end
     }
+}
 
+/// What one connection reads: its fragment sets, and its warnings about
+/// frames it drops, summarised (a flood of bad frames logs a line a minute).
+#[derive(Default)]
+struct Reader {
+    fragments: Fragments,
+    repeats: Repeats,
+}
+
+impl Reader {
     /// Reads one binary message. `Some` for a pong (with the ClientConfig it
     /// carried); data frames go to the ingest queue, whole; anything else is
     /// dropped with a log line.
-    async fn on_frame(
-        &self,
+    async fn frame(
+        &mut self,
         bytes: &[u8],
-        fragments: &mut Fragments,
         work: &mpsc::Sender<Work>,
     ) -> Option<Option<PushedConfig>> {
         let received = Instant::now();
         let mut frame = match Frame::decode_checked(bytes) {
             Ok(frame) => frame,
             Err(why) => {
-                tracing::warn!("lark long connection: a frame dropped: {why}");
+                self.repeats.warn(&format!("a frame dropped: {why}"));
                 return None;
             }
         };
         match (frame.method, frame.header("type")) {
-            (CONTROL, Some("pong")) => {
-                let payload = frame.payload.unwrap_or_default();
-                if payload.is_empty() {
-                    return Some(None);
-                }
-                match serde_json::from_slice::<PushedConfig>(&payload) {
-                    Ok(pushed) => Some(Some(pushed)),
-                    Err(_) => {
-                        tracing::warn!("lark long connection: a pong's ClientConfig is not JSON");
-                        Some(None)
-                    }
-                }
-            }
+            (CONTROL, Some("pong")) => Some(self.pong(frame.payload.unwrap_or_default())),
             (CONTROL, _) => None,
             (DATA, Some("event" | "card")) => {
-                let payload = match fragments.add(&frame, received) {
+                let payload = self.fragments.add(&frame, received);
+                let evicted = self.fragments.take_evicted();
+                if evicted > 0 {
+                    self.repeats
+                        .warn("incomplete fragmented events dropped to make room for newer ones");
+                }
+                let payload = match payload {
                     Ok(Some(payload)) => payload,
                     Ok(None) => return None,
                     Err(why) => {
-                        tracing::warn!("lark long connection: a data frame dropped: {why}");
+                        self.repeats.warn(&format!("a data frame dropped: {why}"));
                         return None;
                     }
                 };
@@ -461,14 +575,32 @@ impl LongConnection {
                     .await;
                 None
             }
-            (method, kind) => {
-                tracing::warn!(
-                    method,
-                    kind = kind.unwrap_or("none"),
-                    "lark long connection: a frame of unknown kind dropped"
-                );
+            (method, _) => {
+                // The kind is Lark's text: not part of what tells repeats apart.
+                self.repeats.warn(&format!(
+                    "a frame of unknown kind dropped (method {method})"
+                ));
                 None
             }
+        }
+    }
+
+    /// A pong's ClientConfig, when it carries one.
+    fn pong(&mut self, payload: Vec<u8>) -> Option<PushedConfig> {
+        if payload.is_empty() {
+            return None;
+        }
+        let pushed = serde_json::from_slice::<PushedConfig>(&payload);
+        if pushed.is_err() {
+            self.repeats.warn("a pong's ClientConfig is not JSON");
+        }
+        pushed.ok()
+    }
+
+    fn expire(&mut self, now: Instant) {
+        if self.fragments.expire(now) > 0 {
+            self.repeats
+                .warn("incomplete fragmented events dropped after 10 s");
         }
     }
 }
@@ -582,6 +714,107 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
+/// Runs the task `start` makes until it ends as it should (shutdown, a
+/// fatal refusal: it said so in the status); a task that ends otherwise (a
+/// panic) is told in the status and metrics (not connected, the panic as
+/// the reason) and started again after `backoff`.
+async fn supervise<F, Fut>(
+    status: &ConnectorStatus,
+    shutdown: &CancellationToken,
+    mut backoff: Backoff,
+    mut start: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    loop {
+        let started = Instant::now();
+        let failure = match tokio::spawn(start()).await {
+            Ok(()) => return,
+            Err(error) => failure(error),
+        };
+        status.reconnects.inc();
+        backoff.settled(started.elapsed());
+        let delay = backoff.next();
+        status.retrying(
+            format!("the connector failed ({failure}), restarted"),
+            delay,
+        );
+        if !sleep_unless_shutdown(delay, shutdown).await {
+            status.set(LarkConnectionState::Stopped, None);
+            return;
+        }
+    }
+}
+
+/// What a task's failure says: its panic message (cut), or that it was cancelled.
+fn failure(error: tokio::task::JoinError) -> String {
+    if !error.is_panic() {
+        return "cancelled".into();
+    }
+    let panic = error.into_panic();
+    let message = match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(text), _) => text.to_string(),
+        (_, Some(text)) => text.clone(),
+        _ => "a panic".into(),
+    };
+    format!(
+        "panicked: {}",
+        message.chars().take(200).collect::<String>()
+    )
+}
+
+/// Sleeps `delay`; `false` when shutdown came first.
+async fn sleep_unless_shutdown(delay: Duration, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => true,
+        _ = shutdown.cancelled() => false,
+    }
+}
+
+/// The floor of a reconnect's delay, and the first.
+const RECONNECT_MIN: Duration = Duration::from_secs(1);
+/// A connection up this long was a success: the backoff starts over.
+const STABLE_AFTER: Duration = Duration::from_secs(60);
+
+/// The reconnect backoff (backon's): 1 s, doubling while tries keep
+/// failing up to `max`, each with a random extra of up to as much again.
+struct Backoff {
+    max: Duration,
+    delays: backon::ExponentialBackoff,
+}
+
+impl Backoff {
+    fn new(max: Duration) -> Self {
+        let max = max.max(RECONNECT_MIN);
+        Self {
+            max,
+            delays: Self::delays(max),
+        }
+    }
+
+    fn delays(max: Duration) -> backon::ExponentialBackoff {
+        backon::ExponentialBuilder::default()
+            .with_min_delay(RECONNECT_MIN)
+            .with_max_delay(max)
+            .with_jitter()
+            .without_max_times()
+            .build()
+    }
+
+    fn next(&mut self) -> Duration {
+        self.delays.next().unwrap_or(self.max)
+    }
+
+    /// A connection (or task) that was up `up`: long enough, and the
+    /// backoff starts over.
+    fn settled(&mut self, up: Duration) {
+        if up >= STABLE_AFTER {
+            self.delays = Self::delays(self.max);
+        }
+    }
+}
+
 /// A random delay in `[0, up_to)`.
 fn jitter(up_to: Duration) -> Duration {
     let mut bytes = [0u8; 4];
@@ -591,148 +824,9 @@ fn jitter(up_to: Duration) -> Duration {
     up_to.mul_f64(f64::from(u32::from_le_bytes(bytes)) / (f64::from(u32::MAX) + 1.0))
 }
 
-/// Fragment sets being reassembled, by `message_id`.
-#[derive(Default)]
-struct Fragments {
-    sets: HashMap<String, Partial>,
-    /// Bytes held over all sets.
-    bytes: usize,
-}
-
-struct Partial {
-    parts: Vec<Option<Vec<u8>>>,
-    bytes: usize,
-    started: Instant,
-}
-
-impl Fragments {
-    /// Adds a data frame's payload: the whole payload once every fragment of
-    /// its set arrived (at once when `sum` is 1), `None` while some are
-    /// missing, `Err` when it is refused (its set is dropped).
-    fn add(&mut self, frame: &Frame, now: Instant) -> Result<Option<Vec<u8>>, &'static str> {
-        let number = |key| frame.header(key).map(|v| v.trim().parse::<usize>());
-        let sum = match number("sum") {
-            None => 1,
-            Some(Ok(sum)) if (1..=MAX_FRAGMENTS).contains(&sum) => sum,
-            Some(_) => return Err("a bad fragment count"),
-        };
-        let seq = match number("seq") {
-            None => 0,
-            Some(Ok(seq)) if seq < sum => seq,
-            Some(_) => return Err("a bad fragment index"),
-        };
-        let payload = frame.payload.clone().unwrap_or_default();
-        if sum == 1 {
-            return Ok(Some(payload));
-        }
-        let Some(message_id) = frame.header("message_id").filter(|id| !id.is_empty()) else {
-            return Err("a fragment without a message_id");
-        };
-        let set = self
-            .sets
-            .entry(message_id.to_owned())
-            .or_insert_with(|| Partial {
-                parts: vec![None; sum],
-                bytes: 0,
-                started: now,
-            });
-        if set.parts.len() != sum {
-            self.drop_set(message_id);
-            return Err("fragments of one message disagree on their count");
-        }
-        let replaced = set.parts[seq].as_ref().map_or(0, Vec::len);
-        let grown = payload.len().saturating_sub(replaced);
-        if set.bytes + grown > MAX_EVENT_BYTES || self.bytes + grown > MAX_BUFFERED_BYTES {
-            self.drop_set(message_id);
-            return Err("a fragmented event over the size limit");
-        }
-        set.bytes = set.bytes + payload.len() - replaced;
-        self.bytes = self.bytes + payload.len() - replaced;
-        set.parts[seq] = Some(payload);
-        if set.parts.iter().any(Option::is_none) {
-            return Ok(None);
-        }
-        let set = self.sets.remove(message_id).expect("the set is there");
-        self.bytes -= set.bytes;
-        Ok(Some(set.parts.into_iter().flatten().flatten().collect()))
-    }
-
-    fn drop_set(&mut self, message_id: &str) {
-        if let Some(set) = self.sets.remove(message_id) {
-            self.bytes -= set.bytes;
-        }
-    }
-
-    /// When the oldest incomplete set expires.
-    fn next_expiry(&self) -> Option<Instant> {
-        self.sets.values().map(|s| s.started + FRAGMENT_TTL).min()
-    }
-
-    fn expire(&mut self, now: Instant) {
-        let before = self.sets.len();
-        self.sets.retain(|_, set| now < set.started + FRAGMENT_TTL);
-        self.bytes = self.sets.values().map(|s| s.bytes).sum();
-        let dropped = before - self.sets.len();
-        if dropped > 0 {
-            tracing::warn!(
-                dropped,
-                "lark long connection: incomplete fragmented events dropped after 10 s"
-            );
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lark::frame::header;
-
-    fn fragment(message_id: &str, sum: usize, seq: usize, payload: &[u8]) -> Frame {
-        Frame {
-            method: DATA,
-            headers: vec![
-                header("type", "event"),
-                header("message_id", message_id),
-                header("sum", &sum.to_string()),
-                header("seq", &seq.to_string()),
-            ],
-            payload: Some(payload.to_vec()),
-            ..Frame::default()
-        }
-    }
-
-    #[test]
-    fn fragments_join_in_seq_order_whatever_order_they_arrive_in() {
-        let mut fragments = Fragments::default();
-        let now = Instant::now();
-        assert_eq!(fragments.add(&fragment("m", 3, 2, b"c"), now), Ok(None));
-        assert_eq!(fragments.add(&fragment("m", 3, 0, b"a"), now), Ok(None));
-        assert_eq!(
-            fragments.add(&fragment("n", 1, 0, b"whole"), now),
-            Ok(Some(b"whole".to_vec()))
-        );
-        assert_eq!(
-            fragments.add(&fragment("m", 3, 1, b"b"), now),
-            Ok(Some(b"abc".to_vec()))
-        );
-        assert_eq!((fragments.sets.len(), fragments.bytes), (0, 0));
-    }
-
-    #[test]
-    fn incomplete_sets_expire_and_oversized_or_bad_ones_are_refused() {
-        let mut fragments = Fragments::default();
-        let now = Instant::now();
-        assert_eq!(fragments.add(&fragment("m", 2, 0, b"a"), now), Ok(None));
-        assert_eq!(fragments.next_expiry(), Some(now + FRAGMENT_TTL));
-        fragments.expire(now + FRAGMENT_TTL);
-        assert_eq!((fragments.sets.len(), fragments.bytes), (0, 0));
-        assert!(fragments.add(&fragment("m", 2, 2, b"a"), now).is_err());
-        assert!(fragments.add(&fragment("m", 0, 0, b"a"), now).is_err());
-        let big = vec![b'x'; MAX_EVENT_BYTES / 2 + 1];
-        assert_eq!(fragments.add(&fragment("big", 3, 0, &big), now), Ok(None));
-        assert!(fragments.add(&fragment("big", 3, 1, &big), now).is_err());
-        assert_eq!((fragments.sets.len(), fragments.bytes), (0, 0));
-    }
 
     /// `wss://` goes through the rustls (ring) stack already in the tree:
     /// building its client config must not panic for want of a provider.
@@ -759,5 +853,125 @@ mod tests {
         assert_eq!(settings.reconnect_nonce, Duration::ZERO);
         assert_eq!(settings.reconnect_interval, Duration::from_secs(120));
         assert!(jitter(Duration::from_secs(2)) < Duration::from_secs(2));
+    }
+
+    /// Lark's numbers, however large, small or odd, come out in range.
+    #[test]
+    fn a_pushed_client_config_is_bounded_before_use() {
+        let mut settings = ClientConfig::default();
+        let huge = r#"{"PingInterval":9223372036854775807,"ReconnectInterval":1e300,"ReconnectNonce":18446744073709551615}"#;
+        settings.apply(&serde_json::from_str(huge).unwrap());
+        let minutes = |m: u64| Duration::from_secs(60 * m);
+        assert_eq!(
+            (
+                settings.ping_interval,
+                settings.reconnect_interval,
+                settings.reconnect_nonce
+            ),
+            (minutes(10), minutes(10), minutes(1))
+        );
+        let zero = r#"{"PingInterval":0,"ReconnectInterval":-5,"ReconnectNonce":-1}"#;
+        settings.apply(&serde_json::from_str(zero).unwrap());
+        assert_eq!(
+            (
+                settings.ping_interval,
+                settings.reconnect_interval,
+                settings.reconnect_nonce
+            ),
+            (
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+                Duration::ZERO
+            )
+        );
+        let odd = r#"{"PingInterval":"soon","ReconnectInterval":null}"#;
+        settings.apply(&serde_json::from_str(odd).unwrap());
+        assert_eq!(settings.ping_interval, Duration::from_secs(1), "ignored");
+        // What a bounded interval does to the connector's deadlines.
+        let _ = Instant::now() + settings.ping_interval * PONG_INTERVALS;
+    }
+
+    #[test]
+    fn reconnects_back_off_from_a_second_up_to_the_cap_and_start_over_after_a_stable_connection() {
+        let mut backoff = Backoff::new(Duration::from_secs(8));
+        let delays: Vec<Duration> = (0..6).map(|_| backoff.next()).collect();
+        let secs = |s: u64| Duration::from_secs(s);
+        for (delay, floor) in delays.iter().zip([1, 2, 4, 8, 8, 8]) {
+            assert!(
+                *delay >= secs(floor) && *delay < secs(2 * floor),
+                "{delays:?}"
+            );
+        }
+        backoff.settled(STABLE_AFTER - Duration::from_secs(1));
+        assert!(backoff.next() >= secs(8));
+        backoff.settled(STABLE_AFTER);
+        assert!(backoff.next() < secs(2));
+        assert!(Backoff::new(Duration::ZERO).next() >= RECONNECT_MIN);
+    }
+
+    #[test]
+    fn repeated_lines_are_logged_once_a_minute_with_how_many_were_left_out() {
+        let mut repeats = Repeats::default();
+        let now = Instant::now();
+        assert_eq!(repeats.admit("closed", now), Some(0));
+        assert_eq!(repeats.admit("other", now), Some(0));
+        for s in 1..=59 {
+            assert_eq!(repeats.admit("closed", now + Duration::from_secs(s)), None);
+        }
+        assert_eq!(repeats.admit("closed", now + REPEAT_WINDOW), Some(59));
+        assert_eq!(more(59), " (59 more like this)");
+        // Many kinds do not grow it without bound.
+        for kind in 0..10 * REPEAT_KINDS {
+            repeats.admit(&kind.to_string(), now + REPEAT_WINDOW);
+        }
+        assert!(repeats.last.len() <= REPEAT_KINDS);
+    }
+
+    /// A connector task that panics is told (not connected, metric 0, the
+    /// reason) and started again; one that ends as it should is not.
+    #[tokio::test]
+    async fn a_connector_task_that_fails_is_told_and_restarted() {
+        let metrics = Metrics::default();
+        let status = Arc::new(ConnectorStatus::new(&metrics));
+        let shutdown = CancellationToken::new();
+        let starts = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (task_status, task_starts) = (status.clone(), starts.clone());
+        let supervised = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move {
+                let backoff = Backoff::new(Duration::from_secs(1));
+                supervise(&task_status.clone(), &shutdown, backoff, move || {
+                    let (status, starts) = (task_status.clone(), task_starts.clone());
+                    async move {
+                        status.set(LarkConnectionState::Connected, None);
+                        match starts.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+                            0 => panic!("overflow when adding duration to instant"),
+                            _ => status.set(LarkConnectionState::Fatal, Some("refused".into())),
+                        }
+                    }
+                })
+                .await
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let told = loop {
+            let now = status.snapshot();
+            if now.state == Some(LarkConnectionState::Retrying) {
+                break now;
+            }
+            assert!(Instant::now() < deadline, "not told: {now:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let reason = told.reason.unwrap_or_default();
+        assert!(reason.contains("panicked: overflow"), "{reason}");
+        assert_eq!((metrics.lark_connected.get(), told.reconnects), (0, 1));
+        // Restarted after the backoff; a fatal end is final.
+        tokio::time::timeout(Duration::from_secs(10), supervised)
+            .await
+            .expect("the supervisor ends after the fatal end")
+            .unwrap();
+        assert_eq!(starts.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(status.snapshot().state, Some(LarkConnectionState::Fatal));
+        assert!(!shutdown.is_cancelled());
     }
 }

@@ -8,6 +8,7 @@
 pub mod card;
 pub mod crypto;
 pub mod dispatcher;
+pub mod fragments;
 pub mod frame;
 pub mod inbound;
 pub mod long_connection;
@@ -52,6 +53,10 @@ pub struct LarkConfig {
     /// The long connection's settings until Lark sends its own (LARK.md's
     /// defaults; shorter in tests).
     pub long_connection: ClientConfig,
+    /// The longest backoff between reconnects that keep failing (it starts
+    /// at 1 s, whatever Lark pushes; a random extra of up to as much again
+    /// comes on top).
+    pub reconnect_max: Duration,
 }
 
 impl LarkConfig {
@@ -75,6 +80,7 @@ impl LarkConfig {
             max_attempts: 12,
             freshness: Duration::from_secs(300),
             long_connection: ClientConfig::default(),
+            reconnect_max: Duration::from_secs(60),
         }
     }
 

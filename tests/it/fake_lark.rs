@@ -203,6 +203,9 @@ impl FakeLark {
             reconnect_interval: Duration::from_secs(1),
             reconnect_nonce: Duration::ZERO,
         };
+        // Reconnects still wait a second at least, but tests that fail a
+        // few in a row need not wait for the backoff to grow.
+        config.reconnect_max = Duration::from_secs(1);
         config
     }
 

@@ -11,7 +11,8 @@
 //!   `Handshake-Msg`, `Handshake-Autherrcode` on demand; answers pings with
 //!   pongs (optionally carrying a ClientConfig), records them with their
 //!   service id, delivers events (whole or in fragments) and records the
-//!   acknowledgements; closes connections and sends garbage on demand.
+//!   acknowledgements; closes connections (also right after each opens) and
+//!   sends garbage or floods of fragment sets on demand.
 //!
 //! Self-contained (it uses no other test module), so the `fake_lark_ws`
 //! example runs it for Lark's official client to check it against.
@@ -140,6 +141,8 @@ struct Inner {
     pong_config: Option<Value>,
     /// Pings go unanswered while set (a dead path to Lark).
     silent: bool,
+    /// Every connection is closed right after its handshake while set.
+    close_on_open: bool,
     bootstrap_failures: VecDeque<Bootstrap>,
     refusals: VecDeque<Refusal>,
     bootstraps: usize,
@@ -172,6 +175,7 @@ impl FakeWs {
                 client_config: json!({"ReconnectCount": -1, "ReconnectInterval": 1, "ReconnectNonce": 0, "PingInterval": 1}),
                 pong_config: None,
                 silent: false,
+                close_on_open: false,
                 bootstrap_failures: VecDeque::new(),
                 refusals: VecDeque::new(),
                 bootstraps: 0,
@@ -220,6 +224,11 @@ impl FakeWs {
     /// Leaves pings unanswered (or answers them again).
     pub fn set_silent(&self, silent: bool) {
         self.inner.lock().unwrap().silent = silent;
+    }
+
+    /// Closes every connection right after its handshake (or no longer).
+    pub fn set_close_on_open(&self, close: bool) {
+        self.inner.lock().unwrap().close_on_open = close;
     }
 
     /// The next bootstrap requests fail like this, one each, in order.
@@ -386,6 +395,25 @@ impl FakeWs {
         (message_id, frames)
     }
 
+    /// Sends `count` one-byte data frames on the newest open connection,
+    /// each the first of a set of `sum` under its own `message_id`: sets
+    /// that never complete, for a client to bound.
+    pub fn send_fragment_flood(&self, count: usize, sum: usize) {
+        let (_, frames) = self.event_frames(b"x", 1, "event");
+        let mut frame = frames.into_iter().next().expect("one frame");
+        for i in 0..count {
+            let message_id = format!("msg_flood_{i}");
+            for header in &mut frame.headers {
+                match header.key.as_str() {
+                    "message_id" => header.value.clone_from(&message_id),
+                    "sum" => header.value = sum.to_string(),
+                    _ => {}
+                }
+            }
+            self.send_frame(&frame);
+        }
+    }
+
     /// Delivers an event (in `fragments` frames) and answers its message id.
     pub fn send_event(&self, event: &Value, fragments: usize) -> String {
         let (message_id, frames) =
@@ -459,6 +487,9 @@ impl FakeWs {
         };
         let (mut sink, mut source) = socket.split();
         let (outgoing, mut queue) = mpsc::unbounded_channel();
+        if self.inner.lock().unwrap().close_on_open {
+            let _ = outgoing.send(Message::Close(None));
+        }
         let index = {
             let mut inner = self.inner.lock().unwrap();
             inner.connections.push(Connection {

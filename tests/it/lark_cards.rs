@@ -243,6 +243,14 @@ async fn a_strangers_click_changes_nothing_and_a_repeated_click_nothing_more() {
     assert_eq!(late["toast"]["type"], "info", "{late}");
     assert_final(replacement(&late), "Denied");
     assert_eq!(read(c, &host, "abcde").await, denied);
+    // A stranger's click from a chat that is not the request's learns
+    // nothing of it: not its state, not who answered.
+    let foreign = clicked(&events, &click(&card, "allow", BOB, "oc_elsewhere")).await;
+    assert_eq!(foreign["toast"]["type"], "warning", "{foreign}");
+    assert!(foreign.get("card").is_none(), "{foreign}");
+    assert!(!foreign.to_string().contains(ANN), "{foreign}");
+    assert!(!foreign.to_string().contains("enied"), "{foreign}");
+    assert_eq!(read(c, &host, "abcde").await, denied);
 
     let turns = c
         .turns(host.session_id(), &Default::default())

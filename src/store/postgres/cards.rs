@@ -41,8 +41,8 @@ async fn click_rows(conn: &mut PgConnection, click: &LarkClick) -> sqlx::Result<
         .bind(&click.session_id)
         .fetch_optional(&mut *conn)
         .await?;
-    let answered_by: Option<Option<String>> = sqlx::query_scalar(
-        "select answered_by from lark_permission_messages where session_id = $1 and request_id = $2",
+    let card: Option<(String, Option<String>)> = sqlx::query_as(
+        "select chat_id, answered_by from lark_permission_messages where session_id = $1 and request_id = $2",
     )
     .bind(&click.session_id)
     .bind(&click.request_id)
@@ -53,7 +53,8 @@ async fn click_rows(conn: &mut PgConnection, click: &LarkClick) -> sqlx::Result<
         request: load_permission(&mut *conn, &click.session_id, &click.request_id).await?,
         session,
         link,
-        answered_by: answered_by.flatten(),
+        card_chat: card.as_ref().map(|(chat, _)| chat.clone()),
+        answered_by: card.and_then(|(_, by)| by),
     })
 }
 

@@ -24,8 +24,8 @@ fn click_rows(conn: &Connection, click: &LarkClick) -> Result<ClickRows> {
             ..ClickRows::default()
         });
     }
-    let answered_by: Option<Option<String>> = sql::query_scalar(
-        "select answered_by from lark_permission_messages where session_id = ? and request_id = ?",
+    let card: Option<(String, Option<String>)> = sql::query_as(
+        "select chat_id, answered_by from lark_permission_messages where session_id = ? and request_id = ?",
     )
     .bind(&click.session_id)
     .bind(&click.request_id)
@@ -37,7 +37,8 @@ fn click_rows(conn: &Connection, click: &LarkClick) -> Result<ClickRows> {
             .bind(&click.session_id)
             .fetch_optional(conn)?,
         request: load_permission(conn, &click.session_id, &click.request_id)?,
-        answered_by: answered_by.flatten(),
+        card_chat: card.as_ref().map(|(chat, _)| chat.clone()),
+        answered_by: card.and_then(|(_, by)| by),
     })
 }
 
