@@ -37,6 +37,29 @@ pub struct Client {
 /// The time a parked call's HTTP timeout allows above its wait by default.
 const PARKED_SLACK: Duration = Duration::from_secs(30);
 
+/// A session's event stream as it arrives.
+pub type EventStream = std::pin::Pin<
+    Box<
+        dyn futures_util::Stream<
+                Item = Result<
+                    eventsource_stream::Event,
+                    eventsource_stream::EventStreamError<reqwest::Error>,
+                >,
+            > + Send,
+    >,
+>;
+
+/// A non-2xx answer: the broker's JSON error, or something else.
+fn refusal(reply: Reply) -> ClientError {
+    match serde_json::from_str::<ErrorBody>(&reply.text) {
+        Ok(error) => ClientError::Refused { reply, error },
+        Err(e) => ClientError::Unexpected {
+            reason: format!("not the JSON error body: {e}"),
+            reply,
+        },
+    }
+}
+
 /// A raw answer: status, whether it replays an earlier request, and the body as sent.
 #[derive(Debug, Clone)]
 pub struct Reply {
@@ -175,13 +198,7 @@ impl Client {
     ) -> Result<TypedReply<T>, ClientError> {
         let reply = self.send(method, path, body, timeout).await?;
         if !reply.status.is_success() {
-            return Err(match serde_json::from_str::<ErrorBody>(&reply.text) {
-                Ok(error) => ClientError::Refused { reply, error },
-                Err(e) => ClientError::Unexpected {
-                    reason: format!("not the JSON error body: {e}"),
-                    reply,
-                },
-            });
+            return Err(refusal(reply));
         }
         match serde_json::from_str(&reply.text) {
             Ok(body) => Ok(TypedReply { body, reply }),
@@ -190,6 +207,44 @@ impl Client {
                 reply,
             }),
         }
+    }
+
+    /// The session's event stream (SSE) after event `last_event_id` (0:
+    /// from the first; `None`: from now), its events as they come. A refusal
+    /// is the broker's JSON error.
+    pub async fn events(
+        &self,
+        session_id: &str,
+        last_event_id: Option<i64>,
+    ) -> Result<EventStream, ClientError> {
+        use eventsource_stream::Eventsource;
+        let url = format!("{}{}", self.base, session_path(session_id, "/events"));
+        let mut request = self
+            .http
+            .get(&url)
+            .header(reqwest::header::ACCEPT, "text/event-stream");
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id.to_string());
+        }
+        let unreachable = |e: reqwest::Error| ClientError::Unreachable {
+            url: self.base.clone(),
+            reason: error_chain(&e),
+        };
+        let response = request.send().await.map_err(unreachable)?;
+        let status = response.status();
+        if !status.is_success() {
+            let text = response.text().await.map_err(unreachable)?;
+            return Err(refusal(Reply {
+                status,
+                replayed: false,
+                content_type: "application/json".into(),
+                text,
+            }));
+        }
+        Ok(Box::pin(response.bytes_stream().eventsource()))
     }
 
     pub async fn healthz(&self) -> Result<TypedReply<serde_json::Value>, ClientError> {

@@ -111,12 +111,16 @@ pub struct NotificationEventData {
     pub state: NotificationKind,
 }
 
-/// What the agent waits for at its terminal (Claude Code's notification types).
+/// What the agent waits for at its terminal (Claude Code's notification
+/// types), or `typing_unconfirmed`: a message typed into the idle agent was
+/// not confirmed by its `UserPromptSubmit` hook (its Enter may have landed
+/// as a newline), so it stays queued for the end of the agent's next turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NotificationKind {
     IdlePrompt,
     PermissionPrompt,
+    TypingUnconfirmed,
 }
 
 impl NotificationKind {
@@ -125,6 +129,7 @@ impl NotificationKind {
         match self {
             NotificationKind::IdlePrompt => "idle_prompt",
             NotificationKind::PermissionPrompt => "permission_prompt",
+            NotificationKind::TypingUnconfirmed => "typing_unconfirmed",
         }
     }
 }

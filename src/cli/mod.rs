@@ -16,6 +16,7 @@ pub mod health;
 pub mod hook;
 pub mod lark;
 pub mod mcp;
+pub mod wake;
 pub mod worker_bridge;
 
 /// LoopX attached session broker: lets people and bots talk to an
@@ -76,6 +77,13 @@ pub enum Command {
     ///
     /// Example: loopx hook install --agent claude-code --goal-id my-project --agent-id claude --executor-endpoint-id my-laptop
     Hook(hook::HookArgs),
+    /// Run an agent CLI in a pass-through terminal that types queued
+    /// messages into it while it is idle at its prompt (its LoopX hooks
+    /// must be installed: `loopx hook install`). Everything else passes
+    /// through untouched; loopx exits with the agent's exit status.
+    ///
+    /// Example: loopx run -- claude --continue
+    Run(wake::run::RunArgs),
     /// Check that a broker is up and its store answers (no token needed);
     /// exit 0 when healthy, 1 when not, 3 when nothing answers.
     ///
@@ -109,6 +117,7 @@ pub fn main() -> ExitCode {
         Command::Lark(args) => lark::run(args),
         Command::Mcp(args) => mcp::run(args),
         Command::Hook(args) => hook::run(args),
+        Command::Run(args) => wake::run::run(args),
         Command::Health(args) => health::run(args),
     }
 }

@@ -71,6 +71,9 @@ pub enum HookCommand {
     /// Checks the installed hooks (binary, broker, token, session) and shows
     /// their refusals since the last hook that worked; exit 1 on a problem.
     Doctor(doctor::DoctorArgs),
+    /// The tmux waker the hooks start in a tmux pane (not run by hand).
+    #[command(hide = true)]
+    TmuxWaker(crate::cli::wake::tmux::WakerArgs),
 }
 
 /// Which agent runs the hook: its input shape and its default host surface.
@@ -137,6 +140,7 @@ pub struct HookOptions {
 /// One hook run: the agent, its stdin, the host bridge to the broker.
 pub struct Hook {
     pub agent: Agent,
+    pub connection: Connection,
     pub input: Value,
     pub host: Host,
     pub client: Client,
@@ -159,6 +163,7 @@ pub fn run(args: HookArgs) -> ExitCode {
     let (event, options) = match args.command {
         HookCommand::Install(args) => return install::run(args),
         HookCommand::Doctor(args) => return doctor::run(args),
+        HookCommand::TmuxWaker(args) => return crate::cli::wake::tmux::run_waker(args),
         HookCommand::SessionStart(o) => ("session-start", o),
         HookCommand::UserPromptSubmit(o) => ("user-prompt-submit", o),
         HookCommand::Stop(o) => ("stop", o),
@@ -201,7 +206,7 @@ fn run_event(event: &str, options: HookOptions) -> Result<Option<String>, Failur
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     runtime.block_on(async {
-        match event {
+        let output = match event {
             "stop" => turns::stop(&hook).await,
             "session-end" => {
                 let left = SESSION_END_BUDGET.saturating_sub(started.elapsed());
@@ -211,9 +216,16 @@ fn run_event(event: &str, options: HookOptions) -> Result<Option<String>, Failur
             }
             "permission-request" => approval::permission_request(&hook).await,
             "session-start" => hook.report(AgentState::Waiting).await.map(|_| None),
-            "user-prompt-submit" => hook.report(AgentState::Working).await.map(|_| None),
+            "user-prompt-submit" => turns::prompt_submitted(&hook).await,
             _ => notification(&hook).await,
+        }?;
+        if matches!(event, "session-start" | "user-prompt-submit" | "stop")
+            && let Err(why) = hook.wake().await
+        {
+            // The event did its work: typing into the idle agent is extra.
+            eprintln!("loopx hook {event}: {why}");
         }
+        Ok(output)
     })
 }
 
@@ -266,7 +278,8 @@ impl Hook {
             .filter(|id| !id.is_empty())
             .ok_or("stdin has no session_id")?
             .to_owned();
-        let (client, _) = options.connection.client()?;
+        let connection = options.connection;
+        let (client, _) = connection.client()?;
         let client = client.with_timeout(REQUEST_TIMEOUT);
         let binding = options.binding;
         let host_surface = binding
@@ -292,6 +305,7 @@ impl Hook {
         };
         Ok(Hook {
             agent: options.agent,
+            connection,
             host: Host::new(
                 client.clone(),
                 host_surface.clone(),
@@ -309,6 +323,23 @@ impl Hook {
     /// A string field of the agent's document.
     pub fn field(&self, name: &str) -> Option<&str> {
         self.input.get(name).and_then(Value::as_str)
+    }
+
+    /// Where the idle agent can be typed into: under `loopx run`, tells it
+    /// the session; in a tmux pane, makes sure a waker runs for it.
+    pub async fn wake(&self) -> Result<(), Failure> {
+        use crate::cli::wake::{HostIdentity, run, tmux};
+        let session_id = self.host.session_id().await?;
+        run::tell(&run::Told {
+            session_id: session_id.clone(),
+            host_surface: self.host_surface.clone(),
+            host_session_id: self.host_session_id.clone(),
+        })?;
+        let host = HostIdentity {
+            host_surface: self.host_surface.clone(),
+            host_session_id: self.host_session_id.clone(),
+        };
+        tmux::ensure(&session_id, &host, &self.connection)
     }
 
     /// Reports the agent's presence.

@@ -22,6 +22,9 @@ use crate::model::{
 /// The longest parked wait for a message (the broker's cap).
 const MAX_WAIT_SECONDS: u64 = 1800;
 const CLAIM_PREFIX: &str = "hook-";
+/// The fingerprint of a typed turn's claim: never one of a `stop`'s, so the
+/// `stop` that ends the typed turn answers it.
+const TYPED: &str = "typed";
 
 /// What this host identity holds on the session.
 enum Holding {
@@ -65,6 +68,46 @@ pub async fn stop(hook: &Hook) -> Result<Option<String>, Failure> {
             hook.report(AgentState::Waiting).await?;
             Ok(None)
         }
+    }
+}
+
+/// The UserPromptSubmit hook: the agent works on a prompt. A prompt a waker
+/// typed for a queued turn (its marker names the turn) delivers that turn
+/// now, claimed as a hook's: `stop` answers it at the end of this turn. A
+/// prompt the person typed is theirs alone.
+pub async fn prompt_submitted(hook: &Hook) -> Result<Option<String>, Failure> {
+    let typed = hook
+        .field("prompt")
+        .and_then(crate::cli::wake::text::typed_seq);
+    if let Some(seq) = typed {
+        take_typed(hook, seq).await?;
+    }
+    hook.report(AgentState::Working).await?;
+    Ok(None)
+}
+
+/// Claims the typed turn: the oldest queued, which is the one typed; any
+/// other (the queue changed meanwhile) is handed straight back.
+async fn take_typed(hook: &Hook, seq: i64) -> Result<(), Failure> {
+    let session_id = hook.host.session_id().await?;
+    let claim_id = format!("{CLAIM_PREFIX}{}-{TYPED}", ulid::Ulid::new());
+    match claim(hook, &session_id, &claim_id, 0)
+        .await
+        .map_err(problem)?
+    {
+        ClaimAnswer::Claimed(c) if c.turn_state == TurnState::Claimed && c.turn.seq == seq => {
+            Ok(())
+        }
+        ClaimAnswer::Claimed(c) if c.turn_state == TurnState::Claimed => {
+            release(hook, &session_id, &claim_id).await?;
+            Err(format!(
+                "message {seq} was typed, but {} is the oldest queued",
+                c.turn.seq
+            ))
+        }
+        _ => Err(format!(
+            "message {seq} was typed, but it is no longer queued"
+        )),
     }
 }
 

@@ -1,0 +1,271 @@
+//! Waking an idle agent (HOOKS.md "Waking an idle agent"): a queued message
+//! is typed into the agent's own terminal, as the person would type it, when
+//! the hooks say the agent is idle at its prompt; the agent's
+//! `UserPromptSubmit` hook then takes the turn (the typed text's marker names
+//! it) and `stop` answers it as for any turn.
+//!
+//! The waker follows the session's event stream (content-free: turns' states
+//! and the agent's presence) and types into a [`Terminal`]: a tmux pane
+//! ([`tmux`]) or `loopx run`'s pseudo-terminal. It never starts, resumes or
+//! interrupts the agent: it types only while the agent is `waiting`, only
+//! into the agent process in the foreground of its terminal, never while the
+//! person at the terminal is typing, and never the same turn twice.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+
+use crate::client::{Client, ClientError, EventStream};
+use crate::model::{
+    AgentEventData, AgentNotification, AgentState, NotificationKind, TurnChange, TurnEventData,
+};
+
+pub mod procfs;
+pub mod run;
+pub mod text;
+pub mod tmux;
+
+/// How long the agent must have been idle before a message is typed: its
+/// Stop hook reports `waiting` just before the agent draws its prompt.
+const SETTLE: Duration = Duration::from_millis(400);
+/// Between the pasted text and its Enter: an Enter sent at once can land as
+/// a newline in the prompt instead of submitting it.
+pub const ENTER_AFTER: Duration = Duration::from_millis(150);
+/// How long the `UserPromptSubmit` hook has to confirm a submission.
+const CONFIRM_WITHIN: Duration = Duration::from_secs(4);
+/// How often the waker looks at the terminal while nothing happens.
+const TICK: Duration = Duration::from_millis(500);
+/// The longest wait between reconnections to the event stream.
+const RECONNECT_AT_MOST: Duration = Duration::from_secs(10);
+
+/// Why nothing may be typed now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Something else than the agent has the terminal's foreground.
+    NotForeground,
+    /// The person at the terminal typed since the agent went idle, or
+    /// moments ago.
+    PersonTyping,
+    /// The pane shows something else than the program (tmux copy mode).
+    PaneInMode,
+}
+
+/// The agent or its terminal is gone: the waker ends.
+#[derive(Debug)]
+pub struct Gone(pub String);
+
+/// Where a waker types: one agent's terminal.
+#[allow(async_fn_in_trait)]
+pub trait Terminal {
+    /// Whether typing may go ahead now; checked before every message.
+    /// `idle_since` is when the agent went idle (seconds since the epoch).
+    async fn hold(&mut self, idle_since: i64) -> Result<Option<Hold>, Gone>;
+    /// Whether the agent is still there (cheap; checked on every tick).
+    fn gone(&mut self) -> Option<Gone>;
+    /// Types `text` and submits it: pasted as one prompt, then Enter.
+    async fn submit(&mut self, text: &str) -> std::io::Result<()>;
+    /// Enter again, for a submission not confirmed.
+    async fn enter(&mut self) -> std::io::Result<()>;
+}
+
+/// How a waker ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// The session closed, or the agent left (`session-end`).
+    SessionOver,
+    /// The agent or its terminal is gone.
+    Gone(Gone),
+}
+
+/// The host identity a waker reports with (its notifications).
+pub struct HostIdentity {
+    pub host_surface: String,
+    pub host_session_id: String,
+}
+
+/// One session's waker.
+pub struct Waker<T> {
+    client: Client,
+    session_id: String,
+    host: HostIdentity,
+    terminal: T,
+    stream: Option<EventStream>,
+    last_event: i64,
+    /// Turns by seq: id and last known state.
+    turns: BTreeMap<i64, (String, TurnChange)>,
+    /// The agent's presence and since when (ms since the epoch).
+    agent: Option<(AgentState, i64)>,
+    closed: bool,
+    /// Turns typed once and not confirmed: never typed again.
+    typed: HashSet<String>,
+}
+
+impl<T: Terminal> Waker<T> {
+    pub fn new(client: Client, session_id: String, host: HostIdentity, terminal: T) -> Self {
+        Waker {
+            client,
+            session_id,
+            host,
+            terminal,
+            stream: None,
+            last_event: 0,
+            turns: BTreeMap::new(),
+            agent: None,
+            closed: false,
+            typed: HashSet::new(),
+        }
+    }
+
+    /// Runs until the session is over or the agent is gone. The broker
+    /// going away is waited out (reconnecting, from the last event seen).
+    pub async fn run(mut self) -> Ended {
+        let mut retry = Duration::from_millis(200);
+        loop {
+            if let Some(gone) = self.terminal.gone() {
+                return Ended::Gone(gone);
+            }
+            if self.closed || matches!(self.agent, Some((AgentState::Away, _))) {
+                return Ended::SessionOver;
+            }
+            if self.stream.is_none() {
+                match self
+                    .client
+                    .events(&self.session_id, Some(self.last_event))
+                    .await
+                {
+                    Ok(stream) => {
+                        self.stream = Some(stream);
+                        retry = Duration::from_millis(200);
+                    }
+                    Err(ClientError::Refused { .. }) => return Ended::SessionOver,
+                    Err(_) => {
+                        tokio::time::sleep(retry).await;
+                        retry = (retry * 2).min(RECONNECT_AT_MOST);
+                        continue;
+                    }
+                }
+            }
+            self.follow(TICK).await;
+            if let Err(gone) = self.deliver_next().await {
+                return Ended::Gone(gone);
+            }
+        }
+    }
+
+    /// Applies the events that arrive within `wait`; returns soon after a
+    /// burst of them (a replay) has been taken.
+    async fn follow(&mut self, wait: Duration) {
+        let mut deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let Some(stream) = self.stream.as_mut() else {
+                return;
+            };
+            match tokio::time::timeout_at(deadline, stream.next()).await {
+                Err(_) => return,
+                Ok(Some(Ok(event))) => {
+                    self.apply(&event);
+                    let soon = tokio::time::Instant::now() + Duration::from_millis(5);
+                    deadline = deadline.min(soon);
+                }
+                Ok(_) => {
+                    self.stream = None;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, event: &eventsource_stream::Event) {
+        if let Ok(id) = event.id.parse::<i64>() {
+            self.last_event = self.last_event.max(id);
+        }
+        match event.event.as_str() {
+            "turn" => {
+                if let Ok(turn) = serde_json::from_str::<TurnEventData>(&event.data) {
+                    self.turns.insert(turn.seq, (turn.turn_id, turn.state));
+                }
+            }
+            "agent" => {
+                if let Ok(agent) = serde_json::from_str::<AgentEventData>(&event.data) {
+                    let since = chrono::DateTime::parse_from_rfc3339(&agent.since)
+                        .map_or_else(|_| crate::time::now_ms(), |t| t.timestamp_millis());
+                    self.agent = Some((agent.state, since));
+                }
+            }
+            "session" => self.closed = true,
+            _ => {}
+        }
+    }
+
+    /// The oldest turn waiting in the queue, not typed before.
+    fn next_queued(&self) -> Option<(i64, String)> {
+        self.turns
+            .iter()
+            .find(|(_, (_, state))| matches!(state, TurnChange::Queued | TurnChange::Released))
+            .map(|(seq, (id, _))| (*seq, id.clone()))
+            .filter(|(_, id)| !self.typed.contains(id))
+    }
+
+    /// Types the oldest queued message if the agent is idle and reachable,
+    /// and waits for its hook to confirm it.
+    async fn deliver_next(&mut self) -> Result<(), Gone> {
+        let Some((AgentState::Waiting, idle_since)) = self.agent else {
+            return Ok(());
+        };
+        let Some((seq, turn_id)) = self.next_queued() else {
+            return Ok(());
+        };
+        if crate::time::now_ms() - idle_since < SETTLE.as_millis() as i64 {
+            return Ok(());
+        }
+        if self.terminal.hold(idle_since / 1000).await?.is_some() {
+            return Ok(());
+        }
+        let Ok(turn) = self.client.turn(&self.session_id, &turn_id).await else {
+            return Ok(());
+        };
+        self.typed.insert(turn_id.clone());
+        let typed = text::typed(seq, turn.body.origin, &turn.body.text);
+        if self.terminal.submit(&typed).await.is_err() || !self.confirmed(&turn_id).await {
+            // Enter may have landed as a newline: once more, never the text.
+            let _ = self.terminal.enter().await;
+            if !self.confirmed(&turn_id).await {
+                self.unconfirmed().await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the turn left the queue (its hook claimed it) within
+    /// [`CONFIRM_WITHIN`].
+    async fn confirmed(&mut self, turn_id: &str) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < CONFIRM_WITHIN {
+            if self.stream.is_none() {
+                return false;
+            }
+            self.follow(Duration::from_millis(100)).await;
+            let state = self
+                .turns
+                .values()
+                .find(|(id, _)| id == turn_id)
+                .map(|(_, state)| *state);
+            if !matches!(state, Some(TurnChange::Queued | TurnChange::Released)) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Says in the session's events that a typed message was not confirmed:
+    /// it stays queued, for the end of the agent's next turn.
+    async fn unconfirmed(&self) {
+        let notice = AgentNotification {
+            host_surface: self.host.host_surface.clone(),
+            host_session_id: self.host.host_session_id.clone(),
+            kind: NotificationKind::TypingUnconfirmed,
+        };
+        let _ = self.client.notify(&self.session_id, &notice).await;
+    }
+}

@@ -1,0 +1,386 @@
+//! `loopx run -- <agent command…>`: the agent in a pseudo-terminal that
+//! loopx passes through untouched (raw mode, the window size and every
+//! resize, every key, Ctrl-C and Esc included, the agent's colours, its exit
+//! status as loopx's), typing queued messages into it while it is idle.
+//!
+//! loopx installs nothing: the agent's own hooks (`loopx hook install`)
+//! report its session and presence. They find `LOOPX_RUN_DIR` in their
+//! environment and leave the session there ([`tell`]); the waker then
+//! follows that session. loopx sees the person's keys, so "the person at
+//! the terminal wins" is exact here: nothing is typed while they have keys
+//! in the prompt that Enter or Ctrl-C has not ended, or pressed one in the
+//! last 2 s, and the message's paste and its Enter are written in one hold
+//! of the pty, never between their keys.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Mutex;
+
+use super::{ENTER_AFTER, Gone, Hold, HostIdentity, Terminal, Waker};
+use crate::cli::common::{Connection, local_error};
+
+/// The environment variable that tells the hooks where `loopx run` listens.
+pub const RUN_DIR: &str = "LOOPX_RUN_DIR";
+/// Key presses this recent hold typing.
+const RECENT_KEYS: Duration = Duration::from_secs(2);
+/// How often the run dir is looked at for the hooks' session.
+const WATCH_EVERY: Duration = Duration::from_millis(250);
+
+/// Runs an agent CLI in a pass-through terminal and types queued messages
+/// into it while it is idle (its LoopX hooks must be installed).
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub connection: Connection,
+    /// The agent's command line, after `--` (e.g. `-- claude --continue`).
+    #[arg(required = true, last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// What the hooks leave in the run dir: the session they attach to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Told {
+    pub session_id: String,
+    pub host_surface: String,
+    pub host_session_id: String,
+}
+
+/// Called by every hook: under `loopx run`, leaves the session there (a
+/// private file in a private folder; written only when it changed).
+pub fn tell(told: &Told) -> Result<(), String> {
+    let Some(dir) = std::env::var_os(RUN_DIR) else {
+        return Ok(());
+    };
+    let path = Path::new(&dir).join("session.json");
+    let text = serde_json::to_string(told).map_err(|e| e.to_string())?;
+    if std::fs::read_to_string(&path).ok().as_deref() == Some(text.as_str()) {
+        return Ok(());
+    }
+    let partial = Path::new(&dir).join(format!("session.{}.json", std::process::id()));
+    std::fs::write(&partial, text)
+        .and_then(|()| std::fs::rename(&partial, &path))
+        .map_err(|e| format!("cannot tell loopx run the session: {e}"))
+}
+
+/// The person's keys as loopx forwards them.
+#[derive(Default)]
+struct Keys {
+    /// Keys in the prompt not yet ended by Enter or Ctrl-C.
+    pending: AtomicBool,
+    last: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Keys {
+    fn pressed(&self, chunk: &[u8]) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        if let Some(last) = chunk.last() {
+            self.pending
+                .store(!matches!(last, b'\r' | b'\n' | 0x03), Ordering::Relaxed);
+        }
+    }
+
+    fn typing(&self) -> bool {
+        let recent = self
+            .last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|at| at.elapsed() < RECENT_KEYS);
+        recent || self.pending.load(Ordering::Relaxed)
+    }
+}
+
+/// The agent's pseudo-terminal, as the waker types into it.
+#[derive(Clone)]
+struct Pty {
+    writer: Arc<Mutex<pty_process::OwnedWritePty>>,
+    /// A second handle on the pty, to ask for its foreground process group.
+    master: Arc<OwnedFd>,
+    child: i32,
+    keys: Arc<Keys>,
+    /// Whether the agent asked for bracketed paste (`ESC [ ? 2004 h`).
+    bracketed: Arc<AtomicBool>,
+    exited: Arc<AtomicBool>,
+}
+
+impl Terminal for Pty {
+    async fn hold(&mut self, _idle_since: i64) -> Result<Option<Hold>, Gone> {
+        if let Some(gone) = self.gone() {
+            return Err(gone);
+        }
+        let foreground = rustix::termios::tcgetpgrp(self.master.as_fd())
+            .ok()
+            .map(|pid| pid.as_raw_nonzero().get());
+        if foreground != Some(self.child) {
+            return Ok(Some(Hold::NotForeground));
+        }
+        Ok(self.keys.typing().then_some(Hold::PersonTyping))
+    }
+
+    fn gone(&mut self) -> Option<Gone> {
+        self.exited
+            .load(Ordering::Relaxed)
+            .then(|| Gone("the agent exited".into()))
+    }
+
+    async fn submit(&mut self, text: &str) -> std::io::Result<()> {
+        let mut writer = self.writer.lock().await;
+        let paste = if self.bracketed.load(Ordering::Relaxed) {
+            format!("\x1b[200~{text}\x1b[201~")
+        } else {
+            text.replace('\n', " ")
+        };
+        writer.write_all(paste.as_bytes()).await?;
+        tokio::time::sleep(ENTER_AFTER).await;
+        writer.write_all(b"\r").await
+    }
+
+    async fn enter(&mut self) -> std::io::Result<()> {
+        self.writer.lock().await.write_all(b"\r").await
+    }
+}
+
+/// This terminal in raw mode until dropped (restored as it was).
+struct RawMode(Option<rustix::termios::Termios>);
+
+impl RawMode {
+    fn enter() -> Self {
+        let stdin = std::io::stdin();
+        let Ok(saved) = rustix::termios::tcgetattr(&stdin) else {
+            return RawMode(None); // not a terminal: nothing to set
+        };
+        let mut raw = saved.clone();
+        raw.make_raw();
+        let set = rustix::termios::tcsetattr(&stdin, rustix::termios::OptionalActions::Now, &raw);
+        RawMode(set.ok().map(|()| saved))
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        if let Some(saved) = &self.0 {
+            let stdin = std::io::stdin();
+            let _ =
+                rustix::termios::tcsetattr(&stdin, rustix::termios::OptionalActions::Now, saved);
+        }
+    }
+}
+
+/// This terminal's size, for the agent's.
+fn window_size() -> Option<pty_process::Size> {
+    let size = rustix::termios::tcgetwinsize(std::io::stdout()).ok()?;
+    (size.ws_row > 0).then(|| pty_process::Size::new(size.ws_row, size.ws_col))
+}
+
+pub fn run(args: RunArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return local_error(&format!("cannot start the runtime: {e}")),
+    };
+    let client = match args.connection.client() {
+        Ok((client, _)) => client,
+        Err(message) => return local_error(&message),
+    };
+    let dir = match private_dir() {
+        Ok(dir) => dir,
+        Err(e) => return local_error(&format!("cannot make loopx run's folder: {e}")),
+    };
+    let status = runtime.block_on(pass_through(&args.command, &dir, client));
+    let _ = std::fs::remove_dir_all(&dir);
+    match status {
+        Ok(code) => ExitCode::from(code),
+        Err(message) => local_error(&message),
+    }
+}
+
+/// A folder only this user can read, for the hooks' session.
+fn private_dir() -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = base.join(format!(
+        "loopx-run-{}-{}",
+        std::process::id(),
+        ulid::Ulid::new()
+    ));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    Ok(dir)
+}
+
+/// Runs the agent to its exit; its exit code (128 + the signal if killed).
+async fn pass_through(
+    command: &[String],
+    dir: &Path,
+    client: crate::client::Client,
+) -> Result<u8, String> {
+    let (pty, pts) = pty_process::open().map_err(|e| format!("cannot open a pty: {e}"))?;
+    if let Some(size) = window_size() {
+        let _ = pty.resize(size);
+    }
+    let master = pty
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| format!("cannot share the pty: {e}"))?;
+    let mut child = pty_process::Command::new(&command[0])
+        .args(&command[1..])
+        .env(RUN_DIR, dir)
+        .spawn(pts)
+        .map_err(|e| format!("cannot start {}: {e}", command[0]))?;
+    let raw = RawMode::enter();
+    let (mut reader, writer) = pty.into_split();
+    let writer = Arc::new(Mutex::new(writer));
+    let keys = Arc::new(Keys::default());
+    let bracketed = Arc::new(AtomicBool::new(false));
+    let exited = Arc::new(AtomicBool::new(false));
+
+    let output = {
+        let bracketed = bracketed.clone();
+        async move {
+            let mut stdout = tokio::io::stdout();
+            let mut buf = vec![0u8; 16 * 1024];
+            let mut tail = Vec::new();
+            while let Ok(n) = reader.read(&mut buf).await {
+                if n == 0 || stdout.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+                let _ = stdout.flush().await;
+                note_paste_mode(&mut tail, &buf[..n], &bracketed);
+            }
+        }
+    };
+    let input = forward_keys(writer.clone(), keys.clone());
+    let resize = follow_resizes(writer.clone());
+    let terminal = Pty {
+        writer,
+        master: Arc::new(master),
+        child: child.id().unwrap_or_default() as i32,
+        keys,
+        bracketed,
+        exited: exited.clone(),
+    };
+    let waker = wake_when_told(dir.to_owned(), client, terminal);
+    let status = tokio::select! {
+        status = child.wait() => status,
+        () = async { tokio::join!(output, waker, input, resize); std::future::pending().await } => unreachable!(),
+    };
+    exited.store(true, Ordering::Relaxed);
+    drop(raw);
+    let status = status.map_err(|e| format!("cannot wait for the agent: {e}"))?;
+    use std::os::unix::process::ExitStatusExt;
+    Ok(match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(signal)) => 128 + signal as u8,
+        _ => 1,
+    })
+}
+
+/// Tracks the agent's bracketed-paste mode across output chunks.
+fn note_paste_mode(tail: &mut Vec<u8>, chunk: &[u8], bracketed: &AtomicBool) {
+    const ON: &[u8] = b"\x1b[?2004h";
+    const OFF: &[u8] = b"\x1b[?2004l";
+    tail.extend_from_slice(chunk);
+    let last = |needle: &[u8]| tail.windows(needle.len()).rposition(|w| w == needle);
+    match (last(ON), last(OFF)) {
+        (Some(on), Some(off)) => bracketed.store(on > off, Ordering::Relaxed),
+        (Some(_), None) => bracketed.store(true, Ordering::Relaxed),
+        (None, Some(_)) => bracketed.store(false, Ordering::Relaxed),
+        (None, None) => {}
+    }
+    let keep = tail.len().saturating_sub(ON.len() - 1);
+    tail.drain(..keep);
+}
+
+/// The person's keys to the agent, as they come (a thread reads stdin: a
+/// blocking read that nothing else waits on).
+async fn forward_keys(writer: Arc<Mutex<pty_process::OwnedWritePty>>, keys: Arc<Keys>) {
+    let (sender, mut receiver) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut stdin = std::io::stdin();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdin.read(&mut buf) {
+            if n == 0 || sender.blocking_send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    while let Some(chunk) = receiver.recv().await {
+        keys.pressed(&chunk);
+        if writer.lock().await.write_all(&chunk).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// Every resize of this terminal, to the agent's.
+async fn follow_resizes(writer: Arc<Mutex<pty_process::OwnedWritePty>>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut resized) = signal(SignalKind::window_change()) else {
+        return;
+    };
+    while resized.recv().await.is_some() {
+        if let Some(size) = window_size() {
+            let _ = writer.lock().await.resize(size);
+        }
+    }
+}
+
+/// Waits for the hooks to say which session the agent is on, then types
+/// into it; follows the agent to another session when the hooks say so
+/// (`/clear` starts one), and ends with the agent.
+async fn wake_when_told(dir: PathBuf, client: crate::client::Client, terminal: Pty) {
+    let path = dir.join("session.json");
+    loop {
+        let told = loop {
+            if let Some(told) = read_told(&path) {
+                break told;
+            }
+            tokio::time::sleep(WATCH_EVERY).await;
+        };
+        let host = HostIdentity {
+            host_surface: told.host_surface.clone(),
+            host_session_id: told.host_session_id.clone(),
+        };
+        let waker = Waker::new(
+            client.clone(),
+            told.session_id.clone(),
+            host,
+            terminal.clone(),
+        );
+        tokio::select! {
+            ended = waker.run() => {
+                if matches!(ended, super::Ended::Gone(_)) {
+                    return;
+                }
+                until_changed(&path, &told).await;
+            }
+            () = until_changed(&path, &told) => {}
+        }
+    }
+}
+
+fn read_told(path: &Path) -> Option<Told> {
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Returns once the hooks name another session than `told`.
+async fn until_changed(path: &Path, told: &Told) {
+    loop {
+        tokio::time::sleep(WATCH_EVERY).await;
+        if read_told(path).is_some_and(|now| &now != told) {
+            return;
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! The tmux waker: an agent already running in a tmux pane, with the hooks
+//! installed, is reachable as it is. Its hooks see `TMUX` and `TMUX_PANE`;
+//! each hook makes sure one waker runs for the pane ([`ensure`]), a small
+//! process of its own that types queued messages into the pane while the
+//! agent is idle, and ends with the agent (its process gone, the pane
+//! closed, `session-end`, the session closed).
+//!
+//! The person at the terminal wins: tmux's `client_activity` (the time of
+//! the last key or mouse event of a client attached to the pane's session)
+//! later than the moment the agent went idle means they may have unsent text
+//! in the prompt, and nothing is typed until the agent's next turn ends;
+//! activity in the last 2 s holds typing as well.
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use clap::Args;
+use sha2::{Digest, Sha256};
+
+use super::procfs::{self, Now, Process};
+use super::{ENTER_AFTER, Ended, Gone, Hold, HostIdentity, Terminal, Waker};
+use crate::cli::common::Connection;
+
+/// Key activity this recent holds typing (seconds).
+const RECENT_KEYS: i64 = 2;
+/// How long a new waker waits for the one it replaces to let go of the pane.
+const LOCK_WAIT: Duration = Duration::from_secs(3);
+
+/// `loopx hook tmux-waker`: started by the hooks, not by hand.
+#[derive(Debug, Args)]
+pub struct WakerArgs {
+    /// The tmux server's socket (from `TMUX`).
+    #[arg(long)]
+    pub tmux_socket: PathBuf,
+    /// The agent's pane (`TMUX_PANE`, e.g. `%3`).
+    #[arg(long)]
+    pub pane: String,
+    /// The agent process and its start time (`/proc/<pid>/stat`).
+    #[arg(long)]
+    pub agent_pid: i32,
+    #[arg(long)]
+    pub agent_start: u64,
+    /// The LoopX session the agent's hooks attach to.
+    #[arg(long)]
+    pub session_id: String,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+/// One tmux pane holding the agent.
+pub struct Pane {
+    socket: PathBuf,
+    pane: String,
+    agent: Process,
+}
+
+impl Pane {
+    fn tmux(&self) -> Command {
+        let mut command = Command::new("tmux");
+        command.arg("-S").arg(&self.socket);
+        command
+    }
+
+    /// A tmux command's output, or `None` when it failed.
+    fn ask(&self, args: &[&str]) -> Option<String> {
+        let output = self.tmux().args(args).stderr(Stdio::null()).output().ok()?;
+        output
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    }
+
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> std::io::Result<()> {
+        let mut child = self
+            .tmux()
+            .args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        if let (Some(text), Some(mut input)) = (stdin, child.stdin.take()) {
+            input.write_all(text.as_bytes())?;
+        }
+        match child.wait()? {
+            status if status.success() => Ok(()),
+            status => Err(std::io::Error::other(format!("tmux {}: {status}", args[0]))),
+        }
+    }
+}
+
+impl Terminal for Pane {
+    async fn hold(&mut self, idle_since: i64) -> Result<Option<Hold>, Gone> {
+        match procfs::now(&self.agent) {
+            Now::Gone => return Err(Gone("the agent exited".into())),
+            Now::Background => return Ok(Some(Hold::NotForeground)),
+            Now::Foreground => {}
+        }
+        let format = "#{pane_tty}\t#{pane_in_mode}\t#{session_id}";
+        let shown = self
+            .ask(&["display-message", "-p", "-t", &self.pane, format])
+            .ok_or_else(|| Gone("the pane closed".into()))?;
+        let mut fields = shown.split('\t');
+        let (tty, in_mode, session) = (fields.next(), fields.next(), fields.next());
+        if tty.and_then(|tty| procfs::tty_of(Path::new(tty))) != Some(self.agent.tty) {
+            return Err(Gone("the pane holds another terminal".into()));
+        }
+        if in_mode != Some("0") {
+            return Ok(Some(Hold::PaneInMode));
+        }
+        let activity = self
+            .ask(&[
+                "list-clients",
+                "-t",
+                session.unwrap_or_default(),
+                "-F",
+                "#{client_activity}",
+            ])
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| line.parse::<i64>().ok())
+            .max();
+        let now = chrono::Utc::now().timestamp();
+        match activity {
+            Some(at) if at > idle_since || now - at < RECENT_KEYS => Ok(Some(Hold::PersonTyping)),
+            _ => Ok(None),
+        }
+    }
+
+    fn gone(&mut self) -> Option<Gone> {
+        (procfs::now(&self.agent) == Now::Gone).then(|| Gone("the agent exited".into()))
+    }
+
+    async fn submit(&mut self, text: &str) -> std::io::Result<()> {
+        // A buffer of its own, pasted bracketed (-p) when the agent asked
+        // for it, and deleted after (-d).
+        let buffer = format!("loopx-{}", std::process::id());
+        self.run(&["load-buffer", "-b", &buffer, "-"], Some(text))?;
+        self.run(
+            &["paste-buffer", "-p", "-d", "-b", &buffer, "-t", &self.pane],
+            None,
+        )?;
+        tokio::time::sleep(ENTER_AFTER).await;
+        self.enter().await
+    }
+
+    async fn enter(&mut self) -> std::io::Result<()> {
+        self.run(&["send-keys", "-t", &self.pane, "Enter"], None)
+    }
+}
+
+/// The lock file one waker per pane holds (its pid and session inside).
+fn lock_path(data_dir: &Path, socket: &Path, pane: &str) -> PathBuf {
+    let mut key = Sha256::new();
+    key.update(socket.as_os_str().as_encoded_bytes());
+    key.update([0]);
+    key.update(pane.as_bytes());
+    data_dir
+        .join("wakers")
+        .join(format!("{}.lock", hex::encode(&key.finalize()[..8])))
+}
+
+/// Takes the pane's lock, waiting a little for a waker being replaced.
+fn take_lock(path: &Path) -> Option<std::fs::File> {
+    std::fs::create_dir_all(path.parent()?).ok()?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(path)
+        .ok()?;
+    let started = std::time::Instant::now();
+    while started.elapsed() < LOCK_WAIT {
+        if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
+            return Some(file);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// Called by every hook (`session-start`, `user-prompt-submit`, `stop`):
+/// in a tmux pane, makes sure a waker types into it for `session_id`,
+/// starting one (or replacing one that serves another session). Quick and
+/// silent: a hook never waits for the waker.
+pub fn ensure(
+    session_id: &str,
+    host: &HostIdentity,
+    connection: &Connection,
+) -> Result<(), String> {
+    let (Ok(tmux), Ok(pane)) = (std::env::var("TMUX"), std::env::var("TMUX_PANE")) else {
+        return Ok(());
+    };
+    if std::env::var_os(super::run::RUN_DIR).is_some() {
+        return Ok(()); // `loopx run` types into this agent itself.
+    }
+    let socket = PathBuf::from(tmux.split(',').next().unwrap_or_default());
+    let data_dir = connection
+        .data_dir
+        .clone()
+        .unwrap_or_else(crate::config::default_data_dir);
+    let lock = lock_path(&data_dir, &socket, &pane);
+    if let Some(file) = std::fs::File::open(&lock).ok().filter(|f| {
+        rustix::fs::flock(f, rustix::fs::FlockOperation::NonBlockingLockShared).is_err()
+    }) {
+        drop(file);
+        let held = std::fs::read_to_string(&lock).unwrap_or_default();
+        let mut words = held.split_whitespace();
+        let (pid, session) = (words.next(), words.next());
+        if session == Some(session_id) {
+            return Ok(());
+        }
+        if let Some(pid) = pid
+            .and_then(|p| p.parse().ok())
+            .and_then(rustix::process::Pid::from_raw)
+        {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+    }
+    let agent = procfs::agent_of(std::process::id() as i32)
+        .ok_or("no agent process leads the foreground of a terminal: not typing into the pane")?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let mut command = Command::new(exe);
+    command
+        .args([
+            "hook",
+            "tmux-waker",
+            "--pane",
+            &pane,
+            "--session-id",
+            session_id,
+        ])
+        .arg("--tmux-socket")
+        .arg(&socket)
+        .args(["--agent-pid", &agent.pid.to_string()])
+        .args(["--agent-start", &agent.start.to_string()])
+        .args(["--broker-url", &connection.broker_url])
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .env("LOOPX_HOST_SURFACE", &host.host_surface)
+        .env("LOOPX_HOST_SESSION_ID", &host.host_session_id)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0);
+    if let Some(file) = &connection.token_file {
+        command.arg("--token-file").arg(file);
+    }
+    command
+        .spawn()
+        .map(drop)
+        .map_err(|e| format!("cannot start the waker: {e}"))
+}
+
+/// The waker process: holds the pane's lock, types until the agent or the
+/// session is over.
+pub fn run_waker(args: WakerArgs) -> std::process::ExitCode {
+    let data_dir = args
+        .connection
+        .data_dir
+        .clone()
+        .unwrap_or_else(crate::config::default_data_dir);
+    let lock = lock_path(&data_dir, &args.tmux_socket, &args.pane);
+    let Some(mut file) = take_lock(&lock) else {
+        return std::process::ExitCode::SUCCESS; // another waker serves the pane
+    };
+    let _ = file.set_len(0);
+    let _ = writeln!(file, "{} {}", std::process::id(), args.session_id);
+    let Some(agent) = procfs::stat(args.agent_pid).filter(|p| p.start == args.agent_start) else {
+        return std::process::ExitCode::SUCCESS;
+    };
+    let (Ok(host_surface), Ok(host_session_id)) = (
+        std::env::var("LOOPX_HOST_SURFACE"),
+        std::env::var("LOOPX_HOST_SESSION_ID"),
+    ) else {
+        return std::process::ExitCode::SUCCESS;
+    };
+    let Ok((client, _)) = args.connection.client() else {
+        return std::process::ExitCode::SUCCESS;
+    };
+    let pane = Pane {
+        socket: args.tmux_socket,
+        pane: args.pane,
+        agent,
+    };
+    let host = HostIdentity {
+        host_surface,
+        host_session_id,
+    };
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return std::process::ExitCode::SUCCESS;
+    };
+    let ended = runtime.block_on(Waker::new(client, args.session_id, host, pane).run());
+    if let Ended::Gone(Gone(why)) = ended {
+        tracing::debug!(why, "tmux waker ends");
+    }
+    drop(file); // the lock file stays: a waker waiting on it holds its inode
+    std::process::ExitCode::SUCCESS
+}

@@ -1,0 +1,67 @@
+"""A stand-in for an agent CLI at its prompt, for the waker's tests
+(tests/it/wake.rs): it runs `loopx hook` as Claude Code does (its JSON on
+stdin) at session start, on each submitted prompt and at each turn's end,
+reads prompts from its terminal with bracketed paste on (a pasted text,
+line breaks included, is one prompt; Enter submits it), answers each with
+"Echo: <prompt>", and keeps a Stop hook's block as its next prompt.
+Every prompt it got is appended to PROMPTS_FILE, one JSON string a line.
+
+Usage: python3 fake_agent.py LOOPX PROMPTS_FILE [HOOK FLAGS...]
+"""
+import json, os, subprocess, sys, termios, tty, uuid
+
+loopx, prompts_file, flags = sys.argv[1], sys.argv[2], sys.argv[3:]
+session = str(uuid.uuid4())
+transcript = prompts_file + ".transcript"
+
+def hook(event, name, **fields):
+    doc = {"session_id": session, "cwd": os.getcwd(), "hook_event_name": name,
+           "transcript_path": transcript, "permission_mode": "default", **fields}
+    out = subprocess.run([loopx, "hook", event, "--agent", "claude-code", *flags],
+                         input=json.dumps(doc), capture_output=True, text=True)
+    return out.stdout.strip()
+
+def read_prompt():
+    """One prompt: keys until Enter outside a paste."""
+    text, pasting, buf = "", False, b""
+    while True:
+        ch = os.read(0, 1)
+        if not ch:
+            sys.exit(0)
+        buf += ch
+        if buf.startswith(b"\x1b"):
+            if buf == b"\x1b[200~": pasting, buf = True, b""
+            elif buf == b"\x1b[201~": pasting, buf = False, b""
+            elif len(buf) >= 6: buf = b""
+            continue
+        c = buf.decode(errors="replace"); buf = b""
+        if c == "\x04" and not text:
+            sys.exit(0)
+        if c in "\r\n" and not pasting:
+            return text
+        text += "\n" if c in "\r\n" else c
+
+hook("session-start", "SessionStart", source="startup")
+old = termios.tcgetattr(0)
+tty.setraw(0)
+sys.stdout.write("\x1b[?2004h> "); sys.stdout.flush()
+try:
+    while True:
+        prompt = read_prompt()
+        if prompt.strip() == "/exit":
+            break
+        while prompt is not None:
+            with open(prompts_file, "a") as f:
+                f.write(json.dumps(prompt) + "\n")
+            hook("user-prompt-submit", "UserPromptSubmit", prompt=prompt)
+            answer = "Echo: " + prompt
+            with open(transcript, "a") as f:
+                f.write(json.dumps(answer) + "\n")
+            sys.stdout.write("\r\n" + answer.replace("\n", "\r\n") + "\r\n"); sys.stdout.flush()
+            out = hook("stop", "Stop", stop_hook_active=False, last_assistant_message=answer)
+            prompt = json.loads(out)["reason"] if out else None
+        sys.stdout.write("> "); sys.stdout.flush()
+finally:
+    sys.stdout.write("\x1b[?2004l"); sys.stdout.flush()
+    termios.tcsetattr(0, termios.TCSADRAIN, old)
+    hook("session-end", "SessionEnd", reason="other")
