@@ -28,3 +28,4 @@ mod presence;
 mod replicas;
 mod retention;
 mod sessions;
+mod wake;

@@ -62,6 +62,6 @@ try:
             prompt = json.loads(out)["reason"] if out else None
         sys.stdout.write("> "); sys.stdout.flush()
 finally:
-    sys.stdout.write("\x1b[?2004l"); sys.stdout.flush()
+    sys.stdout.write("\x1b[?2004l\r\n"); sys.stdout.flush()
     termios.tcsetattr(0, termios.TCSADRAIN, old)
     hook("session-end", "SessionEnd", reason="other")

@@ -1,0 +1,355 @@
+//! Waking an idle agent (HOOKS.md "Waking an idle agent"): queued messages
+//! typed into an agent idle at its prompt, in a real tmux server and under
+//! the real `loopx run`, against a real broker. The agent here is
+//! tests/wake/fake_agent.py (it runs the hooks as Claude Code does and reads
+//! its terminal with bracketed paste); tests/wake/ runs the real Claude Code
+//! and Codex TUIs the same way in CI.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use loopx::model::{ListSessions, Turn, TurnState};
+
+use crate::support::*;
+
+/// A private tmux server with one pane running an interactive shell, as a
+/// person's terminal; killed when dropped.
+struct Tmux {
+    dir: tempfile::TempDir,
+    socket: PathBuf,
+}
+
+impl Tmux {
+    fn start(env: &[(&str, &str)]) -> Tmux {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("tmux.sock");
+        let mut command = Command::new("tmux");
+        command.arg("-S").arg(&socket).args(["-f", "/dev/null"]);
+        command.args(["new-session", "-d", "-x", "160", "-y", "40"]);
+        for (key, value) in env {
+            command.args(["-e", &format!("{key}={value}")]);
+        }
+        command.args(["-e", "PS1=shell$ ", "bash", "--norc", "--noprofile", "-i"]);
+        let status = command
+            .status()
+            .expect("tmux is installed (.ci/run installs it)");
+        assert!(status.success());
+        Tmux { dir, socket }
+    }
+
+    fn tmux(&self, args: &[&str]) -> String {
+        let out = Command::new("tmux")
+            .arg("-S")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Types `text` literally, then Enter when asked: a person at the pane.
+    fn type_in(&self, text: &str, enter: bool) {
+        self.tmux(&["send-keys", "-t", "%0", "-l", text]);
+        if enter {
+            self.tmux(&["send-keys", "-t", "%0", "Enter"]);
+        }
+    }
+
+    fn screen(&self) -> String {
+        self.tmux(&["capture-pane", "-p", "-t", "%0", "-S", "-200"])
+    }
+
+    /// Waits for the shell's prompt on the last line: the agent is gone.
+    async fn wait_shell(&self) {
+        let started = Instant::now();
+        loop {
+            let screen = self.screen();
+            let last = screen
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or_default();
+            if last.trim_end().ends_with("shell$") {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "no shell prompt:\n{screen}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn wait_screen(&self, needle: &str) {
+        let started = Instant::now();
+        while !self.screen().contains(needle) {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "no {needle:?} on screen:\n{}",
+                self.screen()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        self.tmux(&["kill-server"]);
+    }
+}
+
+/// The fake agent's command line, its prompts file, and its binding.
+fn agent_command(broker: &TestBroker, prompts: &Path, goal: &str) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/wake/fake_agent.py");
+    format!(
+        "python3 {script} {} {} --goal-id {goal} --agent-id fake --executor-endpoint-id tmux --broker-url {}",
+        env!("CARGO_BIN_EXE_loopx"),
+        prompts.display(),
+        broker.url
+    )
+}
+
+/// The session the agent's first hook bound, once its agent waits.
+async fn session_of(broker: &TestBroker, goal: &str) -> String {
+    let filter = ListSessions {
+        goal_id: Some(goal.to_owned()),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    loop {
+        let sessions = broker.client.sessions(&filter).await.unwrap().body.sessions;
+        if let Some(session) = sessions.first()
+            && session.agent.state == loopx::model::AgentState::Waiting
+        {
+            return session.session_id.clone();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the agent never attached"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn send(broker: &TestBroker, session_id: &str, text: &str) -> String {
+    broker
+        .client
+        .enqueue(session_id, &web(text))
+        .await
+        .unwrap()
+        .body
+        .turn_id
+}
+
+/// Waits until every turn of `ids` is completed; their readbacks.
+async fn answered(broker: &TestBroker, session_id: &str, ids: &[String]) -> Vec<Turn> {
+    let started = Instant::now();
+    loop {
+        let mut turns = Vec::new();
+        for id in ids {
+            turns.push(broker.client.turn(session_id, id).await.unwrap().body);
+        }
+        if turns.iter().all(|t| t.state == TurnState::Completed) {
+            return turns;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "not all answered: {turns:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// From enqueue to its claim by the typed prompt's hook, in ms.
+fn latency(turn: &Turn) -> i64 {
+    let at = |t: &str| {
+        chrono::DateTime::parse_from_rfc3339(t)
+            .unwrap()
+            .timestamp_millis()
+    };
+    at(turn.claimed_at.as_deref().unwrap()) - at(&turn.enqueued_at)
+}
+
+fn prompts(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// Waker processes still running for this tmux server.
+fn wakers(tmux: &Tmux) -> usize {
+    let socket = tmux.socket.display().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| std::fs::read(entry.ok()?.path().join("cmdline")).ok())
+        .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
+        .filter(|cmdline| cmdline.contains("tmux-waker") && cmdline.contains(&socket))
+        .count()
+}
+
+#[tokio::test]
+async fn an_idle_agent_in_tmux_gets_messages_typed_in_each_answered_once() {
+    let broker = TestBroker::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let data_dir = data.path().display().to_string();
+    let tmux = Tmux::start(&[("LOOPX_TOKEN", TOKEN), ("LOOPX_DATA_DIR", &data_dir)]);
+    let prompts_file = tmux.dir.path().join("prompts");
+    let goal = unique("goal");
+    tmux.type_in(&agent_command(&broker, &prompts_file, &goal), true);
+    let session = session_of(&broker, &goal).await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // idle a while
+
+    let one = send(&broker, &session, "Which tests fail?").await;
+    let first = &answered(&broker, &session, &[one]).await[0];
+    let message = first.response.as_ref().unwrap()["message"]
+        .as_str()
+        .unwrap();
+    assert_eq!(message, "Echo: [LoopX #1 web] Which tests fail?");
+    let mut latencies = vec![latency(first)];
+
+    let three = [
+        send(&broker, &session, "First of three.").await,
+        send(&broker, &session, "Second of three.").await,
+        send(&broker, &session, "Third of three.").await,
+    ];
+    // The first is typed; the agent's Stop hook then hands it the others,
+    // one turn each, as for any busy agent.
+    let turns = answered(&broker, &session, &three).await;
+    for turn in &turns {
+        let answer = turn.response.as_ref().unwrap()["message"].as_str().unwrap();
+        assert!(answer.contains(&turn.text), "{answer}");
+    }
+    assert!(
+        turns.windows(2).all(|w| w[0].claimed_at < w[1].claimed_at),
+        "in order"
+    );
+
+    let lines = send(&broker, &session, "Line one.\nLine two.\r\n\x1b[31mred\x07").await;
+    let slash = send(&broker, &session, "/clear everything").await;
+    let more = answered(&broker, &session, &[lines, slash]).await;
+    latencies.push(latency(&more[0]));
+    let got = prompts(&prompts_file);
+    assert_eq!(got[0], "[LoopX #1 web] Which tests fail?");
+    assert_eq!(got[1], "[LoopX #2 web] First of three.");
+    assert_eq!(
+        got[4], "[LoopX #5 web] Line one.\nLine two.\n[31mred",
+        "one prompt, no escapes"
+    );
+    for text in [
+        "Which tests fail?",
+        "of three.",
+        "Line one.",
+        "/clear everything",
+    ] {
+        let count: usize = got.iter().map(|p| p.matches(text).count()).sum();
+        let expected = if text == "of three." { 3 } else { 1 };
+        assert_eq!(count, expected, "{text:?} delivered once each: {got:#?}");
+    }
+    assert!(
+        !got.iter().any(|p| p.starts_with('/')),
+        "never a slash command: {got:#?}"
+    );
+    latencies.sort();
+    eprintln!("tmux: enqueue to typed-and-claimed, ms: {latencies:?}");
+    assert_eq!(wakers(&tmux), 1, "one waker for the pane");
+
+    // The agent exits; the shell is back in the pane: nothing is typed there,
+    // and no waker is left.
+    tmux.type_in("/exit", true);
+    tmux.wait_shell().await;
+    let started = Instant::now();
+    while wakers(&tmux) > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "a waker outlived its agent"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = send(&broker, &session, "echo typed-into-the-shell").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !tmux.screen().contains("typed-into-the-shell"),
+        "{}",
+        tmux.screen()
+    );
+    let waiting = broker.client.turn(&session, &after).await.unwrap().body;
+    assert_eq!(
+        waiting.state,
+        TurnState::Queued,
+        "kept for the agent's return"
+    );
+}
+
+#[tokio::test]
+async fn loopx_run_types_into_its_agent_and_the_person_at_the_terminal_wins() {
+    let broker = TestBroker::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let data_dir = data.path().display().to_string();
+    let tmux = Tmux::start(&[("LOOPX_TOKEN", TOKEN), ("LOOPX_DATA_DIR", &data_dir)]);
+    let prompts_file = tmux.dir.path().join("prompts");
+    let goal = unique("goal");
+    let run = format!(
+        "{} run --broker-url {} -- {}",
+        env!("CARGO_BIN_EXE_loopx"),
+        broker.url,
+        agent_command(&broker, &prompts_file, &goal)
+    );
+    tmux.type_in(&run, true);
+    let session = session_of(&broker, &goal).await;
+    assert_eq!(wakers(&tmux), 0, "loopx run types itself: no tmux waker");
+
+    let one = send(&broker, &session, "!rm -rf / is a message, not a command").await;
+    let first = &answered(&broker, &session, &[one]).await[0];
+    assert_eq!(
+        first.response.as_ref().unwrap()["message"],
+        "Echo: [LoopX #1 web] !rm -rf / is a message, not a command"
+    );
+    eprintln!(
+        "loopx run: enqueue to typed-and-claimed: {} ms",
+        latency(first)
+    );
+
+    // The person starts a prompt and has not sent it: nothing is typed.
+    tmux.type_in("half a thought", false);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let queued = send(&broker, &session, "Sent while the person types.").await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        broker
+            .client
+            .turn(&session, &queued)
+            .await
+            .unwrap()
+            .body
+            .state,
+        TurnState::Queued
+    );
+    // They send it: their prompt is theirs, whole; the message comes at the
+    // end of that turn (the Stop hook), answered once.
+    tmux.type_in(" and the rest", true);
+    let turn = &answered(&broker, &session, &[queued]).await[0];
+    let answer = turn.response.as_ref().unwrap()["message"].as_str().unwrap();
+    assert!(answer.contains("Sent while the person types."), "{answer}");
+    let got = prompts(&prompts_file);
+    assert_eq!(
+        got[1], "half a thought and the rest",
+        "never interleaved: {got:?}"
+    );
+    assert_eq!(got.len(), 3, "{got:?}");
+
+    // The agent's exit status is loopx's.
+    tmux.type_in("/exit", true);
+    tmux.wait_shell().await;
+    tmux.type_in(
+        &format!(
+            "{} run -- sh -c 'exit 7'; echo status=$?",
+            env!("CARGO_BIN_EXE_loopx")
+        ),
+        true,
+    );
+    tmux.wait_screen("status=7").await;
+}
