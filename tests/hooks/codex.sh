@@ -95,9 +95,12 @@ run_codex "$work/run2.jsonl" resume "$thread" "Go on."
 [ "$(sessions)" = "$session" ]
 
 turns=$(curl -fsS -H "Authorization: Bearer $LOOPX_TOKEN" "$BROKER_URL/v1/sessions/$session/turns")
-python3 - "$turns" "$work/run1.jsonl" "$work/run2.jsonl" <<'PY'
+projection=$(curl -fsS -H "Authorization: Bearer $LOOPX_TOKEN" "$BROKER_URL/v1/sessions/$session")
+python3 - "$turns" "$projection" "$work/run1.jsonl" "$work/run2.jsonl" <<'PY'
 import json, sys
 turns = json.loads(sys.argv[1])["turns"]
+# SessionEnd ran when `codex exec resume` ended.
+assert json.loads(sys.argv[2])["agent"]["state"] == "away", sys.argv[2]
 assert len(turns) == 2, turns
 for turn, asked in zip(turns, ["what is 2+2?", "and 3+3?"]):
     assert turn["state"] == "completed", turn
@@ -107,7 +110,7 @@ for turn, asked in zip(turns, ["what is 2+2?", "and 3+3?"]):
     assert answer.startswith("Stub answer. [") and "as your answer" in answer, answer
     assert answer.endswith("Asked: From the web: " + asked), answer
     print("codex exec", "delivered and answered:", answer)
-for run in sys.argv[2:]:
+for run in sys.argv[3:]:
     events = [json.loads(line) for line in open(run)]
     assert any(e.get("type") == "turn.completed" for e in events), events
 PY
