@@ -17,10 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 loopx=$(realpath "${1:-target/debug/loopx}")
 source tests/support/live_broker.sh
-version=0.171.0
-
-(cd "$work" && npm install --silent --no-audit --no-fund "@openai/codex@$version" >/dev/null)
-codex="$work/node_modules/.bin/codex"
+codex=$(npm_bin @openai/codex@0.171.0 codex)
 "$codex" --version
 
 export LOOPX_TOKEN=hooks-test-token HOME="$work/home" STUB_API_KEY=sk-stub
@@ -29,7 +26,7 @@ project="$work/project"
 mkdir -p "$HOME/.codex" "$project"
 git -C "$project" init -q
 start_broker "$loopx" --data-dir "$work/data"
-model_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+model_port=$(free_port)
 python3 tests/hooks/stub_responses.py "$model_port" "$work/gate" 2>"$work/model.log" &
 model_pid=$!
 trap 'kill $model_pid 2>/dev/null; stop_broker' EXIT

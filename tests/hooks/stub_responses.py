@@ -52,14 +52,6 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         sys.stderr.write("stub: %s %s\n" % (self.command, self.path))
 
-    def do_GET(self):
-        out = json.dumps({"data": [], "models": []}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
         deadline = time.time() + 60
