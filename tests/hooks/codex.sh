@@ -22,8 +22,8 @@ codex=$(npm_bin @openai/codex@0.171.0 codex)
 
 export LOOPX_TOKEN=hooks-test-token HOME="$work/home" STUB_API_KEY=sk-stub
 unset CODEX_HOME
-project="$work/project"
-mkdir -p "$HOME/.codex" "$project"
+mkdir -p "$HOME/.codex" "$work/project"
+project=$(realpath "$work/project")   # as Codex names it
 git -C "$project" init -q
 start_broker "$loopx" --data-dir "$work/data"
 model_port=$(free_port)
