@@ -729,7 +729,14 @@ async fn install_merges_the_hooks_once_and_keeps_what_is_there() {
     std::fs::create_dir_all(codex.parent().unwrap()).unwrap();
     std::fs::write(&codex, "model = \"gpt-5-codex\" # mine\n").unwrap();
     let said = install("codex").await;
-    assert!(said.contains("/hooks"), "{said}");
+    // Without --trust: the command with --trust, and the manual way.
+    let project = dir.path().canonicalize().unwrap();
+    assert!(
+        said.contains(" --trust\n")
+            && said.contains(&format!("[projects.\"{}\"]", project.display()))
+            && said.contains("/hooks"),
+        "{said}"
+    );
     let text = std::fs::read_to_string(&codex).unwrap();
     assert!(
         text.starts_with("model = \"gpt-5-codex\" # mine\n"),

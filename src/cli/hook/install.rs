@@ -3,7 +3,8 @@
 //! entries appended, the rest of the file untouched), with the absolute path
 //! of the running binary. Idempotent: an entry that is already there is left
 //! alone, an older `loopx hook` entry for the event is replaced. Prints what
-//! it changed; for Codex, that the hooks must be trusted in `/hooks`.
+//! it changed. For Codex, `--trust` then writes Codex's own trust of the
+//! project and of each hook (codex_trust.rs); without it, how to trust them.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -11,7 +12,7 @@ use std::process::ExitCode;
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
 
-use super::{Agent, Binding};
+use super::{Agent, Binding, codex_trust};
 use crate::cli::common::local_error;
 
 /// Where the settings go.
@@ -50,6 +51,13 @@ pub struct InstallArgs {
     pub permission_wait_seconds: Option<u64>,
     #[command(flatten)]
     pub binding: Binding,
+    /// Codex: trust the project and the LoopX hooks in Codex's user config,
+    /// with the keys and hashes Codex's `codex app-server` gives.
+    #[arg(long)]
+    pub trust: bool,
+    /// The Codex binary that --trust asks [default: `codex` on the PATH].
+    #[arg(long, env = "LOOPX_CODEX", default_value = "codex")]
+    pub codex: PathBuf,
 }
 
 /// The events installed, with each one's timeout in seconds (None: the
@@ -76,6 +84,9 @@ pub fn run(args: InstallArgs) -> ExitCode {
 }
 
 fn install(args: &InstallArgs) -> Result<Vec<String>, String> {
+    if args.trust && args.agent != Agent::Codex {
+        return Err("--trust is for --agent codex (Claude Code asks at its first start)".into());
+    }
     let exe = std::env::current_exe()
         .and_then(|p| p.canonicalize())
         .map_err(|e| format!("cannot find this binary's path: {e}"))?;
@@ -116,11 +127,21 @@ fn install(args: &InstallArgs) -> Result<Vec<String>, String> {
     }
     lines.append(&mut notes);
     if args.agent == Agent::Codex {
-        lines.push(
-            "Codex runs a hook only once you trust it: start Codex, open /hooks and trust the \
-             LoopX hooks (again after any change to their commands)."
-                .into(),
-        );
+        let project = match args.scope {
+            Scope::Project => Some(project_dir(args.project_dir.as_deref())?),
+            Scope::User => None,
+        };
+        if args.trust {
+            let ours = |command: &str, event: &str| is_ours(command, &kebab(event));
+            lines.extend(codex_trust::trust(
+                &args.codex,
+                project.as_deref(),
+                &path,
+                ours,
+            )?);
+        } else {
+            lines.extend(how_to_trust(project.as_deref()));
+        }
     }
     Ok(lines)
 }
@@ -181,26 +202,68 @@ fn check_session(args: &InstallArgs, session_id: &str) -> Result<Vec<String>, St
     )])
 }
 
+/// Without --trust: Codex skips the hooks until they are trusted; the two
+/// ways to do it.
+fn how_to_trust(project: Option<&Path>) -> Vec<String> {
+    let again: Vec<String> = std::env::args().map(|w| shell_word(&w)).collect();
+    let mut lines = vec![
+        "Codex runs these hooks only once they are trusted (again after any change to their \
+         commands). Either let loopx ask Codex and write its trust:"
+            .to_owned(),
+        format!("  {} --trust", again.join(" ")),
+    ];
+    match project {
+        Some(dir) => lines.extend([
+            format!(
+                "or by hand: trust the project in {} (Codex ignores .codex/config.toml until then)",
+                codex_home().join("config.toml").display()
+            ),
+            format!("  [projects.{}]", toml_string(&dir.display().to_string())),
+            "  trust_level = \"trusted\"".to_owned(),
+            "then start Codex in the project, open /hooks and trust the LoopX hooks.".to_owned(),
+        ]),
+        None => {
+            lines.push("or by hand: start Codex, open /hooks and trust the LoopX hooks.".to_owned())
+        }
+    }
+    lines
+}
+
+/// Codex's home: `$CODEX_HOME`, else `~/.codex` (as Codex reads it).
+fn codex_home() -> PathBuf {
+    match std::env::var_os("CODEX_HOME").filter(|h| !h.is_empty()) {
+        Some(home) => PathBuf::from(home),
+        None => std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_default()
+            .join(".codex"),
+    }
+}
+
+/// The project directory, absolute (Codex keys its trust by it).
+fn project_dir(dir: Option<&Path>) -> Result<PathBuf, String> {
+    let dir = match dir {
+        Some(dir) => dir.to_owned(),
+        None => std::env::current_dir().map_err(|e| format!("no current directory: {e}"))?,
+    };
+    dir.canonicalize()
+        .map_err(|e| format!("cannot find the project directory {}: {e}", dir.display()))
+}
+
 /// The agent's settings file for `scope`.
-pub fn settings_path(
-    agent: Agent,
-    scope: Scope,
-    project_dir: Option<&Path>,
-) -> Result<PathBuf, String> {
+pub fn settings_path(agent: Agent, scope: Scope, dir: Option<&Path>) -> Result<PathBuf, String> {
     let home = || {
         std::env::var_os("HOME")
             .map(PathBuf::from)
             .ok_or_else(|| "HOME is not set".to_owned())
     };
-    let project = || match project_dir {
-        Some(dir) => Ok(dir.to_owned()),
-        None => std::env::current_dir().map_err(|e| format!("no current directory: {e}")),
-    };
     Ok(match (agent, scope) {
-        (Agent::ClaudeCode, Scope::Project) => project()?.join(".claude/settings.local.json"),
+        (Agent::ClaudeCode, Scope::Project) => {
+            project_dir(dir)?.join(".claude/settings.local.json")
+        }
         (Agent::ClaudeCode, Scope::User) => home()?.join(".claude/settings.json"),
-        (Agent::Codex, Scope::Project) => project()?.join(".codex/config.toml"),
-        (Agent::Codex, Scope::User) => home()?.join(".codex/config.toml"),
+        (Agent::Codex, Scope::Project) => project_dir(dir)?.join(".codex/config.toml"),
+        (Agent::Codex, Scope::User) => codex_home().join("config.toml"),
     })
 }
 

@@ -26,6 +26,7 @@ use crate::model::{
 };
 
 mod approval;
+mod codex_trust;
 mod doctor;
 mod failures;
 mod install;
