@@ -192,6 +192,18 @@ fn blocked(run: &Run) -> String {
     out["reason"].as_str().unwrap().to_owned()
 }
 
+/// Every turn of the session with its answer's message (null if none).
+async fn answers(c: &loopx::client::Client, host: &Host) -> Vec<(loopx::model::Turn, Value)> {
+    all_turns(c, host)
+        .await
+        .into_iter()
+        .map(|turn| {
+            let answer = turn.response.clone().unwrap_or_default()["message"].clone();
+            (turn, answer)
+        })
+        .collect()
+}
+
 fn silent(run: &Run) {
     assert_eq!((run.code, run.stdout.as_str()), (0, ""), "{run:?}");
 }
@@ -230,21 +242,10 @@ async fn stop_delivers_web_and_lark_messages_in_order_each_answered_once() {
         silent(&hooks.stop(Some("Two are flaky."), &[]).await);
         // Repeated: the completion replays, nothing doubles.
         silent(&hooks.stop_again(Some("Two are flaky."), &[]).await);
-        let turns = c
-            .turns(host.session_id(), &Default::default())
+        let answers: Vec<(i64, TurnState, Value)> = answers(c, &host)
             .await
-            .unwrap()
-            .body
-            .turns;
-        let answers: Vec<(i64, TurnState, Value)> = turns
-            .iter()
-            .map(|t| {
-                (
-                    t.seq,
-                    t.state,
-                    t.response.clone().unwrap_or_default()["message"].clone(),
-                )
-            })
+            .into_iter()
+            .map(|(turn, answer)| (turn.seq, turn.state, answer))
             .collect();
         assert_eq!(
             answers,
@@ -276,18 +277,10 @@ async fn the_same_answer_twice_answers_each_message_once_in_order() {
         assert!(blocked(&hooks.stop(Some("Done."), &[]).await).contains("Second."));
         assert!(blocked(&hooks.stop(Some("Done."), &[]).await).contains("Third."));
         silent(&hooks.stop(Some("Done."), &[]).await);
-        let turns = c
-            .turns(host.session_id(), &Default::default())
+        let answers: Vec<(String, TurnState, Value)> = answers(c, &host)
             .await
-            .unwrap()
-            .body
-            .turns;
-        let answers: Vec<(String, TurnState, Value)> = turns
-            .iter()
-            .map(|t| {
-                let answer = t.response.clone().unwrap_or_default()["message"].clone();
-                (t.text.clone(), t.state, answer)
-            })
+            .into_iter()
+            .map(|(turn, answer)| (turn.text, turn.state, answer))
             .collect();
         assert_eq!(
             answers,

@@ -100,6 +100,32 @@ impl Drop for Tmux {
     }
 }
 
+/// A broker, a tmux server whose hooks use a data dir of their own, and a
+/// goal and prompts file for the agent.
+struct Scene {
+    broker: TestBroker,
+    tmux: Tmux,
+    prompts_file: PathBuf,
+    goal: String,
+    _data: tempfile::TempDir,
+}
+
+impl Scene {
+    async fn start() -> Scene {
+        let broker = TestBroker::start().await;
+        let data = tempfile::tempdir().unwrap();
+        let data_dir = data.path().display().to_string();
+        let tmux = Tmux::start(&[("LOOPX_TOKEN", TOKEN), ("LOOPX_DATA_DIR", &data_dir)]);
+        Scene {
+            broker,
+            prompts_file: tmux.dir.path().join("prompts"),
+            tmux,
+            goal: unique("goal"),
+            _data: data,
+        }
+    }
+}
+
 /// The fake agent's command line, its prompts file, and its binding.
 fn agent_command(broker: &TestBroker, prompts: &Path, goal: &str) -> String {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/wake/fake_agent.py");
@@ -193,12 +219,13 @@ fn wakers(tmux: &Tmux) -> usize {
 
 #[tokio::test]
 async fn an_idle_agent_in_tmux_gets_messages_typed_in_each_answered_once() {
-    let broker = TestBroker::start().await;
-    let data = tempfile::tempdir().unwrap();
-    let data_dir = data.path().display().to_string();
-    let tmux = Tmux::start(&[("LOOPX_TOKEN", TOKEN), ("LOOPX_DATA_DIR", &data_dir)]);
-    let prompts_file = tmux.dir.path().join("prompts");
-    let goal = unique("goal");
+    let Scene {
+        broker,
+        tmux,
+        prompts_file,
+        goal,
+        _data,
+    } = Scene::start().await;
     tmux.type_in(&agent_command(&broker, &prompts_file, &goal), true);
     let session = session_of(&broker, &goal).await;
     tokio::time::sleep(Duration::from_secs(2)).await; // idle a while
@@ -286,12 +313,13 @@ async fn an_idle_agent_in_tmux_gets_messages_typed_in_each_answered_once() {
 
 #[tokio::test]
 async fn loopx_run_types_into_its_agent_and_the_person_at_the_terminal_wins() {
-    let broker = TestBroker::start().await;
-    let data = tempfile::tempdir().unwrap();
-    let data_dir = data.path().display().to_string();
-    let tmux = Tmux::start(&[("LOOPX_TOKEN", TOKEN), ("LOOPX_DATA_DIR", &data_dir)]);
-    let prompts_file = tmux.dir.path().join("prompts");
-    let goal = unique("goal");
+    let Scene {
+        broker,
+        tmux,
+        prompts_file,
+        goal,
+        _data,
+    } = Scene::start().await;
     let run = format!(
         "{} run --broker-url {} -- {}",
         env!("CARGO_BIN_EXE_loopx"),

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use clap::Args;
 use serde_json::Value;
 
-use super::install::{Scope, is_ours, settings_path};
+use super::install::{Settings, is_ours};
 use super::{Agent, failures};
 use crate::client::{Client, DEFAULT_BROKER_URL};
 use crate::config;
@@ -18,14 +18,8 @@ use crate::model::SessionState;
 
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
-    /// The agent whose hooks to check.
-    #[arg(long, value_enum)]
-    pub agent: Agent,
-    #[arg(long, value_enum, default_value_t = Scope::Project)]
-    pub scope: Scope,
-    /// The project directory for --scope project [default: $CLAUDE_PROJECT_DIR, else the current one].
-    #[arg(long, env = "CLAUDE_PROJECT_DIR")]
-    pub project_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub settings: Settings,
     /// The data dir whose owner.token and hooks.log the hooks use
     /// [default: $XDG_DATA_HOME/loopx, else ~/.local/share/loopx].
     #[arg(long, env = "LOOPX_DATA_DIR")]
@@ -86,15 +80,15 @@ pub fn run(args: DoctorArgs) -> ExitCode {
 
 /// The settings file and the Stop hook's words, as `install` wrote them.
 fn installed(args: &DoctorArgs) -> Result<(PathBuf, Vec<String>), String> {
-    let path = settings_path(args.agent, args.scope, args.project_dir.as_deref())?;
+    let path = args.settings.path()?;
     let text = std::fs::read_to_string(&path).map_err(|e| {
         format!(
             "cannot read {} ({e}): run `loopx hook install --agent {}`",
             path.display(),
-            args.agent.flag()
+            args.settings.agent.flag()
         )
     })?;
-    let command = match args.agent {
+    let command = match args.settings.agent {
         Agent::ClaudeCode => serde_json::from_str::<Value>(&text)
             .ok()
             .and_then(|settings| claude_stop_command(&settings)),
@@ -108,7 +102,7 @@ fn installed(args: &DoctorArgs) -> Result<(PathBuf, Vec<String>), String> {
         format!(
             "{} has no `loopx hook stop` entry: run `loopx hook install --agent {}`",
             path.display(),
-            args.agent.flag()
+            args.settings.agent.flag()
         )
     })?;
     Ok((path, words(&command)))

@@ -24,9 +24,11 @@ pub enum Scope {
     User,
 }
 
-#[derive(Debug, Args)]
-pub struct InstallArgs {
-    /// The agent whose settings to write.
+/// Which agent's settings, and where (`install` writes them, `doctor`
+/// reads them).
+#[derive(Debug, Clone, Args)]
+pub struct Settings {
+    /// The agent whose settings these are.
     #[arg(long, value_enum)]
     pub agent: Agent,
     #[arg(long, value_enum, default_value_t = Scope::Project)]
@@ -34,6 +36,19 @@ pub struct InstallArgs {
     /// The project directory for --scope project [default: $CLAUDE_PROJECT_DIR, else the current one].
     #[arg(long, env = "CLAUDE_PROJECT_DIR")]
     pub project_dir: Option<PathBuf>,
+}
+
+impl Settings {
+    /// The agent's settings file.
+    pub fn path(&self) -> Result<PathBuf, String> {
+        settings_path(self.agent, self.scope, self.project_dir.as_deref())
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct InstallArgs {
+    #[command(flatten)]
+    pub settings: Settings,
     /// The broker's URL, written into the commands when given.
     #[arg(long)]
     pub broker_url: Option<String>,
@@ -84,20 +99,20 @@ pub fn run(args: InstallArgs) -> ExitCode {
 }
 
 fn install(args: &InstallArgs) -> Result<Vec<String>, String> {
-    if args.trust && args.agent != Agent::Codex {
+    if args.trust && args.settings.agent != Agent::Codex {
         return Err("--trust is for --agent codex (Claude Code asks at its first start)".into());
     }
     let exe = std::env::current_exe()
         .and_then(|p| p.canonicalize())
         .map_err(|e| format!("cannot find this binary's path: {e}"))?;
-    let path = settings_path(args.agent, args.scope, args.project_dir.as_deref())?;
+    let path = args.settings.path()?;
     let mut notes = match &args.binding.session_id {
         Some(session_id) => check_session(args, session_id)?,
         None => Vec::new(),
     };
     let commands: Vec<(&str, String, Option<u64>)> = EVENTS
         .iter()
-        .filter(|(name, ..)| args.agent == Agent::ClaudeCode || *name != "Notification")
+        .filter(|(name, ..)| args.settings.agent == Agent::ClaudeCode || *name != "Notification")
         .map(|(name, event, timeout)| {
             let timeout = match wait_flag(event, args) {
                 Some(wait) => Some(wait.min(1800) + 30),
@@ -111,7 +126,7 @@ fn install(args: &InstallArgs) -> Result<Vec<String>, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
     };
-    let (text, mut lines) = match args.agent {
+    let (text, mut lines) = match args.settings.agent {
         Agent::ClaudeCode => merge_claude(&existing, &commands)?,
         Agent::Codex => merge_codex(&existing, &commands),
     };
@@ -126,9 +141,9 @@ fn install(args: &InstallArgs) -> Result<Vec<String>, String> {
         lines.insert(0, format!("{} already has the hooks", path.display()));
     }
     lines.append(&mut notes);
-    if args.agent == Agent::Codex {
-        let project = match args.scope {
-            Scope::Project => Some(project_dir(args.project_dir.as_deref())?),
+    if args.settings.agent == Agent::Codex {
+        let project = match args.settings.scope {
+            Scope::Project => Some(project_dir(args.settings.project_dir.as_deref())?),
             Scope::User => None,
         };
         if args.trust {
@@ -155,12 +170,12 @@ fn check_session(args: &InstallArgs, session_id: &str) -> Result<Vec<String>, St
         .binding
         .host_surface
         .clone()
-        .unwrap_or_else(|| args.agent.host_surface().to_owned());
+        .unwrap_or_else(|| args.settings.agent.host_surface().to_owned());
     let bind_instead = format!(
         "install with the bind flags instead (loopx hook install --agent {} --goal-id <goal> \
          --agent-id <agent> --executor-endpoint-id <label>): the hooks then bind a session \
          to the agent's own session on its first hook",
-        args.agent.flag()
+        args.settings.agent.flag()
     );
     let connection = crate::cli::common::Connection {
         broker_url: args
@@ -198,7 +213,7 @@ fn check_session(args: &InstallArgs, session_id: &str) -> Result<Vec<String>, St
         "session {session_id} answers only the host session it was bound to: start the agent \
          as that session (Claude Code: `claude --session-id <host session id>`, or `--resume` \
          it), or {bind_instead}. `loopx hook doctor --agent {}` shows the hooks' refusals.",
-        args.agent.flag()
+        args.settings.agent.flag()
     )])
 }
 
@@ -251,7 +266,7 @@ fn project_dir(dir: Option<&Path>) -> Result<PathBuf, String> {
 }
 
 /// The agent's settings file for `scope`.
-pub fn settings_path(agent: Agent, scope: Scope, dir: Option<&Path>) -> Result<PathBuf, String> {
+fn settings_path(agent: Agent, scope: Scope, dir: Option<&Path>) -> Result<PathBuf, String> {
     let home = || {
         std::env::var_os("HOME")
             .map(PathBuf::from)
@@ -275,7 +290,7 @@ fn command(exe: &Path, event: &str, args: &InstallArgs) -> String {
         "hook".into(),
         event.into(),
         "--agent".into(),
-        args.agent.flag().into(),
+        args.settings.agent.flag().into(),
     ];
     let b = &args.binding;
     let flags = [
