@@ -545,11 +545,11 @@ impl Broker {
         session_id: &str,
         report: ReportAgentState,
     ) -> Result<Session> {
-        let claim_id = crate::decide::presence::reported_claim(&report)?;
+        let said = crate::decide::presence::Report::checked(&report)?;
         let host = checked_host(report.host_surface, report.host_session_id)?;
         let reported = self
             .store
-            .report_agent(session_id.to_owned(), host, Some(report.state), claim_id)
+            .report_agent(session_id.to_owned(), host, said)
             .await?;
         // An agent that left may leave a turn behind: released now.
         self.release_if_left(&reported.session).await;
@@ -577,7 +577,7 @@ impl Broker {
         }
         if let Err(e) = self
             .store
-            .report_agent(session_id.to_owned(), host.clone(), None, None)
+            .report_agent(session_id.to_owned(), host.clone(), Default::default())
             .await
         {
             tracing::debug!(code = ?e.code, "a parked claim's presence was not recorded");

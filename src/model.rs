@@ -185,6 +185,28 @@ pub struct AgentPresence {
     /// Since when (RFC 3339): the report that changed it, or, for `away`
     /// after silence, 10 minutes after the host was last heard from.
     pub since: String,
+    /// How a message sent now reaches the agent.
+    #[serde(default = "Delivery::later")]
+    pub delivery: Delivery,
+}
+
+/// How a message sent now reaches the agent: `typed_now` (it waits at its
+/// prompt and a waker on its host types the message in at once),
+/// `end_of_turn` (it works: the message is delivered when the current turn
+/// ends), `later` (it waits with no waker, or is away: when the agent next
+/// ends a turn or comes back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    TypedNow,
+    EndOfTurn,
+    Later,
+}
+
+impl Delivery {
+    fn later() -> Self {
+        Delivery::Later
+    }
 }
 
 /// `POST /v1/sessions/{session_id}/agent-state`, by the host: what its agent is doing.
@@ -204,7 +226,17 @@ pub struct ReportAgentState {
         pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
     )]
     pub host_session_id: String,
-    pub state: AgentState,
+    /// The agent's state; may be left out only by a report of `typing_in`
+    /// alone (a waker says it is there, the state stands).
+    #[serde(default)]
+    pub state: Option<AgentState>,
+    /// `true`: a waker on the host (`loopx run`, or the tmux waker the hooks
+    /// start) types queued messages into the agent while it waits at its
+    /// prompt, and says so again at least every minute; `false`: it
+    /// stopped. Each such report is also a sign of life of the agent, whose
+    /// process the waker watches. Shown as the presence's `delivery`.
+    #[serde(default)]
+    pub typing_in: Option<bool>,
     /// With `working` only: the claim whose turn the agent works on, said by
     /// its holder. A holder that names its claim promises to say so again at
     /// least every minute (`loopx mcp` does, while a turn is delivered and

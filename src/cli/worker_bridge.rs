@@ -15,7 +15,7 @@ use crate::model::{
     AgentState, BindRequest, ClaimAnswer, ClaimRequest, CloseRequest, CompleteRequest,
     ListSessions, ListTurns, RegisterAgentThread, ReleaseRequest, Session, SessionState,
 };
-use crate::model::{HostIdentity, wire};
+use crate::model::{Delivery, HostIdentity, wire};
 
 /// The host side: register and bind a running host session, then claim,
 /// complete and release its turns.
@@ -476,10 +476,18 @@ async fn presence_cells(ctx: &Ctx, sessions: &[Session]) -> Result<Vec<String>, 
 
 fn session_table(sessions: &[Session], presence: &[String]) -> String {
     let header = [
-        "SESSION", "STATE", "GOAL", "AGENT", "EXECUTOR", "SURFACE", "PRESENCE", "CREATED",
+        "SESSION",
+        "STATE",
+        "GOAL",
+        "AGENT",
+        "EXECUTOR",
+        "SURFACE",
+        "PRESENCE",
+        "A MESSAGE",
+        "CREATED",
     ]
     .map(str::to_owned);
-    let rows: Vec<[String; 8]> = sessions
+    let rows: Vec<[String; 9]> = sessions
         .iter()
         .zip(presence)
         .map(|(s, presence)| {
@@ -491,6 +499,12 @@ fn session_table(sessions: &[Session], presence: &[String]) -> String {
                 s.executor_endpoint_id.clone(),
                 s.host_surface.clone(),
                 presence.clone(),
+                match s.agent.delivery {
+                    _ if s.state != SessionState::Open => "-".to_owned(),
+                    Delivery::TypedNow => "typed in now".to_owned(),
+                    Delivery::EndOfTurn => "at the turn's end".to_owned(),
+                    Delivery::Later => "when it is back".to_owned(),
+                },
                 s.created_at.clone(),
             ]
         })

@@ -480,6 +480,7 @@ pub(crate) mod tests {
             agent_since: None,
             agent_heard_at: None,
             holder_heard_at: None,
+            waker_heard_at: None,
         }
     }
 

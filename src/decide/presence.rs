@@ -6,32 +6,79 @@
 //! session's log as an `agent` event; a repeated report only refreshes when
 //! the host was heard from, at most once per [`HEARD_REFRESH_MS`], so a host
 //! that reports often writes little. Time alone never touches a claim.
+//!
+//! A waker on the host (HOOKS.md "Waking an idle agent") reports that it
+//! types into the idle agent (`typing_in`), at least every minute; the
+//! projection's `delivery` says from it how a message sent now arrives.
 
 use super::SessionRow;
 use super::{Decided, Subject, Writes, existing, hosted, log, open};
 use crate::error::{Error, Result};
 use crate::ids::check;
 use crate::model::HostIdentity;
-use crate::model::{AgentState, NotificationKind, ReportAgentState, SessionState};
+use crate::model::{AgentState, Delivery, NotificationKind, ReportAgentState, SessionState};
 
 /// Silence after which the agent is shown `away`.
 pub const AWAY_AFTER_MS: i64 = 10 * 60 * 1000;
 /// How stale the last "heard from" may get before a same-state report is
 /// written again.
 pub const HEARD_REFRESH_MS: i64 = 60 * 1000;
+/// How long a waker's report that it types in holds: it says so again every
+/// minute, so two missed reports.
+pub const WAKER_FRESH_MS: i64 = 150 * 1000;
 
-/// The `claim_id` of a report: an identifier, and only with `working`.
-pub fn reported_claim(report: &ReportAgentState) -> Result<Option<String>> {
-    let Some(claim_id) = &report.claim_id else {
-        return Ok(None);
-    };
-    check("claim_id", claim_id)?;
-    if report.state != AgentState::Working {
-        return Err(Error::invalid(
-            "`claim_id` goes with `\"state\": \"working\"` only: the holder says it works on that claim.",
-        ));
+/// What a host reports: a state (None: it was only heard from), the claim
+/// its agent works on, whether a waker types into the idle agent.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub state: Option<AgentState>,
+    pub claim_id: Option<String>,
+    pub typing_in: Option<bool>,
+}
+
+impl Report {
+    /// A report as the route takes it: `state` or `typing_in` given, and a
+    /// `claim_id` (an identifier) only with `working`.
+    pub fn checked(report: &ReportAgentState) -> Result<Report> {
+        if report.state.is_none() && report.typing_in.is_none() {
+            return Err(Error::invalid("Give `state`, `typing_in`, or both."));
+        }
+        if let Some(claim_id) = &report.claim_id {
+            check("claim_id", claim_id)?;
+            if report.state != Some(AgentState::Working) {
+                return Err(Error::invalid(
+                    "`claim_id` goes with `\"state\": \"working\"` only: the holder says it works on that claim.",
+                ));
+            }
+        }
+        Ok(Report {
+            state: report.state,
+            claim_id: report.claim_id.clone(),
+            typing_in: report.typing_in,
+        })
     }
-    Ok(Some(claim_id.clone()))
+}
+
+/// How a message sent at `now` reaches the agent shown in `state`.
+pub fn delivery(session: &SessionRow, state: AgentState, now: i64) -> Delivery {
+    let typer = session
+        .waker_heard_at
+        .is_some_and(|heard| now - heard < WAKER_FRESH_MS);
+    match state {
+        AgentState::Working => Delivery::EndOfTurn,
+        AgentState::Waiting if typer => Delivery::TypedNow,
+        _ => Delivery::Later,
+    }
+}
+
+/// Whether a waker's report changes what is stored: a waker that starts, a
+/// stale mark refreshed, or one that stopped.
+fn waker_news(session: &SessionRow, typing_in: Option<bool>, now: i64) -> bool {
+    match (typing_in, session.waker_heard_at) {
+        (Some(true), Some(heard)) => now - heard >= HEARD_REFRESH_MS,
+        (Some(true), None) | (Some(false), Some(_)) => true,
+        _ => false,
+    }
 }
 
 /// The presence shown at `now`: the reported state and since when, or `away`
@@ -80,27 +127,37 @@ pub struct Reported {
 pub fn report(
     session: Option<SessionRow>,
     host: &HostIdentity,
-    state: Option<AgentState>,
-    claim_id: Option<&str>,
+    report: &Report,
     now: i64,
 ) -> Result<Decided<Reported>> {
     let mut session = hosted(session, host)?;
     open(&session)?;
+    let state = report.state;
     let holder = state == Some(AgentState::Working)
-        && claim_id.is_some()
-        && session.active_claim_id.as_deref() == claim_id;
+        && report.claim_id.is_some()
+        && session.active_claim_id == report.claim_id;
     if holder {
         session.holder_heard_at = Some(now);
     }
-    if !holder && !is_news(&session, state, now) {
+    let waker = waker_news(&session, report.typing_in, now);
+    match report.typing_in {
+        Some(true) => session.waker_heard_at = Some(now),
+        Some(false) => session.waker_heard_at = None,
+        None => {}
+    }
+    if !holder && !waker && !is_news(&session, state, now) {
         return Ok(Decided::nothing(Reported {
             session,
             changed: false,
         }));
     }
+    // A waker that stopped says nothing of the agent: only its mark goes.
+    let stopped = report.typing_in == Some(false) && state.is_none() && !holder;
     let wanted = state.unwrap_or(session.agent_state);
-    let changed = shown(&session, now).0 != wanted;
-    session.agent_heard_at = Some(now);
+    let changed = !stopped && shown(&session, now).0 != wanted;
+    if !stopped {
+        session.agent_heard_at = Some(now);
+    }
     let event = changed.then(|| {
         session.agent_state = wanted;
         session.agent_since = Some(now);
@@ -197,12 +254,17 @@ mod tests {
     use crate::model::SessionState;
 
     fn reported(row: SessionRow, state: AgentState, now: i64) -> Decided<Reported> {
-        report(Some(row), &host("h"), Some(state), None, now).expect("a report")
+        let said = Report {
+            state: Some(state),
+            ..Report::default()
+        };
+        report(Some(row), &host("h"), &said, now).expect("a report")
     }
 
     #[test]
     fn a_parked_claim_only_keeps_an_attached_agent_heard_from() {
-        let heard = |row: &SessionRow, now| report(Some(row.clone()), &host("h"), None, None, now);
+        let heard =
+            |row: &SessionRow, now| report(Some(row.clone()), &host("h"), &Report::default(), now);
         let fresh = session(SessionState::Open);
         assert!(
             heard(&fresh, 5).unwrap().writes.session.is_none(),
@@ -280,10 +342,64 @@ mod tests {
         assert_eq!(back.writes.event.expect("back").state, "working");
     }
 
+    fn working() -> Report {
+        Report {
+            state: Some(AgentState::Working),
+            ..Report::default()
+        }
+    }
+
+    #[test]
+    fn a_waker_makes_an_idle_agent_typed_into_until_it_stops_or_falls_silent() {
+        let waiting = reported(session(SessionState::Open), AgentState::Waiting, 1_000)
+            .answer
+            .session;
+        assert_eq!(
+            delivery(&waiting, AgentState::Waiting, 1_000),
+            Delivery::Later
+        );
+        let typing = |row: &SessionRow, on: bool, now| {
+            let said = Report {
+                typing_in: Some(on),
+                ..Report::default()
+            };
+            report(Some(row.clone()), &host("h"), &said, now).expect("a report")
+        };
+        let started = typing(&waiting, true, 2_000);
+        assert!(started.writes.event.is_none(), "the state stands");
+        let row = started.writes.session.expect("the mark written");
+        assert_eq!(
+            delivery(&row, AgentState::Waiting, 2_000),
+            Delivery::TypedNow
+        );
+        assert_eq!(
+            delivery(&row, AgentState::Working, 2_000),
+            Delivery::EndOfTurn
+        );
+        assert!(
+            typing(&row, true, 3_000).writes.session.is_none(),
+            "fresh: nothing written"
+        );
+        let later = 2_000 + WAKER_FRESH_MS;
+        assert_eq!(delivery(&row, AgentState::Waiting, later), Delivery::Later);
+        // Its heartbeats keep the idle agent from being shown away.
+        let kept = typing(&row, true, 2_000 + AWAY_AFTER_MS - 1).answer.session;
+        assert_eq!(
+            shown(&kept, 2_000 + AWAY_AFTER_MS + 1).0,
+            AgentState::Waiting
+        );
+        let stopped = typing(&kept, false, 2_000 + AWAY_AFTER_MS).answer.session;
+        assert_eq!(stopped.waker_heard_at, None);
+        assert_eq!(
+            stopped.agent_heard_at, kept.agent_heard_at,
+            "says nothing of the agent"
+        );
+    }
+
     #[test]
     fn only_the_bound_host_reports_on_an_open_session() {
         let refused = |row: Option<SessionRow>, id: &str| {
-            report(row, &host(id), Some(AgentState::Working), None, 1)
+            report(row, &host(id), &working(), 1)
                 .expect_err("a refusal")
                 .code
         };

@@ -37,12 +37,17 @@ pub struct SessionRow {
     /// (None: it never did; a new claim starts with None):
     /// [`crate::decide::turn::holder_gone`].
     pub holder_heard_at: Option<i64>,
+    /// When a waker last said it types into this session's idle agent
+    /// (None: none does): [`crate::decide::presence::delivery`].
+    #[serde(default)]
+    pub waker_heard_at: Option<i64>,
 }
 
 impl SessionRow {
     /// The content-free projection, its presence as shown now.
     pub fn projection(&self) -> Session {
-        let (state, since) = crate::decide::presence::shown(self, crate::time::now_ms());
+        let now = crate::time::now_ms();
+        let (state, since) = crate::decide::presence::shown(self, now);
         Session {
             session_id: self.session_id.clone(),
             goal_id: self.goal_id.clone(),
@@ -56,6 +61,7 @@ impl SessionRow {
             agent: AgentPresence {
                 state,
                 since: rfc3339(since),
+                delivery: crate::decide::presence::delivery(self, state, now),
             },
         }
     }

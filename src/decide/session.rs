@@ -80,6 +80,7 @@ pub fn bind(rows: BindRows, bind: BindRequest, minter: &Minter, now: i64) -> Res
         agent_since: None,
         agent_heard_at: None,
         holder_heard_at: None,
+        waker_heard_at: None,
     }))
 }
 

@@ -35,9 +35,9 @@ use crate::decide::turn::{ClaimOutcome, Enqueue, Releaser};
 use crate::decide::{Changed, EventRow, SessionRow, TurnRow};
 use crate::error::Result;
 use crate::model::{
-    AgentState, AnsweredVia, Behavior, BindRequest, CompleteRequest, CreatePermissionRequest,
-    EnqueueRequest, HostIdentity, LarkLink, ListSessions, ListTurns, NotificationKind,
-    PermissionState, Receipt, RegisterAgentThread, Released, ReplyState,
+    AnsweredVia, Behavior, BindRequest, CompleteRequest, CreatePermissionRequest, EnqueueRequest,
+    HostIdentity, LarkLink, ListSessions, ListTurns, NotificationKind, PermissionState, Receipt,
+    RegisterAgentThread, Released, ReplyState,
 };
 use crate::permission::PermissionRow;
 
@@ -46,7 +46,7 @@ use crate::permission::PermissionRow;
 pub const HELD_SESSIONS: &str = "select session_id, goal_id, agent_id, host_surface, \
      host_session_id, executor_endpoint_id, state, created_at, closed_at, queued_count, \
      active_claim_id, next_seq, next_event_no, agent_state, agent_since, agent_heard_at, \
-     holder_heard_at, \
+     holder_heard_at, waker_heard_at, \
      (select c.claimed_at from claims c where c.claim_id = sessions.active_claim_id) \
          as holder_claimed_at \
      from sessions where state = 'open' and active_claim_id is not null";
@@ -385,8 +385,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         session_id: String,
         host: HostIdentity,
-        state: Option<AgentState>,
-        claim_id: Option<String>,
+        report: crate::decide::presence::Report,
     ) -> Result<Reported>;
     /// The open sessions that hold an active claim, each with when its claim
     /// was made: what the broker's sweep for gone holders

@@ -122,7 +122,7 @@ use crate::error::{Error, Result};
 use crate::ids::Minter;
 use crate::model::HostIdentity;
 use crate::model::{
-    AgentState, AnsweredVia, Behavior, CreatePermissionRequest, NotificationKind, PermissionState,
+    AnsweredVia, Behavior, CreatePermissionRequest, NotificationKind, PermissionState,
 };
 use crate::model::{
     BindRequest, CompleteRequest, EnqueueRequest, LarkLink, ListSessions, ListTurns, Receipt,
@@ -343,11 +343,10 @@ impl Store for PgStore {
         &self,
         session_id: String,
         host: HostIdentity,
-        state: Option<AgentState>,
-        claim_id: Option<String>,
+        report: crate::decide::presence::Report,
     ) -> Result<Reported> {
         let reported = transaction!(self, "recording the agent's state", |conn| {
-            decisions::report_agent(conn, &session_id, &host, state, claim_id.as_deref())
+            decisions::report_agent(conn, &session_id, &host, &report)
         })?;
         Ok(reported)
     }

@@ -45,7 +45,7 @@ use crate::error::{Error, Result};
 use crate::ids::Minter;
 use crate::model::HostIdentity;
 use crate::model::{
-    AgentState, AnsweredVia, Behavior, CreatePermissionRequest, NotificationKind, PermissionState,
+    AnsweredVia, Behavior, CreatePermissionRequest, NotificationKind, PermissionState,
 };
 use crate::model::{
     BindRequest, CompleteRequest, EnqueueRequest, LarkLink, ListSessions, ListTurns, Receipt,
@@ -245,7 +245,8 @@ macro_rules! session_columns {
     () => {
         "session_id, goal_id, agent_id, host_surface, host_session_id, \
          executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id, \
-         next_seq, next_event_no, agent_state, agent_since, agent_heard_at, holder_heard_at"
+         next_seq, next_event_no, agent_state, agent_since, agent_heard_at, holder_heard_at, \
+         waker_heard_at"
     };
 }
 const SESSION_COLUMNS: &str = session_columns!();
@@ -496,19 +497,10 @@ impl Store for SqliteStore {
         &self,
         session_id: String,
         host: HostIdentity,
-        state: Option<AgentState>,
-        claim_id: Option<String>,
+        report: crate::decide::presence::Report,
     ) -> Result<Reported> {
-        self.write_cycle(move |conn| {
-            report_agent(
-                conn,
-                session_id.clone(),
-                host.clone(),
-                state,
-                claim_id.as_deref(),
-            )
-        })
-        .await
+        self.write_cycle(move |conn| report_agent(conn, session_id.clone(), host.clone(), &report))
+            .await
     }
 
     async fn silent_sessions(&self, heard_before: i64) -> Result<Vec<String>> {

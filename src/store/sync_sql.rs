@@ -120,6 +120,7 @@ impl FromRow for SessionRow {
             agent_since: r.get(14)?,
             agent_heard_at: r.get(15)?,
             holder_heard_at: r.get(16)?,
+            waker_heard_at: r.get(17)?,
         })
     }
 }

@@ -336,6 +336,20 @@ async function loadChat(c) {
   }
 }
 
+/** How a message sent now reaches the agent (the presence's `delivery`). */
+function deliveryNote(agent) {
+  switch (agent?.delivery) {
+    case 'typed_now':
+      return '; a message sent now is typed in at once';
+    case 'end_of_turn':
+      return '; a message sent now arrives when its current turn ends';
+    case 'later':
+      return '; a message sent now waits until the agent is back at work';
+    default:
+      return '';
+  }
+}
+
 function applySession(c, session) {
   const wasOpen = c.session?.state === 'open';
   c.session = session;
@@ -346,7 +360,7 @@ function applySession(c, session) {
     ' ',
     agentBadge(session.agent),
     ' ',
-    session.state === 'open' ? 'Messages go to the agent in order.' : 'Read-only.',
+    session.state === 'open' ? `Messages go to the agent in order${deliveryNote(session.agent)}.` : 'Read-only.',
   );
   ui.facts.replaceChildren(
     ...sessionFacts(session),

@@ -22,7 +22,8 @@ pub fn report(host: &Host, state: AgentState) -> ReportAgentState {
     ReportAgentState {
         host_surface: HOST_SURFACE.into(),
         host_session_id: host.host_session_id.clone(),
-        state,
+        state: Some(state),
+        typing_in: None,
         claim_id: None,
     }
 }
@@ -183,4 +184,59 @@ async fn a_parked_claim_keeps_a_reported_agent_heard_from_without_an_event() {
     assert_eq!(states(&take(&mut events, 1).await), ["turn:queued"]);
     let session = c.session(sid).await.unwrap().body;
     assert_eq!(session.agent.state, AgentState::Waiting);
+}
+
+/// A waker's `typing_in` reports: the projection's `delivery` follows them
+/// and the agent's state, which they never change; a report that says
+/// neither a state nor `typing_in` is refused and changes nothing.
+#[tokio::test]
+async fn a_wakers_reports_set_how_a_message_arrives() {
+    use loopx::model::Delivery;
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let sid = host.session_id();
+    let waker = |typing_in| ReportAgentState {
+        state: None,
+        typing_in: Some(typing_in),
+        ..report(&host, AgentState::Waiting)
+    };
+    let delivery = |s: loopx::model::Session| (s.agent.state, s.agent.delivery);
+    let reported = |r: &ReportAgentState| {
+        let r = r.clone();
+        async move { c.report_agent(sid, &r).await }
+    };
+    let waiting = reported(&report(&host, AgentState::Waiting))
+        .await
+        .unwrap()
+        .body;
+    assert_eq!(delivery(waiting), (AgentState::Waiting, Delivery::Later));
+    let typed = reported(&waker(true)).await.unwrap().body;
+    assert_eq!(delivery(typed), (AgentState::Waiting, Delivery::TypedNow));
+    let working = reported(&report(&host, AgentState::Working))
+        .await
+        .unwrap()
+        .body;
+    assert_eq!(
+        delivery(working),
+        (AgentState::Working, Delivery::EndOfTurn)
+    );
+    let neither = ReportAgentState {
+        typing_in: None,
+        ..waker(true)
+    };
+    assert_eq!(
+        code(reported(&neither).await),
+        (400, "invalid_request".into())
+    );
+    let stopped = reported(&waker(false)).await.unwrap().body;
+    assert_eq!(
+        delivery(stopped),
+        (AgentState::Working, Delivery::EndOfTurn)
+    );
+    let idle = reported(&report(&host, AgentState::Waiting))
+        .await
+        .unwrap()
+        .body;
+    assert_eq!(delivery(idle), (AgentState::Waiting, Delivery::Later));
 }

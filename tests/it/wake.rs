@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use loopx::model::{ListSessions, Turn, TurnState};
+use loopx::model::{Delivery, ListSessions, Turn, TurnState};
 
 use crate::support::*;
 
@@ -159,6 +159,18 @@ async fn session_of(broker: &TestBroker, goal: &str) -> String {
     }
 }
 
+/// How the session's projection says a message sent now arrives.
+async fn delivery(broker: &TestBroker, session_id: &str) -> Delivery {
+    broker
+        .client
+        .session(session_id)
+        .await
+        .unwrap()
+        .body
+        .agent
+        .delivery
+}
+
 async fn send(broker: &TestBroker, session_id: &str, text: &str) -> String {
     broker
         .client
@@ -229,6 +241,11 @@ async fn an_idle_agent_in_tmux_gets_messages_typed_in_each_answered_once() {
     tmux.type_in(&agent_command(&broker, &prompts_file, &goal), true);
     let session = session_of(&broker, &goal).await;
     tokio::time::sleep(Duration::from_secs(2)).await; // idle a while
+    assert_eq!(
+        delivery(&broker, &session).await,
+        Delivery::TypedNow,
+        "the page says so"
+    );
 
     let one = send(&broker, &session, "Which tests fail?").await;
     let first = &answered(&broker, &session, &[one]).await[0];
@@ -296,6 +313,7 @@ async fn an_idle_agent_in_tmux_gets_messages_typed_in_each_answered_once() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert_eq!(delivery(&broker, &session).await, Delivery::Later);
     let after = send(&broker, &session, "echo typed-into-the-shell").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(

@@ -349,7 +349,8 @@ impl Hook {
         let report = ReportAgentState {
             host_surface: self.host_surface.clone(),
             host_session_id: self.host_session_id.clone(),
-            state,
+            state: Some(state),
+            typing_in: None,
             claim_id: None,
         };
         self.client

@@ -267,7 +267,8 @@ impl Host {
         let report = ReportAgentState {
             host_surface: self.host_surface.clone(),
             host_session_id: self.host_session_id.clone(),
-            state: AgentState::Working,
+            state: Some(AgentState::Working),
+            typing_in: None,
             claim_id: Some(held.claim_id.clone()),
         };
         if let Err(e) = self.client.report_agent(&held.session_id, &report).await {

@@ -18,7 +18,8 @@ use futures_util::StreamExt;
 
 use crate::client::{Client, ClientError, EventStream};
 use crate::model::{
-    AgentEventData, AgentNotification, AgentState, NotificationKind, TurnChange, TurnEventData,
+    AgentEventData, AgentNotification, AgentState, NotificationKind, ReportAgentState, TurnChange,
+    TurnEventData,
 };
 
 pub mod procfs;
@@ -38,6 +39,9 @@ const CONFIRM_WITHIN: Duration = Duration::from_secs(4);
 const TICK: Duration = Duration::from_millis(500);
 /// The longest wait between reconnections to the event stream.
 const RECONNECT_AT_MOST: Duration = Duration::from_secs(10);
+/// How often the waker tells the broker it types into the agent (the
+/// broker trusts it for 150 s: `delivery` is `typed_now` meanwhile).
+const SAY_EVERY: Duration = Duration::from_secs(60);
 
 /// Why nothing may be typed now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +90,10 @@ pub struct HostIdentity {
 
 /// One session's waker.
 pub struct Waker<T> {
+    /// The event stream's client (no overall timeout) and the one for
+    /// every other call (a short one: a stuck broker never stalls typing).
     client: Client,
+    calls: Client,
     session_id: String,
     host: HostIdentity,
     terminal: T,
@@ -99,11 +106,14 @@ pub struct Waker<T> {
     closed: bool,
     /// Turns typed once and not confirmed: never typed again.
     typed: HashSet<String>,
+    /// When the broker was last told that this waker types in.
+    said: Option<Instant>,
 }
 
 impl<T: Terminal> Waker<T> {
     pub fn new(client: Client, session_id: String, host: HostIdentity, terminal: T) -> Self {
         Waker {
+            calls: client.clone().with_timeout(Duration::from_secs(5)),
             client,
             session_id,
             host,
@@ -114,12 +124,23 @@ impl<T: Terminal> Waker<T> {
             agent: None,
             closed: false,
             typed: HashSet::new(),
+            said: None,
         }
     }
 
     /// Runs until the session is over or the agent is gone. The broker
     /// going away is waited out (reconnecting, from the last event seen).
     pub async fn run(mut self) -> Ended {
+        let ended = self.typing().await;
+        if !self.closed {
+            // Best effort: the broker stops showing `typed_now` within
+            // 150 s anyway.
+            let _ = tokio::time::timeout(Duration::from_secs(2), self.say(false)).await;
+        }
+        ended
+    }
+
+    async fn typing(&mut self) -> Ended {
         let mut retry = Duration::from_millis(200);
         loop {
             if let Some(gone) = self.terminal.gone() {
@@ -127,6 +148,10 @@ impl<T: Terminal> Waker<T> {
             }
             if self.closed || matches!(self.agent, Some((AgentState::Away, _))) {
                 return Ended::SessionOver;
+            }
+            if self.said.is_none_or(|at| at.elapsed() >= SAY_EVERY) {
+                self.said = Some(Instant::now());
+                self.say(true).await;
             }
             if self.stream.is_none() {
                 match self
@@ -222,7 +247,7 @@ impl<T: Terminal> Waker<T> {
         if self.terminal.hold(idle_since / 1000).await?.is_some() {
             return Ok(());
         }
-        let Ok(turn) = self.client.turn(&self.session_id, &turn_id).await else {
+        let Ok(turn) = self.calls.turn(&self.session_id, &turn_id).await else {
             return Ok(());
         };
         self.typed.insert(turn_id.clone());
@@ -258,6 +283,19 @@ impl<T: Terminal> Waker<T> {
         false
     }
 
+    /// Tells the broker whether this waker types into the idle agent (its
+    /// `typing_in` presence report; the agent's state stands).
+    async fn say(&self, typing_in: bool) {
+        let report = ReportAgentState {
+            host_surface: self.host.host_surface.clone(),
+            host_session_id: self.host.host_session_id.clone(),
+            state: None,
+            typing_in: Some(typing_in),
+            claim_id: None,
+        };
+        let _ = self.calls.report_agent(&self.session_id, &report).await;
+    }
+
     /// Says in the session's events that a typed message was not confirmed:
     /// it stays queued, for the end of the agent's next turn.
     async fn unconfirmed(&self) {
@@ -266,6 +304,6 @@ impl<T: Terminal> Waker<T> {
             host_session_id: self.host.host_session_id.clone(),
             kind: NotificationKind::TypingUnconfirmed,
         };
-        let _ = self.client.notify(&self.session_id, &notice).await;
+        let _ = self.calls.notify(&self.session_id, &notice).await;
     }
 }

@@ -41,7 +41,8 @@ const UPDATE_CLAIM: &str = "update claims set state = $1, released_at = $2 where
 /// What a decision changes in a (locked) session row.
 pub(super) const UPDATE_SESSION: &str = "update sessions set state = $1, closed_at = $2,
          next_seq = $3, next_event_no = $4, queued_count = $5, active_claim_id = $6,
-         agent_state = $8, agent_since = $9, agent_heard_at = $10, holder_heard_at = $11
+         agent_state = $8, agent_since = $9, agent_heard_at = $10, holder_heard_at = $11,
+         waker_heard_at = $12
      where session_id = $7";
 
 pub(super) const INSERT_EVENT: &str = "insert into session_events
@@ -142,6 +143,7 @@ pub(super) fn bind_session<'q>(query: PgQuery<'q>, s: &'q SessionRow) -> PgQuery
         .bind(s.agent_since)
         .bind(s.agent_heard_at)
         .bind(s.holder_heard_at)
+        .bind(s.waker_heard_at)
 }
 
 pub(super) fn bind_event<'q>(query: PgQuery<'q>, e: &'q NewEvent) -> PgQuery<'q> {

@@ -21,7 +21,7 @@ use crate::decide::{SessionRow, TurnRow};
 use crate::ids::Minter;
 use crate::model::HostIdentity;
 use crate::model::{
-    AgentState, BindRequest, CompleteRequest, EnqueueRequest, NotificationKind, Receipt, Released,
+    BindRequest, CompleteRequest, EnqueueRequest, NotificationKind, Receipt, Released,
 };
 use crate::store::{Command, Done};
 use crate::time::now_ms;
@@ -241,10 +241,9 @@ pub(super) async fn report_agent(
     conn: &mut PgConnection,
     session_id: &str,
     host: &HostIdentity,
-    state: Option<AgentState>,
-    claim_id: Option<&str>,
+    report: &decide::presence::Report,
 ) -> Step<Reported> {
     let session = super::reads::lock_session(conn, session_id).await?;
-    let decision = decide::presence::report(session, host, state, claim_id, now_ms())?;
+    let decision = decide::presence::report(session, host, report, now_ms())?;
     decided(conn, decision).await
 }

@@ -76,12 +76,12 @@ fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
     let mut update = sql::query(if open {
         "update sessions set next_seq = ?1, next_event_no = ?2, queued_count = ?3,
              active_claim_id = ?4, agent_state = ?6, agent_since = ?7, agent_heard_at = ?8,
-             holder_heard_at = ?9
+             holder_heard_at = ?9, waker_heard_at = ?10
          where session_id = ?5"
     } else {
         "update sessions set next_seq = ?1, next_event_no = ?2, queued_count = ?3,
              active_claim_id = ?4, agent_state = ?6, agent_since = ?7, agent_heard_at = ?8,
-             holder_heard_at = ?9, state = ?10, closed_at = ?11
+             holder_heard_at = ?9, waker_heard_at = ?10, state = ?11, closed_at = ?12
          where session_id = ?5"
     })
     .bind(s.next_seq)
@@ -92,7 +92,8 @@ fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
     .bind(s.agent_state)
     .bind(s.agent_since)
     .bind(s.agent_heard_at)
-    .bind(s.holder_heard_at);
+    .bind(s.holder_heard_at)
+    .bind(s.waker_heard_at);
     if !open {
         update = update.bind(s.state).bind(s.closed_at);
     }

@@ -18,7 +18,7 @@ use crate::error::Result;
 use crate::ids::Minter;
 use crate::model::HostIdentity;
 use crate::model::{
-    AgentState, BindRequest, CompleteRequest, EnqueueRequest, NotificationKind, Receipt, Released,
+    BindRequest, CompleteRequest, EnqueueRequest, NotificationKind, Receipt, Released,
 };
 use crate::store::{Command, Done};
 use crate::time::now_ms;
@@ -182,13 +182,12 @@ pub(super) fn report_agent(
     conn: &Connection,
     session_id: String,
     host: HostIdentity,
-    state: Option<AgentState>,
-    claim_id: Option<&str>,
+    report: &decide::presence::Report,
 ) -> Result<Reported> {
     let session = load_session(conn, &session_id)?;
     decided(
         conn,
-        decide::presence::report(session, &host, state, claim_id, now_ms())?,
+        decide::presence::report(session, &host, report, now_ms())?,
     )
 }
 

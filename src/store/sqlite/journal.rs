@@ -672,9 +672,12 @@ mod tests {
                     _ => {
                         let state = [AgentState::Working, AgentState::Waiting, AgentState::Away]
                             [rng.below(3) as usize];
-                        let _ = store
-                            .report_agent(session, host(s), Some(state), None)
-                            .await;
+                        let report = crate::decide::presence::Report {
+                            state: Some(state),
+                            typing_in: (rng.below(4) == 0).then(|| rng.below(2) == 0),
+                            ..Default::default()
+                        };
+                        let _ = store.report_agent(session, host(s), report).await;
                     }
                 }
                 if step % 20 == 19 {
