@@ -399,3 +399,44 @@ async fn loopx_run_types_into_its_agent_and_the_person_at_the_terminal_wins() {
     );
     tmux.wait_screen("status=7").await;
 }
+
+/// Idle-to-typed latency (issue 36), printed, not asserted: 20 messages,
+/// each sent to an agent idle for 1.5 s, from enqueue to the claim made by
+/// the typed prompt's UserPromptSubmit hook (the broker's timestamps).
+/// `cargo nextest run --test it wake::latency --run-ignored only --no-capture`
+#[tokio::test]
+#[ignore = "a measurement: run by hand, figures in BENCHMARKS.md"]
+async fn latency_of_typing_into_an_idle_agent() {
+    for via_run in [false, true] {
+        let Scene {
+            broker,
+            tmux,
+            prompts_file,
+            goal,
+            _data,
+        } = Scene::start().await;
+        let agent = agent_command(&broker, &prompts_file, &goal);
+        let command = match via_run {
+            false => agent,
+            true => format!(
+                "{} run --broker-url {} -- {agent}",
+                env!("CARGO_BIN_EXE_loopx"),
+                broker.url
+            ),
+        };
+        tmux.type_in(&command, true);
+        let session = session_of(&broker, &goal).await;
+        let mut latencies = Vec::new();
+        for n in 0..20 {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let id = send(&broker, &session, &format!("Message {n}.")).await;
+            latencies.push(latency(&answered(&broker, &session, &[id]).await[0]));
+        }
+        latencies.sort();
+        let (p50, p99) = (latencies[9], latencies[19]);
+        let way = if via_run { "loopx run" } else { "tmux" };
+        eprintln!(
+            "{way}: enqueue to typed and claimed over 20: p50 {p50} ms, p99 {p99} ms, all {latencies:?}"
+        );
+    }
+}
