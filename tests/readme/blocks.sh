@@ -17,9 +17,9 @@ ln -s "$loopx" "$work/bin/loopx"   # what `cargo install --path .` puts on PATH
 start_broker "$loopx"
 token=$(cat "$HOME/.local/share/loopx/owner.token")
 
-# The first bash block after a heading, on the test broker's port.
+# The Nth (default: first) bash block after a heading, on the test broker's port.
 block() {
-  awk -v h="$1" 'index($0, h) == 1 {f=1} f&&/^```bash/{b=1;next} b&&/^```/{exit} b' README.md \
+  awk -v h="$1" -v n="${2:-1}" 'index($0, h) == 1 {f=1} f&&/^```bash/{k++; if (k==n) {b=1}; next} b&&/^```/{exit} b' README.md \
     | sed "s|http://127.0.0.1:7317|$BROKER_URL|g"
 }
 
@@ -67,4 +67,23 @@ mkdir -p "$work/project"
 (cd "$work/project" && run_block hooks "$work/hooks.sh" LOOPX_BROKER_URL="$BROKER_URL")
 grep -q '^ok: the broker at' "$work/hooks.out" || { echo "the doctor did not reach the broker:"; cat "$work/hooks.out"; exit 1; }
 grep -q 'Stop' "$work/project/.claude/settings.local.json" || { echo "no Stop hook was installed"; exit 1; }
+
+# Then each agent started under `loopx run`, as the README says: here with a
+# stand-in for the agent on PATH (tests/wake/ runs the real Claude Code and
+# Codex the same way), which must run in loopx's terminal and hand back its
+# exit status.
+for agent in claude codex; do
+  heading='### Claude Code with hooks'
+  [ "$agent" = codex ] && heading='### Codex with hooks'
+  block "$heading" 2 >"$work/run-$agent.sh"
+  grep -qx "loopx run -- $agent" "$work/run-$agent.sh" || { echo "no 'loopx run -- $agent' block:"; cat "$work/run-$agent.sh"; exit 1; }
+  printf '#!/bin/sh\n[ -t 0 ] && [ -n "$LOOPX_RUN_DIR" ] && echo "stand-in for %s in loopx run"; exit 5\n' "$agent" >"$work/bin/$agent"
+  chmod +x "$work/bin/$agent"
+  set +e
+  env -i HOME="$HOME" PATH="$work/bin:/usr/bin:/bin" LOOPX_BROKER_URL="$BROKER_URL" bash "$work/run-$agent.sh" >"$work/run-$agent.out" 2>&1
+  status=$?
+  set -e
+  [ "$status" = 5 ] && grep -q "stand-in for $agent in loopx run" "$work/run-$agent.out" \
+    || { echo "loopx run -- $agent: exit $status"; cat "$work/run-$agent.out"; exit 1; }
+done
 echo "the README set-up blocks run as pasted"

@@ -244,7 +244,9 @@ async fn pass_through(
     let bracketed = Arc::new(AtomicBool::new(false));
     let exited = Arc::new(AtomicBool::new(false));
 
-    let output = {
+    // A task of its own: the agent's last output is read to the end after
+    // it exits.
+    let output = tokio::spawn({
         let bracketed = bracketed.clone();
         async move {
             let mut stdout = tokio::io::stdout();
@@ -258,7 +260,7 @@ async fn pass_through(
                 note_paste_mode(&mut tail, &buf[..n], &bracketed);
             }
         }
-    };
+    });
     let input = forward_keys(writer.clone(), keys.clone());
     let resize = follow_resizes(writer.clone());
     let terminal = Pty {
@@ -272,9 +274,10 @@ async fn pass_through(
     let waker = wake_when_told(dir.to_owned(), client, terminal);
     let status = tokio::select! {
         status = child.wait() => status,
-        () = async { tokio::join!(output, waker, input, resize); std::future::pending().await } => unreachable!(),
+        () = async { tokio::join!(waker, input, resize); std::future::pending().await } => unreachable!(),
     };
     exited.store(true, Ordering::Relaxed);
+    let _ = tokio::time::timeout(Duration::from_secs(1), output).await;
     drop(raw);
     let status = status.map_err(|e| format!("cannot wait for the agent: {e}"))?;
     use std::os::unix::process::ExitStatusExt;
