@@ -218,15 +218,23 @@ fn prompts(path: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Waker processes still running for this tmux server.
-fn wakers(tmux: &Tmux) -> usize {
+/// The waker processes running for this tmux server.
+fn waker_pids(tmux: &Tmux) -> Vec<String> {
     let socket = tmux.socket.display().to_string();
     std::fs::read_dir("/proc")
         .unwrap()
-        .filter_map(|entry| std::fs::read(entry.ok()?.path().join("cmdline")).ok())
-        .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
-        .filter(|cmdline| cmdline.contains("tmux-waker") && cmdline.contains(&socket))
-        .count()
+        .filter_map(|entry| {
+            let path = entry.ok()?.path();
+            let cmdline = String::from_utf8_lossy(&std::fs::read(path.join("cmdline")).ok()?)
+                .replace('\0', " ");
+            let ours = cmdline.contains("tmux-waker") && cmdline.contains(&socket);
+            ours.then(|| path.file_name()?.to_str().map(str::to_owned))?
+        })
+        .collect()
+}
+
+fn wakers(tmux: &Tmux) -> usize {
+    waker_pids(tmux).len()
 }
 
 #[tokio::test]
@@ -398,6 +406,88 @@ async fn loopx_run_types_into_its_agent_and_the_person_at_the_terminal_wins() {
         true,
     );
     tmux.wait_screen("status=7").await;
+}
+
+/// Never into a dialog, and a waker killed is never a message lost or
+/// typed twice: a message sent while the agent shows a dialog mid-turn is
+/// not typed into it (it arrives at the end of that turn); one sent while
+/// no waker runs (killed with SIGKILL) stays queued until the next turn's
+/// end, and the hooks start a new waker.
+#[tokio::test]
+async fn no_dialog_is_answered_by_a_message_and_a_killed_waker_loses_nothing() {
+    let Scene {
+        broker,
+        tmux,
+        prompts_file,
+        goal,
+        _data,
+    } = Scene::start().await;
+    tmux.type_in(&agent_command(&broker, &prompts_file, &goal), true);
+    let session = session_of(&broker, &goal).await;
+    tmux.type_in("please ask first", true);
+    tmux.wait_screen("Allow this? [y/n]").await;
+    let during = send(&broker, &session, "Sent while the dialog is up.").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        broker
+            .client
+            .turn(&session, &during)
+            .await
+            .unwrap()
+            .body
+            .state,
+        TurnState::Queued
+    );
+    tmux.type_in("y", false);
+    answered(&broker, &session, std::slice::from_ref(&during)).await;
+    let got = prompts(&prompts_file);
+    assert_eq!(
+        got[1], "dialog answered: y",
+        "the person's key, not the message: {got:?}"
+    );
+
+    // The waker is killed: a message waits, whole, for the agent's next turn.
+    let started = Instant::now();
+    while wakers(&tmux) == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "no waker");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let socket = tmux.socket.display().to_string();
+    let killed = Command::new("pkill")
+        .args(["-9", "-f", &format!("tmux-waker.*{socket}")])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let waits = send(&broker, &session, "Sent with no waker.").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        broker
+            .client
+            .turn(&session, &waits)
+            .await
+            .unwrap()
+            .body
+            .state,
+        TurnState::Queued
+    );
+    tmux.type_in("the person is back", true);
+    answered(&broker, &session, &[waits]).await;
+    let got = prompts(&prompts_file);
+    let count = |text: &str| got.iter().filter(|p| p.contains(text)).count();
+    assert_eq!(
+        (count("Sent while the dialog"), count("Sent with no waker.")),
+        (1, 1),
+        "{got:#?}"
+    );
+    // The person's prompt started a new waker: the next message is typed.
+    let next = send(&broker, &session, "And typed again.").await;
+    let turn = &answered(&broker, &session, &[next]).await[0];
+    assert!(
+        turn.response.as_ref().unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Echo: [LoopX #")
+    );
 }
 
 /// Idle-to-typed latency (issue 36), printed, not asserted: 20 messages,

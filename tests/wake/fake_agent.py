@@ -3,7 +3,9 @@
 stdin) at session start, on each submitted prompt and at each turn's end,
 reads prompts from its terminal with bracketed paste on (a pasted text,
 line breaks included, is one prompt; Enter submits it), answers each with
-"Echo: <prompt>", and keeps a Stop hook's block as its next prompt.
+"Echo: <prompt>", and keeps a Stop hook's block as its next prompt. A
+prompt that says "please ask first" shows a dialog mid-turn that one key
+answers, as an approval prompt does.
 Every prompt it got is appended to PROMPTS_FILE, one JSON string a line.
 
 Usage: python3 fake_agent.py LOOPX PROMPTS_FILE [HOOK FLAGS...]
@@ -54,6 +56,12 @@ try:
             with open(prompts_file, "a") as f:
                 f.write(json.dumps(prompt) + "\n")
             hook("user-prompt-submit", "UserPromptSubmit", prompt=prompt)
+            if "please ask first" in prompt:
+                # A dialog mid-turn, as an approval prompt: one key answers it.
+                sys.stdout.write("\r\nAllow this? [y/n] "); sys.stdout.flush()
+                key = os.read(0, 1).decode(errors="replace")
+                with open(prompts_file, "a") as f:
+                    f.write(json.dumps("dialog answered: " + key) + "\n")
             answer = "Echo: " + prompt
             with open(transcript, "a") as f:
                 f.write(json.dumps(answer) + "\n")
