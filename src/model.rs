@@ -188,6 +188,14 @@ pub struct AgentPresence {
     /// How a message sent now reaches the agent.
     #[serde(default = "Delivery::later")]
     pub delivery: Delivery,
+    /// While `working`: the tool the agent runs, by name (null: none), and
+    /// since when (RFC 3339).
+    #[serde(default)]
+    #[schema(required = true)]
+    pub tool: Option<String>,
+    #[serde(default)]
+    #[schema(required = true)]
+    pub tool_since: Option<String>,
 }
 
 /// How a message sent now reaches the agent: `typed_now` (it waits at its
@@ -237,6 +245,13 @@ pub struct ReportAgentState {
     /// process the waker watches. Shown as the presence's `delivery`.
     #[serde(default)]
     pub typing_in: Option<bool>,
+    /// With `working` only: the tool the agent runs now, by name only
+    /// (`Bash`, `Edit`, an MCP tool's name; never its input), from its
+    /// PreToolUse hook; an empty string: the tool ended (PostToolUse). The
+    /// broker writes a change of tool at most once per 2 s per session, so a
+    /// tool loop costs no row per call; the shown tool may lag that much.
+    #[serde(default)]
+    pub tool: Option<String>,
     /// With `working` only: the claim whose turn the agent works on, said by
     /// its holder. A holder that names its claim promises to say so again at
     /// least every minute (`loopx mcp` does, while a turn is delivered and

@@ -481,6 +481,8 @@ pub(crate) mod tests {
             agent_heard_at: None,
             holder_heard_at: None,
             waker_heard_at: None,
+            agent_tool: None,
+            tool_since: None,
         }
     }
 

@@ -26,6 +26,8 @@ pub const HEARD_REFRESH_MS: i64 = 60 * 1000;
 /// How long a waker's report that it types in holds: it says so again every
 /// minute, so two missed reports.
 pub const WAKER_FRESH_MS: i64 = 150 * 1000;
+/// The least time between two writes of the agent's current tool.
+pub const TOOL_EVERY_MS: i64 = 2 * 1000;
 
 /// What a host reports: a state (None: it was only heard from), the claim
 /// its agent works on, whether a waker types into the idle agent.
@@ -34,6 +36,8 @@ pub struct Report {
     pub state: Option<AgentState>,
     pub claim_id: Option<String>,
     pub typing_in: Option<bool>,
+    /// The tool the agent runs now (`Some("")`: none any more).
+    pub tool: Option<String>,
 }
 
 impl Report {
@@ -51,10 +55,21 @@ impl Report {
                 ));
             }
         }
+        if let Some(tool) = &report.tool {
+            if report.state != Some(AgentState::Working) {
+                return Err(Error::invalid(
+                    "`tool` goes with `\"state\": \"working\"` only: the agent runs it in a turn.",
+                ));
+            }
+            if !tool.is_empty() {
+                check("tool", tool)?;
+            }
+        }
         Ok(Report {
             state: report.state,
             claim_id: report.claim_id.clone(),
             typing_in: report.typing_in,
+            tool: report.tool.clone(),
         })
     }
 }
@@ -69,6 +84,17 @@ pub fn delivery(session: &SessionRow, state: AgentState, now: i64) -> Delivery {
         AgentState::Waiting if typer => Delivery::TypedNow,
         _ => Delivery::Later,
     }
+}
+
+/// The tool a report names, if it changes the one shown and the last change
+/// was written [`TOOL_EVERY_MS`] ago or more (a tool loop writes no row per
+/// call). `Some(None)`: the tool ended.
+fn tool_change(session: &SessionRow, tool: Option<&str>, now: i64) -> Option<Option<String>> {
+    let wanted = tool.map(|name| (!name.is_empty()).then(|| name.to_owned()))?;
+    let due = session
+        .tool_since
+        .is_none_or(|since| now - since >= TOOL_EVERY_MS);
+    (wanted != session.agent_tool && due).then_some(wanted)
 }
 
 /// Whether a waker's report changes what is stored: a waker that starts, a
@@ -140,12 +166,22 @@ pub fn report(
         session.holder_heard_at = Some(now);
     }
     let waker = waker_news(&session, report.typing_in, now);
+    let tool = tool_change(&session, report.tool.as_deref(), now);
+    if let Some(tool) = &tool {
+        session.agent_tool.clone_from(tool);
+        session.tool_since = Some(now);
+    }
+    if state.is_some_and(|s| s != AgentState::Working) && session.agent_tool.is_some() {
+        // A turn that ended ends its tool.
+        session.agent_tool = None;
+        session.tool_since = Some(now);
+    }
     match report.typing_in {
         Some(true) => session.waker_heard_at = Some(now),
         Some(false) => session.waker_heard_at = None,
         None => {}
     }
-    if !holder && !waker && !is_news(&session, state, now) {
+    if !holder && !waker && tool.is_none() && !is_news(&session, state, now) {
         return Ok(Decided::nothing(Reported {
             session,
             changed: false,
@@ -158,11 +194,16 @@ pub fn report(
     if !stopped {
         session.agent_heard_at = Some(now);
     }
-    let event = changed.then(|| {
+    let event = if changed {
         session.agent_state = wanted;
         session.agent_since = Some(now);
-        log(&mut session, Subject::Agent, wanted.as_str(), now)
-    });
+        Some(log(&mut session, Subject::Agent, wanted.as_str(), now))
+    } else {
+        // A new tool is news for the page too: an `agent` event, the state
+        // as it stands (the page reads the tool from the projection).
+        tool.is_some()
+            .then(|| log(&mut session, Subject::Agent, wanted.as_str(), now))
+    };
     Ok(Decided {
         writes: Writes {
             session: Some(session.clone()),
@@ -394,6 +435,43 @@ mod tests {
             stopped.agent_heard_at, kept.agent_heard_at,
             "says nothing of the agent"
         );
+    }
+
+    #[test]
+    fn the_current_tool_is_written_at_most_every_two_seconds_and_ends_with_the_turn() {
+        let tool = |row: &SessionRow, name: &str, now| {
+            let said = Report {
+                tool: Some(name.into()),
+                ..working()
+            };
+            report(Some(row.clone()), &host("h"), &said, now).expect("a report")
+        };
+        let row = reported(session(SessionState::Open), AgentState::Working, 1_000)
+            .answer
+            .session;
+        let bash = tool(&row, "Bash", 10_000);
+        assert!(bash.writes.event.is_some(), "the page hears of it");
+        let row = bash.writes.session.expect("written");
+        assert_eq!(
+            (row.agent_tool.as_deref(), row.tool_since),
+            (Some("Bash"), Some(10_000))
+        );
+        assert_eq!(
+            row.agent_since,
+            Some(1_000),
+            "still working since the turn began"
+        );
+        // A tool loop: the end and the next start within 2 s write nothing.
+        assert!(tool(&row, "", 10_500).writes.session.is_none());
+        assert!(tool(&row, "Bash", 10_600).writes.session.is_none());
+        let edit = tool(&row, "Edit", 12_100)
+            .writes
+            .session
+            .expect("due again");
+        assert_eq!(edit.agent_tool.as_deref(), Some("Edit"));
+        let ended = reported(edit, AgentState::Waiting, 13_000).answer.session;
+        assert_eq!(ended.agent_tool, None);
+        assert_eq!(ended.projection().agent.tool, None);
     }
 
     #[test]

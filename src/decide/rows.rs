@@ -41,6 +41,12 @@ pub struct SessionRow {
     /// (None: none does): [`crate::decide::presence::delivery`].
     #[serde(default)]
     pub waker_heard_at: Option<i64>,
+    /// The tool the agent runs (None: none) and since when the tool last
+    /// changed: [`crate::decide::presence::report`].
+    #[serde(default)]
+    pub agent_tool: Option<String>,
+    #[serde(default)]
+    pub tool_since: Option<i64>,
 }
 
 impl SessionRow {
@@ -62,6 +68,14 @@ impl SessionRow {
                 state,
                 since: rfc3339(since),
                 delivery: crate::decide::presence::delivery(self, state, now),
+                tool: self
+                    .agent_tool
+                    .clone()
+                    .filter(|_| state == AgentState::Working),
+                tool_since: self
+                    .tool_since
+                    .filter(|_| state == AgentState::Working && self.agent_tool.is_some())
+                    .map(rfc3339),
             },
         }
     }

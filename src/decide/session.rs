@@ -81,6 +81,8 @@ pub fn bind(rows: BindRows, bind: BindRequest, minter: &Minter, now: i64) -> Res
         agent_heard_at: None,
         holder_heard_at: None,
         waker_heard_at: None,
+        agent_tool: None,
+        tool_since: None,
     }))
 }
 

@@ -46,7 +46,7 @@ use crate::permission::PermissionRow;
 pub const HELD_SESSIONS: &str = "select session_id, goal_id, agent_id, host_surface, \
      host_session_id, executor_endpoint_id, state, created_at, closed_at, queued_count, \
      active_claim_id, next_seq, next_event_no, agent_state, agent_since, agent_heard_at, \
-     holder_heard_at, waker_heard_at, \
+     holder_heard_at, waker_heard_at, agent_tool, tool_since, \
      (select c.claimed_at from claims c where c.claim_id = sessions.active_claim_id) \
          as holder_claimed_at \
      from sessions where state = 'open' and active_claim_id is not null";

@@ -246,7 +246,7 @@ macro_rules! session_columns {
         "session_id, goal_id, agent_id, host_surface, host_session_id, \
          executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id, \
          next_seq, next_event_no, agent_state, agent_since, agent_heard_at, holder_heard_at, \
-         waker_heard_at"
+         waker_heard_at, agent_tool, tool_since"
     };
 }
 const SESSION_COLUMNS: &str = session_columns!();

@@ -121,6 +121,8 @@ impl FromRow for SessionRow {
             agent_heard_at: r.get(15)?,
             holder_heard_at: r.get(16)?,
             waker_heard_at: r.get(17)?,
+            agent_tool: r.get(18)?,
+            tool_since: r.get(19)?,
         })
     }
 }

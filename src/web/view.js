@@ -65,17 +65,20 @@ const AGENT_WORDS = {
   away: 'agent away',
 };
 
-/** Whether the session's agent is there (presence), with since when. */
+/** Whether the session's agent is there (presence), with since when, and
+ * while it works the tool it runs: "agent working · Bash · 3 min 05 s". */
 export function agentBadge(agent) {
   if (!agent || !AGENT_WORDS[agent.state]) return el('span', { class: 'badge badge-agent-away' }, 'agent unknown');
+  const tool = agent.state === 'working' && agent.tool && agent.tool_since;
   return el(
     'span',
     {
       class: `badge agent-badge badge-agent-${agent.state}`,
-      dataset: { agentState: agent.state },
+      dataset: tool ? { agentState: agent.state, tool: agent.tool } : { agentState: agent.state },
       title: `since ${agent.since}`,
     },
     AGENT_WORDS[agent.state],
+    ...(tool ? [` · ${agent.tool} · `, elapsed(agent.tool_since)] : []),
   );
 }
 

@@ -825,6 +825,56 @@ async fn install_refuses_a_session_hooks_cannot_attach_to_and_doctor_shows_refus
     assert_eq!(code, 0, "{out}");
 }
 
+/// PreToolUse / PostToolUse: the session's agent names the tool it runs,
+/// by name only (never its input), and not once it ended.
+#[tokio::test]
+async fn the_tool_the_agent_runs_is_shown_by_name_only() {
+    for agent in [Agent::ClaudeCode, Agent::Codex] {
+        let broker = TestBroker::start().await;
+        let c = &broker.client;
+        let host = bound_host(c).await;
+        let hooks = Agents::new(&broker, &host, agent);
+        silent(
+            &hooks
+                .run(
+                    "user-prompt-submit",
+                    "UserPromptSubmit",
+                    json!({"prompt": "go"}),
+                    &[],
+                )
+                .await,
+        );
+        let input = json!({"tool_name": "Bash", "tool_input": {"command": "sleep 3 # secret-ish"}});
+        silent(
+            &hooks
+                .run("pre-tool-use", "PreToolUse", input.clone(), &[])
+                .await,
+        );
+        let reply = c.session(host.session_id()).await.unwrap();
+        let agent_now = &reply.body.agent;
+        assert_eq!(
+            (agent_now.state, agent_now.tool.as_deref()),
+            (AgentState::Working, Some("Bash"))
+        );
+        assert!(agent_now.tool_since.is_some());
+        assert!(
+            !reply.reply.text.contains("sleep 3"),
+            "no tool input: {}",
+            reply.reply.text
+        );
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        let mut ended = input;
+        ended["tool_response"] = json!({"stdout": ""});
+        silent(&hooks.run("post-tool-use", "PostToolUse", ended, &[]).await);
+        let after = c.session(host.session_id()).await.unwrap().body.agent;
+        assert_eq!(
+            (after.state, after.tool),
+            (AgentState::Working, None),
+            "{agent:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn claude_codes_notifications_are_session_events_without_their_text() {
     let broker = TestBroker::start().await;

@@ -24,6 +24,7 @@ pub fn report(host: &Host, state: AgentState) -> ReportAgentState {
         host_session_id: host.host_session_id.clone(),
         state: Some(state),
         typing_in: None,
+        tool: None,
         claim_id: None,
     }
 }

@@ -77,9 +77,11 @@ pub struct InstallArgs {
 
 /// The events installed, with each one's timeout in seconds (None: the
 /// agent's own budget, for SessionEnd), and whether the agent has it.
-const EVENTS: [(&str, &str, Option<u64>); 6] = [
+const EVENTS: [(&str, &str, Option<u64>); 8] = [
     ("SessionStart", "session-start", Some(30)),
     ("UserPromptSubmit", "user-prompt-submit", Some(30)),
+    ("PreToolUse", "pre-tool-use", Some(10)),
+    ("PostToolUse", "post-tool-use", Some(10)),
     ("Stop", "stop", Some(60)),
     ("PermissionRequest", "permission-request", Some(300)),
     ("Notification", "notification", Some(30)),
@@ -393,7 +395,8 @@ fn merge_claude(
             }
             None => {
                 let mut group = json!({"hooks": [entry]});
-                if *name == "PermissionRequest" {
+                // Tool events match on the tool's name: every tool.
+                if matches!(*name, "PermissionRequest" | "PreToolUse" | "PostToolUse") {
                     group["matcher"] = json!("*");
                 }
                 groups.push(group);

@@ -56,6 +56,10 @@ pub enum HookCommand {
     SessionStart(HookOptions),
     /// UserPromptSubmit: the agent works on a prompt (presence `working`).
     UserPromptSubmit(HookOptions),
+    /// PreToolUse: the tool the agent runs now, by name only.
+    PreToolUse(HookOptions),
+    /// PostToolUse: the tool ended.
+    PostToolUse(HookOptions),
     /// Stop: answers the turn the last stop delivered with the agent's last
     /// message, then delivers the oldest queued message by blocking.
     Stop(HookOptions),
@@ -167,6 +171,8 @@ pub fn run(args: HookArgs) -> ExitCode {
         HookCommand::TmuxWaker(args) => return crate::cli::wake::tmux::run_waker(args),
         HookCommand::SessionStart(o) => ("session-start", o),
         HookCommand::UserPromptSubmit(o) => ("user-prompt-submit", o),
+        HookCommand::PreToolUse(o) => ("pre-tool-use", o),
+        HookCommand::PostToolUse(o) => ("post-tool-use", o),
         HookCommand::Stop(o) => ("stop", o),
         HookCommand::PermissionRequest(o) => ("permission-request", o),
         HookCommand::Notification(o) => ("notification", o),
@@ -218,6 +224,11 @@ fn run_event(event: &str, options: HookOptions) -> Result<Option<String>, Failur
             "permission-request" => approval::permission_request(&hook).await,
             "session-start" => hook.report(AgentState::Waiting).await.map(|_| None),
             "user-prompt-submit" => turns::prompt_submitted(&hook).await,
+            "pre-tool-use" => {
+                let tool = hook.field("tool_name").unwrap_or_default().to_owned();
+                hook.report_tool(tool).await.map(|_| None)
+            }
+            "post-tool-use" => hook.report_tool(String::new()).await.map(|_| None),
             _ => notification(&hook).await,
         }?;
         if matches!(event, "session-start" | "user-prompt-submit" | "stop")
@@ -345,12 +356,23 @@ impl Hook {
 
     /// Reports the agent's presence.
     pub async fn report(&self, state: AgentState) -> Result<(), Failure> {
+        self.send_report(state, None).await
+    }
+
+    /// Reports the tool the agent runs (an empty name: none any more); the
+    /// broker keeps the name only, and writes a change at most every 2 s.
+    pub async fn report_tool(&self, tool: String) -> Result<(), Failure> {
+        self.send_report(AgentState::Working, Some(tool)).await
+    }
+
+    async fn send_report(&self, state: AgentState, tool: Option<String>) -> Result<(), Failure> {
         let session_id = self.host.session_id().await?;
         let report = ReportAgentState {
             host_surface: self.host_surface.clone(),
             host_session_id: self.host_session_id.clone(),
             state: Some(state),
             typing_in: None,
+            tool,
             claim_id: None,
         };
         self.client

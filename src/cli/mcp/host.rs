@@ -269,6 +269,7 @@ impl Host {
             host_session_id: self.host_session_id.clone(),
             state: Some(AgentState::Working),
             typing_in: None,
+            tool: None,
             claim_id: Some(held.claim_id.clone()),
         };
         if let Err(e) = self.client.report_agent(&held.session_id, &report).await {

@@ -291,6 +291,7 @@ impl<T: Terminal> Waker<T> {
             host_session_id: self.host.host_session_id.clone(),
             state: None,
             typing_in: Some(typing_in),
+            tool: None,
             claim_id: None,
         };
         let _ = self.calls.report_agent(&self.session_id, &report).await;

@@ -42,7 +42,7 @@ const UPDATE_CLAIM: &str = "update claims set state = $1, released_at = $2 where
 pub(super) const UPDATE_SESSION: &str = "update sessions set state = $1, closed_at = $2,
          next_seq = $3, next_event_no = $4, queued_count = $5, active_claim_id = $6,
          agent_state = $8, agent_since = $9, agent_heard_at = $10, holder_heard_at = $11,
-         waker_heard_at = $12
+         waker_heard_at = $12, agent_tool = $13, tool_since = $14
      where session_id = $7";
 
 pub(super) const INSERT_EVENT: &str = "insert into session_events
@@ -144,6 +144,8 @@ pub(super) fn bind_session<'q>(query: PgQuery<'q>, s: &'q SessionRow) -> PgQuery
         .bind(s.agent_heard_at)
         .bind(s.holder_heard_at)
         .bind(s.waker_heard_at)
+        .bind(&s.agent_tool)
+        .bind(s.tool_since)
 }
 
 pub(super) fn bind_event<'q>(query: PgQuery<'q>, e: &'q NewEvent) -> PgQuery<'q> {

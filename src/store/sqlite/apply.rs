@@ -76,12 +76,13 @@ fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
     let mut update = sql::query(if open {
         "update sessions set next_seq = ?1, next_event_no = ?2, queued_count = ?3,
              active_claim_id = ?4, agent_state = ?6, agent_since = ?7, agent_heard_at = ?8,
-             holder_heard_at = ?9, waker_heard_at = ?10
+             holder_heard_at = ?9, waker_heard_at = ?10, agent_tool = ?11, tool_since = ?12
          where session_id = ?5"
     } else {
         "update sessions set next_seq = ?1, next_event_no = ?2, queued_count = ?3,
              active_claim_id = ?4, agent_state = ?6, agent_since = ?7, agent_heard_at = ?8,
-             holder_heard_at = ?9, waker_heard_at = ?10, state = ?11, closed_at = ?12
+             holder_heard_at = ?9, waker_heard_at = ?10, agent_tool = ?11, tool_since = ?12,
+             state = ?13, closed_at = ?14
          where session_id = ?5"
     })
     .bind(s.next_seq)
@@ -93,7 +94,9 @@ fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
     .bind(s.agent_since)
     .bind(s.agent_heard_at)
     .bind(s.holder_heard_at)
-    .bind(s.waker_heard_at);
+    .bind(s.waker_heard_at)
+    .bind(&s.agent_tool)
+    .bind(s.tool_since);
     if !open {
         update = update.bind(s.state).bind(s.closed_at);
     }
