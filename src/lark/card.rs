@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::markdown::escape_html;
+use crate::decide::pairing::{Note, SessionName};
 use crate::model::{AnsweredVia, Behavior, PermissionState};
 use crate::permission::PermissionRow;
 
@@ -55,6 +56,55 @@ pub fn settled(row: &PermissionRow, by: Option<&str>) -> Value {
     let mut elements = about(row);
     elements.push(markdown(&outcome(row, by)));
     card(title, template, elements)
+}
+
+/// The broker's answer to a command in a chat.
+pub fn note(note: &Note) -> Value {
+    match note {
+        Note::Linked(name) => card(
+            &format!("Linked · 已关联: {}", title_of(name)),
+            "green",
+            vec![markdown(&format!(
+                "This chat is linked to **{}** ({}). Messages here go to it, and you may \
+                 answer its permission requests.\n\
+                 本会话已关联到 **{}**（{}）。此处的消息会发给它，你可以处理它的权限请求。",
+                escape_html(&title_of(name)),
+                escape_html(&name.host_surface),
+                escape_html(&title_of(name)),
+                escape_html(&name.host_surface),
+            ))],
+        ),
+        Note::BadCode => card(
+            "Not linked · 未关联",
+            "red",
+            vec![markdown(
+                "This code is not valid: it is wrong, used or expired. Ask for a new one \
+                 (`loopx lark pair --session-id …` or the Web page).\n\
+                 此配对码无效：错误、已使用或已过期。请重新获取（`loopx lark pair --session-id …` 或网页）。",
+            )],
+        ),
+        Note::Throttled => card(
+            "Not linked · 未关联",
+            "red",
+            vec![markdown(
+                "Too many wrong codes from this chat: try again in a few minutes.\n\
+                 本会话输入错误配对码的次数过多，请几分钟后再试。",
+            )],
+        ),
+        Note::ChatTaken => card(
+            "Not linked · 未关联",
+            "orange",
+            vec![markdown(
+                "This chat is linked to another open session: unlink it there first.\n\
+                 本会话已关联到另一个进行中的会话，请先在那里取消关联。",
+            )],
+        ),
+    }
+}
+
+/// A session's name as cards show it: goal · agent.
+pub fn title_of(name: &SessionName) -> String {
+    format!("{} · {}", name.goal_id, name.agent_id)
 }
 
 /// Who answered what, in both languages.

@@ -66,6 +66,7 @@ pub async fn take(broker: &Broker, app_id: &str, envelope: Envelope) -> Result<V
         LarkIngest::Unsupported => tracing::debug!("lark event not enqueued: not a text message"),
         LarkIngest::Answered { .. } => tracing::debug!("lark permission answer taken"),
         LarkIngest::Ignored => tracing::debug!("lark permission answer ignored"),
+        LarkIngest::Command(_) => tracing::debug!("lark command answered"),
     }
     Ok(json!({}))
 }
@@ -125,6 +126,7 @@ fn bare_event(app_id: &str, event_id: String) -> LarkEvent {
         text: None,
         sender: None,
         command: None,
+        link_code: None,
     }
 }
 
@@ -161,12 +163,23 @@ fn message_event(app_id: &str, envelope: Envelope) -> LarkEvent {
         event.sender = sender["sender_id"]["open_id"].as_str().map(str::to_owned);
     }
     if message.message_type == "text" {
-        event.command = raw_text(&message.content).and_then(|raw| {
-            lark_command(&with_mentions(&raw, &message.mentions, |_| String::new()))
-        });
+        let bare = raw_text(&message.content)
+            .map(|raw| with_mentions(&raw, &message.mentions, |_| String::new()));
+        event.command = bare.as_deref().and_then(lark_command);
+        event.link_code = bare.as_deref().and_then(link_code);
         event.text = text_of(&message.content, &message.mentions);
     }
     event
+}
+
+/// The code of a `/link <code>` (any case, surrounding blanks ignored);
+/// `/link` alone names an empty code, which no code matches.
+fn link_code(text: &str) -> Option<String> {
+    let rest = text.trim().strip_prefix("/link")?;
+    if !rest.is_empty() && !rest.starts_with(char::is_whitespace) {
+        return None;
+    }
+    Some(rest.trim().to_owned())
 }
 
 /// A `text` message's text as Lark sent it (`@_user_N` placeholders in).
