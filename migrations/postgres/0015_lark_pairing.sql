@@ -24,11 +24,12 @@ create table lark_chats (
 -- the outbox of the broker's answers to commands: one reply to the command's
 -- message (the primary key: a redelivered command is never answered twice),
 -- a card written in the command's transaction, sent by the reply dispatcher
--- with the same retries as replies. `text` is the card's JSON.
+-- with the same retries as replies. `text` is the card's JSON (bytea, like
+-- the other outboxes' texts).
 create table lark_notes (
     message_id      text primary key,
     chat_id         text not null,
-    text            text not null,
+    text            bytea not null,
     parts_sent      bigint not null default 0,
     state           text not null check (state in ('pending', 'sent', 'failed')),
     attempts        bigint not null default 0,

@@ -381,7 +381,7 @@ async fn pairing_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Resul
         sqlx::query(INSERT_NOTE)
             .bind(&note.message_id)
             .bind(&note.chat_id)
-            .bind(&note.text)
+            .bind(note.text.as_bytes())
             .bind(note.at)
             .execute(&mut *conn)
             .await?;
