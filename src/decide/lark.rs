@@ -4,6 +4,7 @@
 //! `yes <id>` / `no <id>` answer to a permission request, or ignored; a
 //! click on a request's card answers it as an approver's `yes`/`no` would.
 
+use super::chat::{self, ChatCommand};
 use super::pairing::{Note, PairAt, PairRows, pair};
 use super::permission::{AnswerRows, Decision, answer};
 use super::turn::enqueue;
@@ -29,11 +30,19 @@ pub struct LarkEvent {
     pub sender: Option<String>,
     /// `yes <id>` / `no <id>`, when the text (its @mentions removed) is one.
     pub command: Option<crate::permission::LarkCommand>,
-    /// The code of a `/link <code>` (its @mentions removed), as typed.
-    pub link_code: Option<String>,
+    /// The command the text is (its @mentions removed), if one.
+    pub chat_command: Option<ChatCommand>,
 }
 
 impl LarkEvent {
+    /// The code of a `/link <code>`, as typed.
+    pub fn link_code(&self) -> Option<&str> {
+        match &self.chat_command {
+            Some(ChatCommand::Link(code)) => Some(code),
+            _ => None,
+        }
+    }
+
     /// The request its `yes <id>` / `no <id>` names, for the store to load
     /// from the linked session ([`crate::decide::lark::EventRows`]).
     pub fn named_request(&self) -> Option<&str> {
@@ -147,7 +156,8 @@ pub struct EventRows {
 
 /// An event from Lark, in this order: seen before (its event id or its
 /// message id) a duplicate, nothing written; else it is recorded once, and:
-/// not a text message, unsupported; a `/link <code>`, [`pair`]ed; a chat
+/// not a text message, unsupported; a `/link <code>`, [`pair`]ed, and any
+/// other command answered ([`chat::command`]); a chat
 /// linked to no session, unlinked;
 /// then [`verdict`] on its text: an answer written (or replayed), ignored,
 /// or enqueued as a Lark turn (with the enqueue's refusals, which record
@@ -176,13 +186,16 @@ pub fn event(
     else {
         return recorded(Decided::nothing(LarkIngest::Unsupported));
     };
-    if event.link_code.is_some() {
+    if let Some(command) = event.chat_command {
         let at = PairAt {
             chat_id,
             message_id,
             sender: event.sender,
         };
-        return recorded(pair(rows.pairing, at, now));
+        return recorded(match command {
+            ChatCommand::Link(_) => pair(rows.pairing, at, now),
+            command => chat::command(rows.linked.map(|(s, _)| s), command, &at, now),
+        });
     }
     let Some((session, approvers)) = rows.linked else {
         return recorded(Decided::nothing(LarkIngest::Unlinked));
@@ -482,7 +495,7 @@ mod tests {
             text: text.map(str::to_owned),
             sender: Some(sender.into()),
             command: text.and_then(lark_command),
-            link_code: None,
+            chat_command: None,
         }
     }
 

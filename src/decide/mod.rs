@@ -14,6 +14,7 @@
 //! what committed writes change ([`Changed`]); it imports nothing from the
 //! store.
 
+pub mod chat;
 pub mod lark;
 pub mod pairing;
 pub mod permission;

@@ -11,6 +11,7 @@
 
 use sha2::{Digest, Sha256};
 
+use super::chat::Listed;
 use super::lark::{LarkIngest, link};
 use super::{Decided, SessionRow, Writes, existing, open};
 use crate::error::ErrorCode;
@@ -111,6 +112,20 @@ pub enum Note {
     Throttled,
     /// The chat is linked to another open session already.
     ChatTaken,
+    /// What the commands are.
+    Help,
+    /// The chat is linked to no open session: how to pair one.
+    NoSession,
+    /// The chat's sessions (`/list`).
+    List(Vec<Listed>),
+    /// What each of the chat's agents is doing (`/status`).
+    Status(Vec<Listed>),
+    /// The session now current (`/use N`).
+    Current(SessionName),
+    /// The session unlinked from the chat (`/unlink N`).
+    Unlinked(SessionName),
+    /// `N` names none of the chat's sessions.
+    NoSuchSession,
 }
 
 /// How a session is named in a chat: goal · agent, and its host surface.
@@ -256,7 +271,7 @@ fn wrong_code(chat: ChatRow, in_window: bool, at: &PairAt, now: i64) -> Decided<
 }
 
 /// The writes with the answer's note added.
-fn noted(mut writes: Writes, at: &PairAt, note: Note, now: i64) -> Decided<LarkIngest> {
+pub(crate) fn noted(mut writes: Writes, at: &PairAt, note: Note, now: i64) -> Decided<LarkIngest> {
     writes.note = Some(NewNote {
         message_id: at.message_id.clone(),
         chat_id: at.chat_id.clone(),

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use super::card::{self, ButtonValue};
 use crate::broker::{Broker, MAX_TEXT_BYTES};
+use crate::decide::chat;
 use crate::decide::lark::{Clicked, LarkClick, LarkEvent, LarkIngest};
 use crate::error::Result;
 use crate::permission::lark_command;
@@ -126,7 +127,7 @@ fn bare_event(app_id: &str, event_id: String) -> LarkEvent {
         text: None,
         sender: None,
         command: None,
-        link_code: None,
+        chat_command: None,
     }
 }
 
@@ -166,20 +167,14 @@ fn message_event(app_id: &str, envelope: Envelope) -> LarkEvent {
         let bare = raw_text(&message.content)
             .map(|raw| with_mentions(&raw, &message.mentions, |_| String::new()));
         event.command = bare.as_deref().and_then(lark_command);
-        event.link_code = bare.as_deref().and_then(link_code);
-        event.text = text_of(&message.content, &message.mentions);
+        event.chat_command = bare.as_deref().and_then(chat::parse);
+        // `//text` reaches the agent as `/text`, its mentions removed.
+        event.text = match bare.as_deref().and_then(chat::unescaped) {
+            Some(text) => Some(truncate(text, MAX_TEXT_BYTES)),
+            None => text_of(&message.content, &message.mentions),
+        };
     }
     event
-}
-
-/// The code of a `/link <code>` (any case, surrounding blanks ignored);
-/// `/link` alone names an empty code, which no code matches.
-fn link_code(text: &str) -> Option<String> {
-    let rest = text.trim().strip_prefix("/link")?;
-    if !rest.is_empty() && !rest.starts_with(char::is_whitespace) {
-        return None;
-    }
-    Some(rest.trim().to_owned())
 }
 
 /// A `text` message's text as Lark sent it (`@_user_N` placeholders in).

@@ -246,3 +246,53 @@ async fn expire_codes(broker: &TestBroker) {
         }
     }
 }
+
+#[tokio::test]
+async fn lark_commands_are_answered_never_queued_and_double_slashes_reach_the_agent() {
+    let (fake, broker) = connected().await;
+    let host = bound_host(&broker.client).await;
+    deliver(&fake, &said("ev_c0", "oc_c", "om_c0", "/list")).await;
+    assert!(
+        answer_to(&fake, "om_c0")
+            .await
+            .1
+            .contains("linked to no session")
+    );
+    let code = code_for(&broker, &host).await;
+    deliver(
+        &fake,
+        &said("ev_c1", "oc_c", "om_c1", &format!("/link {code}")),
+    )
+    .await;
+    answer_to(&fake, "om_c1").await;
+    let name = format!("{} · {}", host.goal_id, host.agent_id);
+
+    deliver(&fake, &said("ev_c2", "oc_c", "om_c2", "/list")).await;
+    let (title, list) = answer_to(&fake, "om_c2").await;
+    assert!(title.starts_with("Sessions"), "{title}");
+    assert!(list.starts_with(&format!("1. **{name}**")), "{list}");
+    assert!(list.contains("away") && list.contains("current"), "{list}");
+    deliver(&fake, &said("ev_c3", "oc_c", "om_c3", "/status")).await;
+    assert!(answer_to(&fake, "om_c3").await.1.contains(&name));
+    deliver(&fake, &said("ev_c4", "oc_c", "om_c4", "/use 1")).await;
+    assert!(answer_to(&fake, "om_c4").await.0.contains(&name));
+    deliver(&fake, &said("ev_c5", "oc_c", "om_c5", "/use 7")).await;
+    assert!(
+        answer_to(&fake, "om_c5")
+            .await
+            .0
+            .starts_with("No such session")
+    );
+    deliver(&fake, &said("ev_c6", "oc_c", "om_c6", "/whatever")).await;
+    assert!(answer_to(&fake, "om_c6").await.1.contains("/use N"));
+    deliver(&fake, &said("ev_c7", "oc_c", "om_c7", "//clear")).await;
+    let turns = all_turns(&broker.client, &host).await;
+    assert_eq!(turns.len(), 1, "no command was queued");
+    assert_eq!(turns[0].text, "/clear");
+
+    deliver(&fake, &said("ev_c8", "oc_c", "om_c8", "/unlink 1")).await;
+    assert!(answer_to(&fake, "om_c8").await.0.starts_with("Unlinked"));
+    assert_eq!(link_of(&broker, &host).await.chat_id, None);
+    deliver(&fake, &said("ev_c9", "oc_c", "om_c9", "hello")).await;
+    assert_eq!(all_turns(&broker.client, &host).await.len(), 1);
+}

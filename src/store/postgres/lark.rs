@@ -91,7 +91,7 @@ async fn event_rows(conn: &mut PgConnection, event: &LarkEvent) -> sqlx::Result<
             ..EventRows::default()
         });
     }
-    let pairing = match (&event.link_code, &event.chat_id) {
+    let pairing = match (event.link_code(), &event.chat_id) {
         (Some(code), Some(chat_id)) => pair_rows(conn, chat_id, code).await?,
         _ => PairRows::default(),
     };

@@ -48,7 +48,7 @@ fn event_rows(conn: &Connection, event: &LarkEvent) -> Result<EventRows> {
             ..EventRows::default()
         });
     }
-    let pairing = match (&event.link_code, &event.chat_id) {
+    let pairing = match (event.link_code(), &event.chat_id) {
         (Some(code), Some(chat_id)) => pair_rows(conn, chat_id, code)?,
         _ => PairRows::default(),
     };
