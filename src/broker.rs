@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::decide::lark::{Clicked, LarkClick};
 use crate::decide::lark::{LarkEvent, LarkIngest};
+use crate::decide::pairing;
 use crate::decide::session::Bound;
 use crate::decide::turn::ClaimOutcome;
 use crate::decide::turn::Releaser;
@@ -41,7 +42,7 @@ use crate::model::{
     Receipt, RegisterAgentThread, Registered, ReleaseRequest, Released, ReleasedBy, Session,
     SessionList, SessionPreview, SessionState, Turn, TurnList,
 };
-use crate::model::{LarkLink, LarkLinkRequest};
+use crate::model::{LarkLink, LarkLinkRequest, LarkPairCode};
 use crate::store::{Change, Command, Done, Store};
 use crate::time::rfc3339;
 use crate::wakeup::Wakeups;
@@ -605,6 +606,7 @@ impl Broker {
             LarkIngest::Answered { decision, .. } => {
                 self.count(decision, decision.row().state.as_str())
             }
+            LarkIngest::Command(_) => self.outbox.notify_one(),
             _ => {}
         }
         Ok(ingest)
@@ -626,6 +628,26 @@ impl Broker {
         self.store
             .lark_link(session_id.to_owned(), link.chat_id, approvers)
             .await
+    }
+
+    /// A one-time code that links a Lark chat to the session when sent to
+    /// the bot as `/link <code>` ([`crate::decide::pairing`]); only its hash
+    /// is stored.
+    pub async fn lark_pair_code(&self, session_id: &str) -> Result<LarkPairCode> {
+        let mut random = [0u8; pairing::CODE_LEN];
+        getrandom::fill(&mut random)
+            .map_err(|_| Error::store("minting a pairing code", "no randomness"))?;
+        let code = pairing::code_from(random);
+        let expires_at = self
+            .store
+            .lark_pair_code(session_id.to_owned(), pairing::code_hash(&code))
+            .await?;
+        Ok(LarkPairCode {
+            session_id: session_id.to_owned(),
+            command: format!("/link {code}"),
+            code,
+            expires_at: rfc3339(expires_at),
+        })
     }
 
     pub async fn lark_unlink(&self, session_id: &str) -> Result<LarkLink> {

@@ -15,9 +15,9 @@ use crate::model::{
 };
 use crate::model::{
     BindPreview, BindRequest, ClaimAnswer, ClaimRequest, CloseRequest, CompleteRequest,
-    EnqueueRequest, Enqueued, LarkConnector, LarkLink, LarkLinkRequest, ListSessions, ListTurns,
-    Receipt, RegisterAgentThread, Registered, ReleaseRequest, Released, Session, SessionList, Turn,
-    TurnList,
+    EnqueueRequest, Enqueued, LarkConnector, LarkLink, LarkLinkRequest, LarkPairCode, ListSessions,
+    ListTurns, Receipt, RegisterAgentThread, Registered, ReleaseRequest, Released, Session,
+    SessionList, Turn, TurnList,
 };
 
 /// The default broker URL.
@@ -398,6 +398,20 @@ impl Client {
             Method::PUT,
             &session_path(session_id, "/lark-link"),
             Some(&body),
+            None,
+        )
+        .await
+    }
+
+    /// A one-time code that links the Lark chat it is sent in (`/link <code>`).
+    pub async fn lark_pair_code(
+        &self,
+        session_id: &str,
+    ) -> Result<TypedReply<LarkPairCode>, ClientError> {
+        self.call(
+            Method::POST,
+            &session_path(session_id, "/lark-link/codes"),
+            NO_BODY,
             None,
         )
         .await

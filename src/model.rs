@@ -846,6 +846,21 @@ impl LarkLink {
     }
 }
 
+/// `POST /v1/sessions/{session_id}/lark-link/codes`: a one-time code that
+/// links the Lark chat it is sent in to the session.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "code": "7K3M9QX2RT", "command": "/link 7K3M9QX2RT", "expires_at": "2026-11-30T10:10:00.000Z"}))]
+pub struct LarkPairCode {
+    pub session_id: String,
+    /// Ten characters of Crockford's base 32 (50 random bits); case, `-`
+    /// and blanks do not matter when it is typed.
+    pub code: String,
+    /// What to send to the bot: `/link <code>`.
+    pub command: String,
+    /// Ten minutes after it was made; it is good for one link before then.
+    pub expires_at: String,
+}
+
 /// A reply's delivery state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
 #[serde(rename_all = "snake_case")]

@@ -22,6 +22,12 @@ pub enum LarkCommand {
         after_help = "Example:\n  loopx lark link --session-id ses_01JD... --chat-id oc_5ce6d572455d361153b7xx51da133945 \\\n    --approver ou_84aad35d084aa403a838cf73ee18467"
     )]
     Link(LarkLinkArgs),
+    /// Make a one-time code that links a Lark chat to an open session: send
+    /// the printed `/link <code>` to the bot in that chat (a direct chat with
+    /// the bot, or a group it is in) within 10 minutes. You become an
+    /// approver of the session there.
+    #[command(after_help = "Example:\n  loopx lark pair --session-id ses_01JD...")]
+    Pair(LarkSessionArgs),
     /// Unlink the session's Lark chat: its messages are no longer enqueued.
     #[command(after_help = "Example:\n  loopx lark unlink --session-id ses_01JD...")]
     Unlink(LarkSessionArgs),
@@ -78,6 +84,11 @@ pub fn run(args: LarkArgs) -> ExitCode {
                 .lark_link_approved(&a.session_id, &a.chat_id, &a.approvers)
                 .await?;
             ctx.print(&answer.reply, || link_text(&answer.body));
+            Ok(())
+        }),
+        LarkCommand::Pair(a) => with_client(a.options.clone(), |ctx| async move {
+            let answer = ctx.client.lark_pair_code(&a.session_id).await?;
+            ctx.print(&answer.reply, || answer.body.command.clone());
             Ok(())
         }),
         LarkCommand::Unlink(a) => with_client(a.options.clone(), |ctx| async move {

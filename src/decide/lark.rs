@@ -4,6 +4,8 @@
 //! `yes <id>` / `no <id>` answer to a permission request, or ignored; a
 //! click on a request's card answers it as an approver's `yes`/`no` would.
 
+use super::chat::{self, ChatCommand};
+use super::pairing::{Note, PairAt, PairRows, pair};
 use super::permission::{AnswerRows, Decision, answer};
 use super::turn::enqueue;
 use super::{CardWrite, Decided, LinkChange, NewLink, SeenLarkEvent, Writes, existing, open};
@@ -28,9 +30,19 @@ pub struct LarkEvent {
     pub sender: Option<String>,
     /// `yes <id>` / `no <id>`, when the text (its @mentions removed) is one.
     pub command: Option<crate::permission::LarkCommand>,
+    /// The command the text is (its @mentions removed), if one.
+    pub chat_command: Option<ChatCommand>,
 }
 
 impl LarkEvent {
+    /// The code of a `/link <code>`, as typed.
+    pub fn link_code(&self) -> Option<&str> {
+        match &self.chat_command {
+            Some(ChatCommand::Link(code)) => Some(code),
+            _ => None,
+        }
+    }
+
     /// The request its `yes <id>` / `no <id>` names, for the store to load
     /// from the linked session ([`crate::decide::lark::EventRows`]).
     pub fn named_request(&self) -> Option<&str> {
@@ -61,6 +73,8 @@ pub enum LarkIngest {
     /// An answer that nobody may give there or that changes nothing
     /// ([`crate::decide::lark::event`]): acknowledged, not enqueued.
     Ignored,
+    /// A command, answered by the broker in the chat; not enqueued.
+    Command(Note),
 }
 
 /// A link of a chat to the session, given the session the chat is linked to
@@ -136,11 +150,15 @@ pub struct EventRows {
     /// The linked session's turn enqueued with the event id as its
     /// `client_message_id`, if any.
     pub earlier: Option<TurnRow>,
+    /// What a `/link <code>` reads (loaded for one only).
+    pub pairing: PairRows,
 }
 
 /// An event from Lark, in this order: seen before (its event id or its
 /// message id) a duplicate, nothing written; else it is recorded once, and:
-/// not a text message, unsupported; a chat linked to no session, unlinked;
+/// not a text message, unsupported; a `/link <code>`, [`pair`]ed, and any
+/// other command answered ([`chat::command`]); a chat
+/// linked to no session, unlinked;
 /// then [`verdict`] on its text: an answer written (or replayed), ignored,
 /// or enqueued as a Lark turn (with the enqueue's refusals, which record
 /// nothing, so Lark's redelivery is taken again).
@@ -168,6 +186,17 @@ pub fn event(
     else {
         return recorded(Decided::nothing(LarkIngest::Unsupported));
     };
+    if let Some(command) = event.chat_command {
+        let at = PairAt {
+            chat_id,
+            message_id,
+            sender: event.sender,
+        };
+        return recorded(match command {
+            ChatCommand::Link(_) => pair(rows.pairing, at, now),
+            command => chat::command(rows.linked.map(|(s, _)| s), command, &at, now),
+        });
+    }
     let Some((session, approvers)) = rows.linked else {
         return recorded(Decided::nothing(LarkIngest::Unlinked));
     };
@@ -466,6 +495,7 @@ mod tests {
             text: text.map(str::to_owned),
             sender: Some(sender.into()),
             command: text.and_then(lark_command),
+            chat_command: None,
         }
     }
 

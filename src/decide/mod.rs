@@ -14,7 +14,9 @@
 //! what committed writes change ([`Changed`]); it imports nothing from the
 //! store.
 
+pub mod chat;
 pub mod lark;
+pub mod pairing;
 pub mod permission;
 pub mod presence;
 mod rows;
@@ -215,8 +217,8 @@ pub struct Sweep {
 }
 
 /// What a decision writes, applied by the store in this order (a step taken
-/// first, then the Lark event guard, link, permission request, its chat
-/// message and card, a close's sweep; then turn, claim, session, event,
+/// first, then the Lark event guard, link, pairing code, chat, note,
+/// permission request, its chat message and card, a close's sweep; then turn, claim, session, event,
 /// reply), in the decision's transaction.
 ///
 /// The writes of a turn's cycle (turn, claim, session, event, reply) are
@@ -240,6 +242,15 @@ pub struct Writes {
     pub card: Option<CardWrite>,
     #[serde(skip)]
     pub sweep: Option<Sweep>,
+    /// A pairing code minted or spent.
+    #[serde(skip)]
+    pub pair_code: Option<pairing::PairCodeWrite>,
+    /// A chat's count of wrong pairing codes, as it is now.
+    #[serde(skip)]
+    pub chat: Option<pairing::ChatRow>,
+    /// The broker's answer to a command in a chat.
+    #[serde(skip)]
+    pub note: Option<pairing::NewNote>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn: Option<Change<TurnRow>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -276,6 +287,9 @@ impl Writes {
             && self.permission_message.is_none()
             && self.card.is_none()
             && self.sweep.is_none()
+            && self.pair_code.is_none()
+            && self.chat.is_none()
+            && self.note.is_none()
     }
 
     /// What these writes change, once committed: `None` when they log no

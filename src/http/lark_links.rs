@@ -1,18 +1,49 @@
-//! `/v1/sessions/{session_id}/lark-link`: which Lark chat feeds a session.
+//! `/v1/sessions/{session_id}/lark-link`: which Lark chat feeds a session,
+//! and the one-time codes that link a chat from Lark (`/link <code>`).
 
 use axum::Json;
 use axum::extract::State;
-use axum::routing::put;
+use axum::http::StatusCode;
+use axum::routing::{post, put};
 
 use super::{AppJson, AppPath, AppState};
 use crate::error::{ErrorBody, Result};
-use crate::model::{LarkLink, LarkLinkRequest};
+use crate::model::{LarkLink, LarkLinkRequest, LarkPairCode};
 
 pub fn router() -> axum::Router<AppState> {
-    axum::Router::new().route(
-        "/v1/sessions/{session_id}/lark-link",
-        put(link).get(status).delete(unlink),
-    )
+    axum::Router::new()
+        .route(
+            "/v1/sessions/{session_id}/lark-link",
+            put(link).get(status).delete(unlink),
+        )
+        .route("/v1/sessions/{session_id}/lark-link/codes", post(pair_code))
+}
+
+/// Make a pairing code.
+///
+/// A one-time code that links a Lark chat to this session: send
+/// `/link <code>` (the answer's `command`) to the bot in the chat, a direct
+/// chat with the bot or a group it is in. The chat is then linked to the
+/// session, and the sender becomes one of the link's approvers; the bot
+/// answers with a card naming the session (goal · agent). A code is good for
+/// one link within 10 minutes; only its hash is stored, so it is shown this
+/// once. A wrong, used or expired code changes nothing, and the bot says so
+/// without saying which; a chat that sends 10 wrong codes within 10 minutes
+/// is not heard on `/link` until then. The request takes no body.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/lark-link/codes", operation_id = "makeLarkPairCode", tag = "lark",
+    params(("session_id" = String, Path, description = "The session id.")),
+    responses(
+        (status = 201, description = "A new code.", body = LarkPairCode),
+        (status = 401, description = "`unauthorized`.", body = ErrorBody),
+        (status = 404, description = "`not_found`.", body = ErrorBody),
+        (status = 409, description = "`session_closed`.", body = ErrorBody),
+    ))]
+pub async fn pair_code(
+    State(state): State<AppState>,
+    AppPath(session_id): AppPath<String>,
+) -> Result<(StatusCode, Json<LarkPairCode>)> {
+    let code = state.broker.lark_pair_code(&session_id).await?;
+    Ok((StatusCode::CREATED, Json(code)))
 }
 
 /// Link a Lark chat.

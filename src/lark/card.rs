@@ -11,6 +11,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::markdown::escape_html;
+use crate::decide::chat::Listed;
+use crate::decide::pairing::{Note, SessionName};
 use crate::model::{AnsweredVia, Behavior, PermissionState};
 use crate::permission::PermissionRow;
 
@@ -55,6 +57,124 @@ pub fn settled(row: &PermissionRow, by: Option<&str>) -> Value {
     let mut elements = about(row);
     elements.push(markdown(&outcome(row, by)));
     card(title, template, elements)
+}
+
+/// The broker's answer to a command in a chat.
+pub fn note(note: &Note) -> Value {
+    match note {
+        Note::Linked(name) => card(
+            &format!("Linked · 已关联: {}", title_of(name)),
+            "green",
+            vec![markdown(&format!(
+                "This chat is linked to **{}** ({}). Messages here go to it, and you may \
+                 answer its permission requests.\n\
+                 本会话已关联到 **{}**（{}）。此处的消息会发给它，你可以处理它的权限请求。",
+                escape_html(&title_of(name)),
+                escape_html(&name.host_surface),
+                escape_html(&title_of(name)),
+                escape_html(&name.host_surface),
+            ))],
+        ),
+        Note::BadCode => card(
+            "Not linked · 未关联",
+            "red",
+            vec![markdown(
+                "This code is not valid: it is wrong, used or expired. Ask for a new one \
+                 (`loopx lark pair --session-id …` or the Web page).\n\
+                 此配对码无效：错误、已使用或已过期。请重新获取（`loopx lark pair --session-id …` 或网页）。",
+            )],
+        ),
+        Note::Throttled => card(
+            "Not linked · 未关联",
+            "red",
+            vec![markdown(
+                "Too many wrong codes from this chat: try again in a few minutes.\n\
+                 本会话输入错误配对码的次数过多，请几分钟后再试。",
+            )],
+        ),
+        Note::Help => card("Commands · 命令", "blue", vec![markdown(HELP)]),
+        Note::NoSession => card(
+            "No session · 未关联会话",
+            "grey",
+            vec![markdown(
+                "This chat is linked to no session. Pair one: `loopx lark pair --session-id …` \
+                 (or the Web page) prints `/link <code>`; send it here.\n\
+                 本会话尚未关联。用 `loopx lark pair --session-id …`（或网页）获取 `/link <code>`，然后发到这里。",
+            )],
+        ),
+        Note::List(sessions) => card("Sessions · 会话", "blue", vec![markdown(&listed(sessions))]),
+        Note::Status(sessions) => card("Status · 状态", "blue", vec![markdown(&listed(sessions))]),
+        Note::Current(name) => card(
+            &format!("Current · 当前: {}", title_of(name)),
+            "blue",
+            vec![markdown(&format!(
+                "Messages here go to **{}** now.\n此处的消息现在发给 **{}**。",
+                escape_html(&title_of(name)),
+                escape_html(&title_of(name)),
+            ))],
+        ),
+        Note::Unlinked(name) => card(
+            &format!("Unlinked · 已取消关联: {}", title_of(name)),
+            "grey",
+            vec![markdown(&format!(
+                "**{}** no longer gets this chat's messages.\n**{}** 不再接收此处的消息。",
+                escape_html(&title_of(name)),
+                escape_html(&title_of(name)),
+            ))],
+        ),
+        Note::NoSuchSession => card(
+            "No such session · 没有这个会话",
+            "orange",
+            vec![markdown(
+                "That names none of this chat's sessions: see `/list`.\n没有对应的会话，请查看 `/list`。",
+            )],
+        ),
+        Note::ChatTaken => card(
+            "Not linked · 未关联",
+            "orange",
+            vec![markdown(
+                "This chat is linked to another open session: unlink it there first.\n\
+                 本会话已关联到另一个进行中的会话，请先在那里取消关联。",
+            )],
+        ),
+    }
+}
+
+/// What `/help` says.
+const HELP: &str = "`/list` this chat's sessions · 列出会话\n\
+    `/use N` send to session N (or a unique start of its goal or agent) · 切换当前会话\n\
+    `/status` what each agent is doing · 各代理的状态\n\
+    `/unlink N` unlink session N from this chat · 取消关联\n\
+    `/link <code>` link a session by its code (`loopx lark pair`) · 用配对码关联会话\n\
+    `//text` sends `/text` to the agent · 发送以 / 开头的文字\n\
+    Anything else goes to the current session · 其他消息发给当前会话";
+
+/// The chat's sessions, numbered: goal · agent, host surface, presence,
+/// and which is current.
+fn listed(sessions: &[Listed]) -> String {
+    sessions
+        .iter()
+        .map(|s| {
+            format!(
+                "{}. **{}** ({}): {}{}",
+                s.number,
+                escape_html(&title_of(&s.name)),
+                escape_html(&s.name.host_surface),
+                s.presence.as_str(),
+                if s.current {
+                    " · current · 当前"
+                } else {
+                    ""
+                },
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A session's name as cards show it: goal · agent.
+pub fn title_of(name: &SessionName) -> String {
+    format!("{} · {}", name.goal_id, name.agent_id)
 }
 
 /// Who answered what, in both languages.

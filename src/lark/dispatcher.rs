@@ -1,7 +1,8 @@
 //! The reply dispatcher: one per broker, it sends the outbox's pending
 //! messages: replies with Lark's reply API, permission-request cards with
 //! its send-message API (`POST /open-apis/im/v1/messages?receive_id_type=chat_id`:
-//! they answer no message; same envelope and codes), and a settled request's
+//! they answer no message; same envelope and codes), the broker's answers to
+//! a chat's commands (a card replying to the command), and a settled request's
 //! card in its final form with the update API (`PATCH
 //! /open-apis/im/v1/messages/{message_id}`). Woken by a completion or
 //! a request (never polling fast), it honours Lark's rate limits, retries
@@ -144,7 +145,7 @@ impl Dispatcher {
                 markdown::split(&markdown::escape_html(&job.text), CARD_BYTES)
             }
             // One card, far below Lark's limit.
-            Outbound::Permission { .. } => vec![job.text.clone()],
+            Outbound::Permission { .. } | Outbound::Note { .. } => vec![job.text.clone()],
         };
         let mut update = ReplyUpdate {
             parts_sent: job.parts_sent,
@@ -440,6 +441,15 @@ fn request(base_url: &str, job: &ReplyJob, index: usize, text: &str) -> (String,
                 "uuid": format!("lx-{turn_id}-{index}"),
             }),
         ),
+        Outbound::Note { message_id } => (
+            format!("{base_url}/open-apis/im/v1/messages/{message_id}/reply"),
+            json!({
+                "content": text,
+                "msg_type": "interactive",
+                "reply_in_thread": false,
+                "uuid": note_uuid(message_id),
+            }),
+        ),
         Outbound::Permission {
             session_id,
             request_id,
@@ -471,6 +481,14 @@ fn permission_uuid(session_id: &str, request_id: &str, index: usize) -> String {
     hasher.update(request_id.as_bytes());
     let digest = hex::encode(hasher.finalize());
     format!("lxp-{}-{index}", &digest[..32])
+}
+
+/// A note's Lark `uuid`: a digest of the message it answers (once each).
+fn note_uuid(message_id: &str) -> String {
+    format!(
+        "lxn-{}",
+        &hex::encode(Sha256::digest(message_id.as_bytes()))[..32]
+    )
 }
 
 /// Whether a permission message is a card's JSON (else a text stored before

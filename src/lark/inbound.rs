@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use super::card::{self, ButtonValue};
 use crate::broker::{Broker, MAX_TEXT_BYTES};
+use crate::decide::chat;
 use crate::decide::lark::{Clicked, LarkClick, LarkEvent, LarkIngest};
 use crate::error::Result;
 use crate::permission::lark_command;
@@ -66,6 +67,7 @@ pub async fn take(broker: &Broker, app_id: &str, envelope: Envelope) -> Result<V
         LarkIngest::Unsupported => tracing::debug!("lark event not enqueued: not a text message"),
         LarkIngest::Answered { .. } => tracing::debug!("lark permission answer taken"),
         LarkIngest::Ignored => tracing::debug!("lark permission answer ignored"),
+        LarkIngest::Command(_) => tracing::debug!("lark command answered"),
     }
     Ok(json!({}))
 }
@@ -125,6 +127,7 @@ fn bare_event(app_id: &str, event_id: String) -> LarkEvent {
         text: None,
         sender: None,
         command: None,
+        chat_command: None,
     }
 }
 
@@ -161,10 +164,15 @@ fn message_event(app_id: &str, envelope: Envelope) -> LarkEvent {
         event.sender = sender["sender_id"]["open_id"].as_str().map(str::to_owned);
     }
     if message.message_type == "text" {
-        event.command = raw_text(&message.content).and_then(|raw| {
-            lark_command(&with_mentions(&raw, &message.mentions, |_| String::new()))
-        });
-        event.text = text_of(&message.content, &message.mentions);
+        let bare = raw_text(&message.content)
+            .map(|raw| with_mentions(&raw, &message.mentions, |_| String::new()));
+        event.command = bare.as_deref().and_then(lark_command);
+        event.chat_command = bare.as_deref().and_then(chat::parse);
+        // `//text` reaches the agent as `/text`, its mentions removed.
+        event.text = match bare.as_deref().and_then(chat::unescaped) {
+            Some(text) => Some(truncate(text, MAX_TEXT_BYTES)),
+            None => text_of(&message.content, &message.mentions),
+        };
     }
     event
 }

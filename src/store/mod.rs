@@ -107,6 +107,8 @@ pub enum Outbound {
         session_id: String,
         request_id: String,
     },
+    /// The broker's answer to a command, a reply to its message (`lark_notes`).
+    Note { message_id: String },
 }
 
 /// A reply (or permission-request message) due for sending.
@@ -121,15 +123,20 @@ pub struct ReplyJob {
     pub failures: i64,
 }
 
-/// The outbox row both tables read as: `kind` is `reply` (`key` the turn id,
-/// `target` the message id) or `permission` (`key` the session id, `target`
-/// the request id).
+/// The outbox row all three tables read as: `kind` is `reply` (`key` the
+/// turn id, `target` the message id), `permission` (`key` the session id,
+/// `target` the request id) or `note` (`key` and `target` the message
+/// answered).
 pub const DUE_OUTBOX: &str = "select 'reply' as kind, turn_id as key, message_id as target, \
          chat_id, text, parts_sent, attempts, failures, next_attempt_at from lark_replies \
          where state = 'pending' and next_attempt_at <= $1 \
      union all \
      select 'permission', session_id, request_id, chat_id, text, parts_sent, attempts, failures, \
          next_attempt_at from lark_permission_messages \
+         where state = 'pending' and next_attempt_at <= $1 \
+     union all \
+     select 'note', message_id, message_id, chat_id, text, parts_sent, attempts, failures, \
+         next_attempt_at from lark_notes \
          where state = 'pending' and next_attempt_at <= $1 \
      order by next_attempt_at limit $2";
 
@@ -139,10 +146,24 @@ pub const NEXT_OUTBOX_DUE: &str = "select min(at) from ( \
      union all \
      select min(next_attempt_at) from lark_permission_messages where state = 'pending' \
      union all \
+     select min(next_attempt_at) from lark_notes where state = 'pending' \
+     union all \
      select min(m.update_next_at) from lark_permission_messages m join permission_requests p \
          on p.session_id = m.session_id and p.request_id = m.request_id \
          where m.update_state = 'pending' and m.message_id is not null \
          and p.state <> 'pending') as due";
+
+/// A decision's pairing writes ([`crate::decide::pairing`]), the same on
+/// both backends: a new code (`$1`..`$4`: hash, session, made, expires),
+/// a code spent (`$1` when, `$2` hash), a chat's wrong codes (`$1`..`$3`),
+/// and a note (`$1`..`$4`: message, chat, card, now).
+pub const INSERT_PAIR_CODE: &str = "insert into lark_pair_codes \
+     (code_hash, session_id, created_at, expires_at) values ($1, $2, $3, $4)";
+pub const SPEND_PAIR_CODE: &str = "update lark_pair_codes set used_at = $1 where code_hash = $2";
+pub const UPSERT_CHAT: &str = "insert into lark_chats (chat_id, failed_codes, failed_since) \
+     values ($1, $2, $3) on conflict (chat_id) do update set failed_codes = $2, failed_since = $3";
+pub const INSERT_NOTE: &str = "insert into lark_notes (message_id, chat_id, text, state, \
+     next_attempt_at, created_at, updated_at) values ($1, $2, $3, 'pending', $4, $4, $4)";
 
 /// A permission card due for its final form: the request it shows was
 /// settled after it was sent (`lark_permission_messages`, its `update_`
@@ -178,6 +199,11 @@ pub fn record_outbox(outbound: Outbound) -> (&'static str, Vec<String>) {
              where session_id = $8 and request_id = $9",
             vec![session_id, request_id],
         ),
+        Outbound::Note { message_id } => (
+            "update lark_notes set parts_sent = $1, state = $2, attempts = $3, failures = $4, \
+             error = $5, next_attempt_at = $6, updated_at = $7 where message_id = $8",
+            vec![message_id],
+        ),
     }
 }
 
@@ -196,6 +222,7 @@ impl ReplyJob {
                 session_id: key,
                 request_id: target,
             },
+            "note" => Outbound::Note { message_id: target },
             _ => Outbound::Reply {
                 turn_id: key,
                 message_id: target,
@@ -429,6 +456,9 @@ pub trait Store: Send + Sync + 'static {
         chat_id: String,
         approvers: Vec<String>,
     ) -> Result<LarkLink>;
+    /// Records a new pairing code's hash for the session
+    /// ([`crate::decide::pairing::new_code`]): when it expires.
+    async fn lark_pair_code(&self, session_id: String, code_hash: String) -> Result<i64>;
     /// Removes the session's link, if any ([`crate::decide::lark::unlink`]).
     async fn lark_unlink(&self, session_id: String) -> Result<LarkLink>;
     async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink>;

@@ -436,6 +436,14 @@ impl Store for PgStore {
         ))
     }
 
+    async fn lark_pair_code(&self, session_id: String, code_hash: String) -> Result<i64> {
+        transaction!(self, "minting a Lark pairing code", |conn| lark::pair_code(
+            conn,
+            &session_id,
+            &code_hash
+        ))
+    }
+
     async fn lark_unlink(&self, session_id: String) -> Result<LarkLink> {
         transaction!(self, "unlinking a Lark chat", |conn| lark::unlink(
             conn,

@@ -597,6 +597,11 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn lark_pair_code(&self, session_id: String, code_hash: String) -> Result<i64> {
+        self.write(move |conn| lark::pair_code(conn, &session_id, code_hash.clone()))
+            .await
+    }
+
     async fn lark_unlink(&self, session_id: String) -> Result<LarkLink> {
         self.write(move |conn| lark::unlink(conn, session_id.clone()))
             .await

@@ -10,6 +10,7 @@ use std::marker::PhantomData;
 use rusqlite::types::{FromSql, Value};
 use rusqlite::{Connection, OptionalExtension, Row, params_from_iter};
 
+use crate::decide::pairing::{ChatRow, PairCodeRow};
 use crate::decide::{ClaimRow, ClaimState};
 use crate::decide::{SessionRow, TurnRow};
 use crate::error::Result;
@@ -196,6 +197,27 @@ impl FromRow for ClaimRow {
             state: r.get(4)?,
             claimed_at: r.get(5)?,
             released_at: r.get(6)?,
+        })
+    }
+}
+
+impl FromRow for PairCodeRow {
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(PairCodeRow {
+            code_hash: r.get(0)?,
+            session_id: r.get(1)?,
+            expires_at: r.get(2)?,
+            used_at: r.get(3)?,
+        })
+    }
+}
+
+impl FromRow for ChatRow {
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(ChatRow {
+            chat_id: r.get(0)?,
+            failed_codes: r.get(1)?,
+            failed_since: r.get(2)?,
         })
     }
 }

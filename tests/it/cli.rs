@@ -870,6 +870,27 @@ async fn the_example_bridge_script_answers_and_stops_on_sigterm() {
 }
 
 #[tokio::test]
+async fn lark_pair_prints_the_line_to_send_or_the_json() {
+    let broker = TestBroker::start().await;
+    let host = support::bound_host(&broker.client).await;
+    let sid = host.session_id();
+    let text = loopx(&broker, &["lark", "pair", "--session-id", sid]).await;
+    let line = text.ok().stdout.trim().to_owned();
+    assert!(line.starts_with("/link ") && line.len() == 16, "{line}");
+    let json = loopx(
+        &broker,
+        &["lark", "pair", "--session-id", sid, "--format", "json"],
+    )
+    .await;
+    let answer = json.ok().json();
+    let code = answer["code"].as_str().unwrap();
+    assert_eq!(answer["command"], format!("/link {code}"));
+    assert_ne!(format!("/link {code}"), line, "a new code each time");
+    let unknown = loopx(&broker, &["lark", "pair", "--session-id", "ses_nope"]).await;
+    assert_eq!(unknown.code, 1, "{unknown:?}");
+}
+
+#[tokio::test]
 async fn lark_link_status_and_unlink_through_the_cli() {
     let broker = TestBroker::start().await;
     let host = support::bound_host(&broker.client).await;

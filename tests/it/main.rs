@@ -18,6 +18,7 @@ mod hooks;
 mod journal;
 mod lark;
 mod lark_cards;
+mod lark_pairing;
 mod lark_permissions;
 mod lark_ws;
 mod metrics;

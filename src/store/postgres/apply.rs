@@ -16,8 +16,10 @@ use sqlx::query::Query;
 
 use super::Step;
 use super::rows::text;
+use crate::decide::pairing::PairCodeWrite;
 use crate::decide::{Change, Changed, ClaimRow, Decided, NewEvent, NewReply, Sweep, Writes};
 use crate::decide::{SessionRow, TurnRow};
+use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, SPEND_PAIR_CODE, UPSERT_CHAT};
 
 type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
 
@@ -319,6 +321,7 @@ async fn lark_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<(
         .execute(&mut *conn)
         .await?;
     }
+    pairing_writes(conn, writes).await?;
     let Some(change) = &writes.link else {
         return Ok(());
     };
@@ -340,6 +343,52 @@ async fn lark_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<(
         .bind(&link.approvers)
         .execute(&mut *conn)
         .await?;
+    }
+    Ok(())
+}
+
+/// Writes a decision's pairing code, chat and note, if any.
+async fn pairing_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<()> {
+    match &writes.pair_code {
+        Some(PairCodeWrite::New {
+            code_hash,
+            session_id,
+            at,
+            expires_at,
+        }) => {
+            sqlx::query(INSERT_PAIR_CODE)
+                .bind(code_hash)
+                .bind(session_id)
+                .bind(*at)
+                .bind(*expires_at)
+                .execute(&mut *conn)
+                .await?;
+        }
+        Some(PairCodeWrite::Used { code_hash, at }) => {
+            sqlx::query(SPEND_PAIR_CODE)
+                .bind(*at)
+                .bind(code_hash)
+                .execute(&mut *conn)
+                .await?;
+        }
+        None => {}
+    }
+    if let Some(chat) = &writes.chat {
+        sqlx::query(UPSERT_CHAT)
+            .bind(&chat.chat_id)
+            .bind(chat.failed_codes)
+            .bind(chat.failed_since)
+            .execute(&mut *conn)
+            .await?;
+    }
+    if let Some(note) = &writes.note {
+        sqlx::query(INSERT_NOTE)
+            .bind(&note.message_id)
+            .bind(&note.chat_id)
+            .bind(note.text.as_bytes())
+            .bind(note.at)
+            .execute(&mut *conn)
+            .await?;
     }
     Ok(())
 }

@@ -12,6 +12,7 @@ use super::{Step, lock_session};
 use crate::decide::SessionRow;
 use crate::decide::lark::{self, EventRows};
 use crate::decide::lark::{LarkEvent, LarkIngest};
+use crate::decide::pairing::{self, ChatRow, PairCodeRow, PairRows};
 use crate::ids::Minter;
 use crate::model::LarkLink;
 use crate::time::now_ms;
@@ -90,12 +91,19 @@ async fn event_rows(conn: &mut PgConnection, event: &LarkEvent) -> sqlx::Result<
             ..EventRows::default()
         });
     }
+    let pairing = match (event.link_code(), &event.chat_id) {
+        (Some(code), Some(chat_id)) => pair_rows(conn, chat_id, code).await?,
+        _ => PairRows::default(),
+    };
     let linked = match &event.chat_id {
         Some(chat_id) => linked_session(conn, chat_id).await?,
         None => None,
     };
     let Some((session, approvers)) = linked else {
-        return Ok(EventRows::default());
+        return Ok(EventRows {
+            pairing,
+            ..EventRows::default()
+        });
     };
     let session_id = session.session_id.clone();
     let request = match event.named_request() {
@@ -107,7 +115,90 @@ async fn event_rows(conn: &mut PgConnection, event: &LarkEvent) -> sqlx::Result<
         earlier: earlier_turn(conn, &session_id, &event.event_id).await?,
         linked: Some((session, approvers)),
         request,
+        pairing,
     })
+}
+
+/// What a `/link <code>` from `chat_id` reads ([`PairRows`]): the code is
+/// read again once its session's row is locked, so the same code sent
+/// twice at once (to two replicas) is spent once.
+async fn pair_rows(conn: &mut PgConnection, chat_id: &str, code: &str) -> sqlx::Result<PairRows> {
+    let select = "select code_hash, session_id, expires_at, used_at from lark_pair_codes \
+         where code_hash = $1";
+    let hash = pairing::code_hash(code);
+    let found: Option<(String, String, i64, Option<i64>)> = sqlx::query_as(select)
+        .bind(&hash)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some((_, session_id, ..)) = found else {
+        return chat_rows(conn, chat_id, PairRows::default()).await;
+    };
+    let session = lock_session(conn, &session_id).await?;
+    let code = sqlx::query_as(select)
+        .bind(&hash)
+        .fetch_optional(&mut *conn)
+        .await?
+        .map(|(code_hash, session_id, expires_at, used_at)| PairCodeRow {
+            code_hash,
+            session_id,
+            expires_at,
+            used_at,
+        });
+    let approvers = sqlx::query_scalar(
+        "select approvers from lark_links where session_id = $1 and chat_id = $2",
+    )
+    .bind(&session_id)
+    .bind(chat_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let rows = PairRows {
+        code,
+        session,
+        approvers,
+        ..PairRows::default()
+    };
+    chat_rows(conn, chat_id, rows).await
+}
+
+/// The chat's side of [`PairRows`]: who holds it, its wrong codes.
+async fn chat_rows(
+    conn: &mut PgConnection,
+    chat_id: &str,
+    rows: PairRows,
+) -> sqlx::Result<PairRows> {
+    let holder = sqlx::query_scalar("select session_id from lark_links where chat_id = $1")
+        .bind(chat_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let chat: Option<(String, i64, i64)> = sqlx::query_as(
+        "select chat_id, failed_codes, failed_since from lark_chats where chat_id = $1",
+    )
+    .bind(chat_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(PairRows {
+        holder,
+        chat: chat.map(|(chat_id, failed_codes, failed_since)| ChatRow {
+            chat_id,
+            failed_codes,
+            failed_since,
+        }),
+        ..rows
+    })
+}
+
+/// A new pairing code for the session ([`pairing::new_code`]).
+pub(super) async fn pair_code(
+    conn: &mut PgConnection,
+    session_id: &str,
+    code_hash: &str,
+) -> Step<i64> {
+    let session = lock_session(conn, session_id).await?;
+    decided(
+        conn,
+        pairing::new_code(session, code_hash.to_owned(), now_ms())?,
+    )
+    .await
 }
 
 pub(super) async fn event(

@@ -35,7 +35,19 @@ const LEASE_PERMISSION_MESSAGES: &str = "with due as (
      returning m.session_id as key, m.request_id as target, m.chat_id, m.text, m.parts_sent,
                m.attempts, m.failures, due.next_attempt_at as due_at";
 
-/// Due replies and permission messages, oldest first, each leased to this
+/// The same for the broker's answers to commands.
+const LEASE_NOTES: &str = "with due as (
+         select message_id, next_attempt_at from lark_notes
+         where state = 'pending' and next_attempt_at <= $1
+         order by next_attempt_at limit $2
+         for update skip locked
+     )
+     update lark_notes n set next_attempt_at = $1 + $3
+     from due where n.message_id = due.message_id
+     returning n.message_id as key, n.message_id as target, n.chat_id, n.text, n.parts_sent,
+               n.attempts, n.failures, due.next_attempt_at as due_at";
+
+/// Due replies, permission messages and notes, oldest first, each leased to this
 /// dispatcher for [`REPLY_LEASE_MS`].
 pub(super) async fn due(pool: &PgPool, now_ms: i64, limit: u32) -> sqlx::Result<Vec<ReplyJob>> {
     // Each table's due rows are taken and leased in one statement: rows
@@ -45,6 +57,7 @@ pub(super) async fn due(pool: &PgPool, now_ms: i64, limit: u32) -> sqlx::Result<
     for (statement, kind) in [
         (LEASE_REPLIES, "reply"),
         (LEASE_PERMISSION_MESSAGES, "permission"),
+        (LEASE_NOTES, "note"),
     ] {
         let rows = sqlx::query(statement)
             .bind(now_ms)

@@ -8,11 +8,13 @@ use std::cell::RefCell;
 use rusqlite::Connection;
 
 use super::sql;
+use crate::decide::pairing::PairCodeWrite;
 use crate::decide::{
     Change, Changed, ClaimRow, Decided, NewEvent, NewReply, SessionRow, Sweep, TurnRow, Writes,
 };
 use crate::error::Result;
 use crate::model::SessionState;
+use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, SPEND_PAIR_CODE, UPSERT_CHAT};
 
 /// Applies a decision's writes and answers its answer; what they change is
 /// kept for [`take_changed`].
@@ -274,6 +276,7 @@ fn lark_writes(conn: &Connection, writes: &Writes) -> Result<()> {
         .bind(e.at)
         .execute(conn)?;
     }
+    pairing_writes(conn, writes)?;
     let Some(change) = &writes.link else {
         return Ok(());
     };
@@ -290,6 +293,48 @@ fn lark_writes(conn: &Connection, writes: &Writes) -> Result<()> {
         .bind(link.at)
         .bind(&link.approvers)
         .execute(conn)?;
+    }
+    Ok(())
+}
+
+/// Writes a decision's pairing code, chat and note, if any.
+fn pairing_writes(conn: &Connection, writes: &Writes) -> Result<()> {
+    match &writes.pair_code {
+        Some(PairCodeWrite::New {
+            code_hash,
+            session_id,
+            at,
+            expires_at,
+        }) => {
+            sql::query(INSERT_PAIR_CODE)
+                .bind(code_hash)
+                .bind(session_id)
+                .bind(*at)
+                .bind(*expires_at)
+                .execute(conn)?;
+        }
+        Some(PairCodeWrite::Used { code_hash, at }) => {
+            sql::query(SPEND_PAIR_CODE)
+                .bind(*at)
+                .bind(code_hash)
+                .execute(conn)?;
+        }
+        None => {}
+    }
+    if let Some(chat) = &writes.chat {
+        sql::query(UPSERT_CHAT)
+            .bind(&chat.chat_id)
+            .bind(chat.failed_codes)
+            .bind(chat.failed_since)
+            .execute(conn)?;
+    }
+    if let Some(note) = &writes.note {
+        sql::query(INSERT_NOTE)
+            .bind(&note.message_id)
+            .bind(&note.chat_id)
+            .bind(&note.text)
+            .bind(note.at)
+            .execute(conn)?;
     }
     Ok(())
 }
