@@ -39,13 +39,16 @@ pub struct SessionRow {
     pub holder_heard_at: Option<i64>,
     /// When a waker last said it types into this session's idle agent
     /// (None: none does): [`crate::decide::presence::delivery`].
-    #[serde(default)]
+    ///
+    /// This and the next two are left out of a journal record while None
+    /// (the usual case): a record costs no more bytes for them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waker_heard_at: Option<i64>,
     /// The tool the agent runs (None: none) and since when the tool last
     /// changed: [`crate::decide::presence::report`].
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_tool: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_since: Option<i64>,
 }
 
