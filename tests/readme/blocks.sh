@@ -76,7 +76,7 @@ for agent in claude codex; do
   heading='### Claude Code with hooks'
   [ "$agent" = codex ] && heading='### Codex with hooks'
   block "$heading" 2 >"$work/run-$agent.sh"
-  grep -qx "loopx run -- $agent" "$work/run-$agent.sh" || { echo "no 'loopx run -- $agent' block:"; cat "$work/run-$agent.sh"; exit 1; }
+  grep -Eq "^loopx run -- $agent( |\$)" "$work/run-$agent.sh" || { echo "no 'loopx run -- $agent' block:"; cat "$work/run-$agent.sh"; exit 1; }
   printf '#!/bin/sh\n[ -t 0 ] && [ -n "$LOOPX_RUN_DIR" ] && echo "stand-in for %s in loopx run"; exit 5\n' "$agent" >"$work/bin/$agent"
   chmod +x "$work/bin/$agent"
   set +e

@@ -340,7 +340,15 @@ impl Hook {
     /// Where the idle agent can be typed into: under `loopx run`, tells it
     /// the session; in a tmux pane, makes sure a waker runs for it.
     pub async fn wake(&self) -> Result<(), Failure> {
-        use crate::cli::wake::{HostIdentity, run, tmux};
+        use crate::cli::wake::{HostIdentity, procfs, run, tmux};
+        if procfs::under_app_server(std::process::id() as i32) {
+            return Err(
+                "Codex runs this hook in its shared app-server, which cannot tell \
+                        which terminal the agent is in: nothing is typed into an idle Codex \
+                        unless it runs with --no-daemon (`loopx run -- codex --no-daemon`)"
+                    .into(),
+            );
+        }
         let session_id = self.host.session_id().await?;
         run::tell(&run::Told {
             session_id: session_id.clone(),

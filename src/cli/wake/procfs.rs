@@ -60,6 +60,29 @@ pub fn agent_of(pid: i32) -> Option<Process> {
     None
 }
 
+/// Whether a process above `pid` is Codex's `app-server`. By default the
+/// Codex TUI runs its threads in one shared background server, which runs
+/// every hook of every Codex on the machine with the environment of the
+/// first TUI that started it (its `TMUX_PANE`, its `LOOPX_RUN_DIR`): a hook
+/// run there cannot tell which terminal its agent is in.
+pub fn under_app_server(pid: i32) -> bool {
+    let mut process = stat(pid);
+    for _ in 0..32 {
+        let Some(p) = process else {
+            return false;
+        };
+        let argv = std::fs::read(format!("/proc/{}/cmdline", p.pid)).unwrap_or_default();
+        if argv.split(|b| *b == 0).any(|arg| arg == b"app-server") {
+            return true;
+        }
+        if p.ppid <= 1 {
+            return false;
+        }
+        process = stat(p.ppid);
+    }
+    false
+}
+
 /// Where the agent is now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Now {

@@ -79,11 +79,16 @@ struct Keys {
 }
 
 impl Keys {
+    /// What came in on stdin. The terminal's own replies to the agent's
+    /// queries (its identity, the cursor's place, focus changes) come the
+    /// same way, at the agent's start-up among others: they are no keys.
     fn pressed(&self, chunk: &[u8]) {
+        let Some(pending) = person_keys(chunk) else {
+            return;
+        };
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-        if let Some(last) = chunk.last() {
-            self.pending
-                .store(!matches!(last, b'\r' | b'\n' | 0x03), Ordering::Relaxed);
+        if let Some(pending) = pending {
+            self.pending.store(pending, Ordering::Relaxed);
         }
     }
 
@@ -94,6 +99,65 @@ impl Keys {
             .unwrap_or_else(|e| e.into_inner())
             .is_some_and(|at| at.elapsed() < RECENT_KEYS);
         recent || self.pending.load(Ordering::Relaxed)
+    }
+}
+
+/// What a chunk of stdin says of the person: `None` when it holds only the
+/// terminal's replies (no person typed it); else whether text is left in the
+/// prompt after it (`Some(None)`: keys that move or edit, text unchanged).
+fn person_keys(chunk: &[u8]) -> Option<Option<bool>> {
+    let (mut person, mut pending, mut at) = (false, None, 0);
+    while at < chunk.len() {
+        let (len, reply) = match chunk[at] {
+            0x1b => escape(&chunk[at..]),
+            b'\r' | b'\n' | 0x03 => {
+                pending = Some(false);
+                (1, false)
+            }
+            _ => {
+                pending = Some(true);
+                (1, false)
+            }
+        };
+        person |= !reply;
+        at += len;
+    }
+    person.then_some(pending)
+}
+
+/// The length of the escape sequence `seq` starts with, and whether it is a
+/// terminal's reply: a DCS, OSC, APC or PM string, a device-attributes,
+/// cursor-position, status or mode report, or a focus change. Keys (arrows,
+/// function keys, Alt+key, Esc) are not.
+fn escape(seq: &[u8]) -> (usize, bool) {
+    let string_end = |from: usize| {
+        (from..seq.len())
+            .find_map(|i| match seq[i] {
+                0x07 => Some(i + 1),
+                0x1b if seq.get(i + 1) == Some(&b'\\') => Some(i + 2),
+                _ => None,
+            })
+            .unwrap_or(seq.len())
+    };
+    match seq.get(1) {
+        Some(b'P' | b']' | b'_' | b'^') => (string_end(2), true),
+        Some(b'[') => {
+            let end = (2..seq.len())
+                .find(|&i| (0x40..=0x7e).contains(&seq[i]))
+                .map_or(seq.len(), |i| i + 1);
+            let body = &seq[2..end];
+            let last = body.last().copied().unwrap_or_default();
+            let queried = matches!(body.first(), Some(b'?' | b'>'));
+            let reply = matches!(last, b'R' | b'n' | b't')
+                || (last == b'c' && queried)
+                || (last == b'y' && body.contains(&b'$'))
+                || body == b"I"
+                || body == b"O";
+            (end, reply)
+        }
+        Some(b'O') => (3.min(seq.len()), false),
+        Some(_) => (2, false),
+        None => (1, false),
     }
 }
 
@@ -385,5 +449,35 @@ async fn until_changed(path: &Path, told: &Told) {
         if read_told(path).is_some_and(|now| &now != told) {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::person_keys;
+
+    #[test]
+    fn the_terminals_replies_are_no_keys_and_the_persons_are() {
+        // What tmux answered Claude Code's start-up queries with.
+        assert_eq!(person_keys(b"\x1bP>|tmux 3.3a\x1b\\"), None);
+        assert_eq!(person_keys(b"\x1b[?1;2c\x1b[?1;2c"), None);
+        assert_eq!(
+            person_keys(b"\x1b]11;rgb:0000/0000/0000\x07\x1b[12;40R\x1b[I"),
+            None
+        );
+        assert_eq!(person_keys(b"half a thought"), Some(Some(true)));
+        assert_eq!(person_keys(b"sent\r"), Some(Some(false)));
+        assert_eq!(person_keys(b"\x03"), Some(Some(false)));
+        assert_eq!(
+            person_keys(b"\x1b[A"),
+            Some(None),
+            "an arrow: a key, no text"
+        );
+        assert_eq!(person_keys(b"\x1b"), Some(None), "Esc");
+        assert_eq!(
+            person_keys(b"\x1b[?1;2cx"),
+            Some(Some(true)),
+            "a reply, then a key"
+        );
     }
 }

@@ -44,9 +44,16 @@ pub fn printable(message: &str) -> String {
 }
 
 /// The turn a submitted prompt was typed for: the `seq` of its marker.
-/// A prompt the person typed has none.
+/// A prompt the person typed has none. Claude Code submits a long or
+/// multi-line paste (4 lines or more, or over 800 characters) wrapped in a
+/// `<pasted_content id="…">` line; the marker is the first thing inside it.
 pub fn typed_seq(prompt: &str) -> Option<i64> {
-    let rest = prompt.trim_start().strip_prefix("[LoopX #")?;
+    let prompt = prompt.trim_start();
+    let prompt = match prompt.strip_prefix("<pasted_content") {
+        Some(tag) => tag.split_once('>')?.1.trim_start(),
+        None => prompt,
+    };
+    let rest = prompt.strip_prefix("[LoopX #")?;
     let (seq, rest) = rest.split_once(' ')?;
     let origin = rest.split_once("] ")?.0;
     match origin {
@@ -71,6 +78,13 @@ mod tests {
         assert_eq!(typed_seq("please look at [LoopX #3 web] "), None);
         assert_eq!(typed_seq("[LoopX #3 phone] hi"), None);
         assert_eq!(typed_seq("[LoopX #0 web] hi"), None);
+        // Claude Code's wrapper of a long or multi-line paste, as submitted.
+        let wrapped = "\n\n<pasted_content id=\"4f99\">\n[LoopX #5 web] a\nb\nc\nd\n</pasted_content id=\"4f99\">\n";
+        assert_eq!(typed_seq(wrapped), Some(5));
+        assert_eq!(
+            typed_seq("<pasted_content id=\"1\">\nmy own paste [LoopX #5 web] x"),
+            None
+        );
     }
 
     #[test]
