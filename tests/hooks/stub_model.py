@@ -4,13 +4,13 @@ a stream when asked, so the test sees which instruction each turn answered.
 With a TEXT and --same, every message is answered with exactly TEXT (a model
 that says "Done." to everything). The interactive TUI appends its own
 `<system-reminder>` text blocks after the prompt: those are not the user's
-text and are skipped. With STUB_LOG set, each request's user texts (one JSON
-list of strings a line, reminders left out) are appended to that file, so a
-test sees what the model was sent.
+text and are skipped. With STUB_LOG set, each request's user texts are
+appended to that file, one JSON line `{"t": <unix time>, "texts": [...]}`
+(reminders left out), so a test sees what the model was sent, and when.
 
 Usage: python3 stub_model.py PORT [TEXT [--same]]
 """
-import json, os, sys
+import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 TEXT = sys.argv[2] if len(sys.argv) > 2 else "Stub answer."
 SAME = "--same" in sys.argv[3:]
@@ -35,7 +35,7 @@ class H(BaseHTTPRequestHandler):
                     texts.append(p["text"])
         last = texts[-1] if texts else ""
         if os.environ.get("STUB_LOG"):
-            with open(os.environ["STUB_LOG"], "a") as f: f.write(json.dumps(texts) + "\n")
+            with open(os.environ["STUB_LOG"], "a") as f: f.write(json.dumps({"t": time.time(), "texts": texts}) + "\n")
         text = TEXT if SAME else TEXT + " [" + last[-60:].replace("\n"," ") + "]"
         msg = {"id":"msg_1","type":"message","role":"assistant","model":body.get("model","m"),"content":[],"stop_reason":None,"stop_sequence":None,"usage":{"input_tokens":1,"output_tokens":1}}
         if not body.get("stream"):
