@@ -28,6 +28,7 @@ cd "$(dirname "$0")/../.."
 loopx=$(realpath "${1:-target/debug/loopx}")
 source tests/support/live_broker.sh
 source tests/wake/tui.sh
+source tests/wake/turns.sh
 version=2.1.332
 
 (cd "$work" && npm install --silent --no-audit --no-fund "@anthropic-ai/claude-code@$version" >/dev/null)
@@ -60,60 +61,6 @@ export ANTHROPIC_BASE_URL="http://127.0.0.1:$model_port" ANTHROPIC_API_KEY=$key 
 unset TMUX TMUX_PANE
 tui_claude_home "$key" "$work/project" "$work/project-run"
 tui_start
-
-api() { curl -fsS -H "Authorization: Bearer $LOOPX_TOKEN" "$BROKER_URL$1"; }
-open_session() {  # the goal's open session id, once the SessionStart hook has bound it
-  local goal=$1
-  for _ in $(seq 100); do
-    id=$("$loopx" worker-bridge attached-session-list --broker-url "$BROKER_URL" --state open \
-      --goal-id "$goal" --format json | python3 -c '
-import json, sys
-ss = json.load(sys.stdin)["sessions"]
-print(ss[0]["session_id"] if ss else "")')
-    [ -n "$id" ] && { echo "$id"; return 0; }
-    sleep 0.1
-  done
-  echo "no open session for goal $goal: the SessionStart hook did not bind one" >&2
-  return 1
-}
-send() {  # session text -> prints seq; the send time goes to $work/sent.jsonl
-  local seq
-  seq=$("$loopx" chat send --broker-url "$BROKER_URL" --session-id "$1" --text "$2" --format json |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["seq"])')
-  python3 -c 'import json, sys, time; print(json.dumps({"t": time.time(), "session": sys.argv[1], "seq": int(sys.argv[2]), "text": sys.argv[3]}))' \
-    "$1" "$seq" "$2" >>"$work/sent.jsonl"
-  echo "$seq"
-}
-# Waits until the turns SEQS... of a session are completed (or SECS pass);
-# prints their answers, one a line, in seq order.
-answers() {
-  local session=$1 secs=$2
-  shift 2
-  python3 - "$BROKER_URL" "$LOOPX_TOKEN" "$session" "$secs" "$@" <<'PY'
-import json, sys, time, urllib.request
-url, token, session, secs, seqs = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), [int(s) for s in sys.argv[5:]]
-end = time.time() + secs
-while True:
-    req = urllib.request.Request(f"{url}/v1/sessions/{session}/turns?limit=200", headers={"Authorization": f"Bearer {token}"})
-    turns = {t["seq"]: t for t in json.load(urllib.request.urlopen(req))["turns"]}
-    if all(turns.get(s, {}).get("state") == "completed" for s in seqs):
-        for s in seqs: print(turns[s]["response"]["message"].replace("\n", " "))
-        sys.exit(0)
-    if time.time() > end:
-        sys.stderr.write("turns not completed after %ss: %s\n" % (secs, json.dumps([turns.get(s) for s in seqs], indent=1)))
-        sys.exit(1)
-    time.sleep(0.2)
-PY
-}
-expect_answer() {  # answer seq text: the stub echoes the tail of the prompt it was sent
-  python3 - "$@" <<'PY'
-import sys
-answer, seq, text = sys.argv[1], sys.argv[2], sys.argv[3]
-tail = ("[LoopX #%s] %s" % (seq, text))[-60:].replace("\n", " ")
-assert answer.startswith("Stub answer. ["), answer
-assert tail[-40:] in answer, "turn %s was answered %r, not for its own prompt (%r)" % (seq, answer, tail)
-PY
-}
 
 # 0. The harness: claude at its prompt, the hooks bind the session, a prompt
 # typed here is answered.
@@ -214,9 +161,7 @@ sleep 10
 [ ! -e "$work/typed-into-shell" ] || { echo "message #$seq5 was typed into the shell" >&2; exit 1; }
 after=$(tui_screen "$pane" | grep -c 'LoopX #' || true)
 [ "$after" = "$before" ] || { echo "message #$seq5 was typed into the shell's line" >&2; exit 1; }
-state=$(api "/v1/sessions/$session/turns?limit=200" | python3 -c '
-import json, sys
-print([t["state"] for t in json.load(sys.stdin)["turns"] if t["seq"] == int(sys.argv[1])][0])' "$seq5")
+state=$(turn_state "$session" "$seq5")
 [ "$state" = queued ] || { echo "message #$seq5 is $state, not queued, with no agent" >&2; exit 1; }
 # Only the pane's shell still names our tmux server: nothing the hooks
 # started outlives the agent.
@@ -258,30 +203,4 @@ echo "6. loopx run: #$seq6 answered: $answer; claude's exit ended loopx run with
 
 # Latency: send -> typed (the model's request for that prompt, our clock) and
 # the broker's enqueued -> claimed -> completed.
-python3 - "$work/sent.jsonl" "$STUB_LOG" "$BROKER_URL" "$LOOPX_TOKEN" <<'PY'
-import json, sys, urllib.request
-from datetime import datetime
-sent = [json.loads(l) for l in open(sys.argv[1])]
-reqs = [json.loads(l) for l in open(sys.argv[2])]
-url, token = sys.argv[3], sys.argv[4]
-def turns(session):
-    req = urllib.request.Request(f"{url}/v1/sessions/{session}/turns?limit=200", headers={"Authorization": f"Bearer {token}"})
-    return {t["seq"]: t for t in json.load(urllib.request.urlopen(req))["turns"]}
-ts = lambda s: datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
-typed = []
-for m in sent:
-    first = m["text"].split("\n")[0]
-    hit = [r["t"] for r in reqs if r["texts"] and "[LoopX #%d]" % m["seq"] in r["texts"][-1] and first in r["texts"][-1]]
-    t = turns(m["session"]).get(m["seq"], {})
-    claimed = ts(t["claimed_at"]) - ts(t["enqueued_at"]) if t.get("claimed_at") else None
-    completed = ts(t["completed_at"]) - ts(t["enqueued_at"]) if t.get("completed_at") else None
-    line = "#%d %-40r" % (m["seq"], first[:40])
-    line += " typed +%.2fs" % (hit[0] - m["t"]) if hit else " not typed"
-    if claimed is not None: line += ", claimed +%.2fs" % claimed
-    if completed is not None: line += ", completed +%.2fs" % completed
-    print("latency", line)
-    if hit: typed.append(hit[0] - m["t"])
-if typed:
-    typed.sort()
-    print("latency send->typed over %d messages: min %.2fs, median %.2fs, max %.2fs" % (len(typed), typed[0], typed[len(typed) // 2], typed[-1]))
-PY
+latency_report "$STUB_LOG"

@@ -14,11 +14,19 @@
 #                                 API key approved, each DIR trusted
 #   tui_claude PANE [ARGS...]     start claude (the $claude binary) in the pane's shell; wait for its idle prompt
 #   tui_claude_idle PANE          true when Claude Code shows an empty prompt and is not working
+#   tui_codex_home PORT DIR...    write ~/.codex/config.toml: the stub Responses API on PORT (key in
+#                                 STUB_API_KEY), each DIR trusted
+#   tui_codex_trust_hooks DIR     trust every hook Codex would run in DIR, with the hashes Codex gives
+#   tui_codex PANE [ARGS...]      start codex (the $codex binary) in the pane's shell; wait for its idle prompt
+#   tui_codex_idle PANE           true when Codex shows its empty composer and is not working
 #   tui_stop                      kill the server and every process still carrying its socket in TMUX
 #
-# Facts these rely on (Claude Code 2.1.332, tmux 3.3a): the prompt is a line
-# "❯" + U+00A0 between two rules; while a turn or a hook runs the footer
-# says "esc to interrupt"; a hook's environment has TMUX and TMUX_PANE.
+# Facts these rely on (Claude Code 2.1.332, Codex 0.171.0, tmux 3.3a):
+# Claude Code's prompt is a line "❯" + U+00A0 between two rules; Codex's
+# empty composer a line "› Ask Codex to do anything" (its placeholder); while
+# a turn or a hook runs, either says "esc to interrupt". A hook's
+# environment has TMUX and TMUX_PANE (Codex: those of the pane whose codex
+# started its shared background server, unless --no-daemon).
 
 TUI_SOCK="$work/tmux.sock"
 tui() { tmux -S "$TUI_SOCK" -f /dev/null "$@"; }
@@ -83,6 +91,59 @@ tui_claude() {
 
 tui_claude_idle() {
   tui_screen "$1" | python3 -c 'import re, sys; sys.exit(0 if re.search(sys.argv[1], sys.stdin.read(), re.M) else 1)' "$TUI_CLAUDE_IDLE"
+}
+
+# Codex's empty composer (its placeholder), and no turn running.
+TUI_CODEX_IDLE='\A(?![\s\S]*to interrupt)[\s\S]*^› (Ask Codex to do anything|Ask a follow-up question)'
+
+tui_codex_home() {
+  local port=$1
+  shift
+  mkdir -p "$HOME/.codex"
+  {
+    printf 'model = "stub-model"\nmodel_provider = "stub"\n\n[model_providers.stub]\nname = "stub"\n'
+    printf 'base_url = "http://127.0.0.1:%s/v1"\nwire_api = "responses"\nenv_key = "STUB_API_KEY"\n' "$port"
+    for dir in "$@"; do printf '\n[projects."%s"]\ntrust_level = "trusted"\n' "$dir"; done
+  } >"$HOME/.codex/config.toml"
+}
+
+# Codex's `app-server` (JSON-RPC lines on stdio) lists the hooks for a
+# directory with their key and hash; [hooks.state."<key>"] trusted_hash in
+# the user config trusts one. The hash is Codex's own, never re-derived.
+tui_codex_trust_hooks() {
+  python3 - "$codex" "$1" "$HOME/.codex/config.toml" <<'PY'
+import json, subprocess, sys
+codex, cwd, config = sys.argv[1:4]
+server = subprocess.Popen([codex, "app-server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True)
+def call(i, method, params):
+    server.stdin.write(json.dumps({"id": i, "method": method, "params": params}) + "\n")
+    server.stdin.flush()
+    for line in server.stdout:
+        m = json.loads(line)
+        if m.get("id") == i and "method" not in m: return m
+call(1, "initialize", {"clientInfo": {"name": "wake-test", "version": "0"}})
+server.stdin.write(json.dumps({"method": "initialized"}) + "\n"); server.stdin.flush()
+hooks = call(2, "hooks/list", {"cwds": [cwd]})["result"]["data"][0]["hooks"]
+server.kill(); server.wait()
+with open(config, "a") as f:
+    for h in hooks:
+        if h["trustStatus"] != "trusted":
+            f.write('\n[hooks.state."%s"]\ntrusted_hash = "%s"\n' % (h["key"], h["currentHash"]))
+print("codex hooks trusted in %s: %d" % (cwd, len(hooks)))
+PY
+}
+
+tui_codex() {
+  local pane=$1
+  shift
+  tui_type "$pane" "$(printf '%q ' "$codex" "$@")"
+  tui_enter "$pane"
+  tui_wait "$pane" "$TUI_CODEX_IDLE" 60
+}
+
+tui_codex_idle() {
+  tui_screen "$1" | python3 -c 'import re, sys; sys.exit(0 if re.search(sys.argv[1], sys.stdin.read(), re.M) else 1)' "$TUI_CODEX_IDLE"
 }
 
 # The processes whose environment names our server (panes' programs, their
