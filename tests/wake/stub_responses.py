@@ -1,7 +1,9 @@
 """A stub of the OpenAI Responses API (`POST /v1/responses`, streamed) for
 tests/wake/codex.sh: each request is answered "Stub answer. [<the tail of the
 last user text>]". Codex's own context messages (`<environment_context>`,
-`<user_instructions>` and the like) are not the user's text and are skipped.
+`<user_instructions>` and the like) are not the user's text and are skipped,
+and so is its request for a thread's title ("Generate a concise, single-line
+task title ..."), made beside the first turn, which quotes the prompt.
 With STUB_LOG set, each request's user texts are appended to that file, one
 JSON line `{"t": <unix time>, "texts": [...]}`, as tests/hooks/stub_model.py
 does for the Anthropic API. With a GATE path, no answer is sent while that
@@ -18,6 +20,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 GATE = sys.argv[2] if len(sys.argv) > 2 else None
 
 
+TITLE_REQUEST = "Generate a concise, single-line task title"
+
+
 def user_texts(items):
     texts = []
     for item in items:
@@ -25,7 +30,7 @@ def user_texts(items):
             for part in item.get("content", []):
                 if part.get("type") == "input_text" and not part["text"].lstrip().startswith("<"):
                     texts.append(part["text"])
-    return texts
+    return [] if any(t.startswith(TITLE_REQUEST) for t in texts) else texts
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -35,7 +40,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
         texts = user_texts(body.get("input", []))
-        if os.environ.get("STUB_LOG"):
+        if os.environ.get("STUB_LOG") and texts:
             with open(os.environ["STUB_LOG"], "a") as f:
                 f.write(json.dumps({"t": time.time(), "texts": texts}) + "\n")
         while GATE and os.path.exists(GATE):
