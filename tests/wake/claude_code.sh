@@ -163,11 +163,11 @@ after=$(tui_screen "$pane" | grep -c 'LoopX #' || true)
 [ "$after" = "$before" ] || { echo "message #$seq5 was typed into the shell's line" >&2; exit 1; }
 state=$(turn_state "$session" "$seq5")
 [ "$state" = queued ] || { echo "message #$seq5 is $state, not queued, with no agent" >&2; exit 1; }
-# Only the pane's shell still names our tmux server: nothing the hooks
-# started outlives the agent.
-shell_pid=$(tui display-message -p -t "$pane" '#{pane_pid}')
+# Only the panes' own programs (the shells) still name our tmux server:
+# nothing the hooks started outlives the agent.
+panes=$(tui list-panes -a -F '#{pane_pid}')
 for _ in $(seq 50); do
-  left=$(tui_processes | grep -vx "$shell_pid" || true)
+  left=$(tui_processes | grep -vxF "$panes" || true)
   [ -z "$left" ] && break
   sleep 0.1
 done
