@@ -22,7 +22,8 @@
 # enqueued -> claimed -> completed are printed.
 #
 # Usage: tests/wake/claude_code.sh [path/to/loopx]   (default target/debug/loopx)
-#   WAKE_HARNESS_ONLY=1 stops after 0 (runs without the feature).
+#   WAKE_HARNESS_ONLY=1 stops after 0 (runs without the feature);
+#   WAKE_CASES="1 5" runs only those cases after 0.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 loopx=$(realpath "${1:-target/debug/loopx}")
@@ -80,8 +81,10 @@ state=$(api "/v1/sessions/$session" | python3 -c 'import json, sys; print(json.l
 [ "$state" = waiting ] || { echo "the agent is $state after its turn, not waiting" >&2; exit 1; }
 echo "harness: claude at its prompt in $pane, session $session bound by its hooks, a typed prompt answered"
 if [ -n "${WAKE_HARNESS_ONLY:-}" ]; then exit 0; fi
+on() { [[ " ${WAKE_CASES:-1 2 3 4 5 6} " == *" $1 "* ]]; }
 
 # 1. Idle for 5 s, then one Web message.
+if on 1; then
 sleep 5
 text1="Case one: what is 2+2?"
 seq1=$(send "$session" "$text1")
@@ -89,8 +92,10 @@ answer=$(answers "$session" 60 "$seq1")
 expect_answer "$answer" "$seq1" "$text1"
 tui_wait "$pane" "^❯ \[LoopX #$seq1\] Case one" 5
 echo "1. idle agent woken: #$seq1 answered: $answer"
+fi
 
 # 2. Three messages queued while idle, answered in order.
+if on 2; then
 tui_wait "$pane" "$TUI_CLAUDE_IDLE" 30
 seqs=()
 for n in first second third; do seqs+=("$(send "$session" "Case two, the $n of three.")"); done
@@ -109,9 +114,11 @@ done = [turns[s]["completed_at"] for s in seqs]
 assert done == sorted(done), "answered out of order: %r" % done
 PY
 echo "2. three queued messages answered in order: ${seqs[*]}"
+fi
 
 # 3. A multi-line message is one prompt: one request whose last user text
 # holds all its lines.
+if on 3; then
 tui_wait "$pane" "$TUI_CLAUDE_IDLE" 30
 text3=$'Case three, line one\nline two\n\nline four, the last'
 seq3=$(send "$session" "$text3")
@@ -128,9 +135,11 @@ for part in ("[LoopX #%s]" % seq, "Case three, line one", "line two", "line four
 assert t.index("line one") < t.index("line two") < t.index("line four"), t
 PY
 echo "3. the multi-line message #$seq3 was one prompt: $answer"
+fi
 
 # 4. "/clear everything" is a message: the model is sent it, with the
 # conversation before it (a /clear would have wiped that).
+if on 4; then
 tui_wait "$pane" "$TUI_CLAUDE_IDLE" 30
 seq4=$(send "$session" "/clear everything")
 answer=$(answers "$session" 60 "$seq4")
@@ -141,13 +150,15 @@ log, seq = sys.argv[1], sys.argv[2]
 reqs = [json.loads(l)["texts"] for l in open(log)]
 mine = [r for r in reqs if r and "[LoopX #%s] /clear everything" % seq in r[-1]]
 assert len(mine) == 1, mine
-assert any("Typed by the test itself." in t for t in mine[0]) and any("Case one" in t for t in mine[0]), \
+assert any("Typed by the test itself." in t for t in mine[0]) and len(mine[0]) > 1, \
     "the earlier conversation was not sent with /clear everything: %r" % mine[0]
 PY
 echo "4. /clear everything (#$seq4) reached the model as text, with the earlier conversation"
+fi
 
 # 5. Claude exits; the shell is back in the pane: a message is not typed into
 # it. Typed there, its second line would run and create the marker.
+if on 5; then
 tui_wait "$pane" "$TUI_CLAUDE_IDLE" 30
 tui_type "$pane" "/exit"
 sleep 0.3
@@ -177,9 +188,11 @@ if [ -n "$left" ]; then
   exit 1
 fi
 echo "5. after /exit, #$seq5 stayed queued, the shell got nothing, nothing was left running"
+fi
 
 # 6. `loopx run -- claude`, inside a pane as its outer terminal, without
 # TMUX so only loopx run can type into it.
+if on 6; then
 "$loopx" hook install --agent claude-code --project-dir "$work/project-run" --goal-id g-wake-run \
   --agent-id agent-wake --executor-endpoint-id exec-ci --broker-url "$BROKER_URL" >/dev/null
 pane=$(tui_window run "$work/project-run")
@@ -200,6 +213,7 @@ tui send-keys -t "$pane" C-c
 tui_wait "$pane" '^run exited 0$' 20
 tui_wait "$pane" '^wake\$ $' 5
 echo "6. loopx run: #$seq6 answered: $answer; claude's exit ended loopx run with 0"
+fi
 
 # Latency: send -> typed (the model's request for that prompt, our clock) and
 # the broker's enqueued -> claimed -> completed.

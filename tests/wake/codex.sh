@@ -17,7 +17,8 @@
 #     typed into the shell
 #
 # Usage: tests/wake/codex.sh [path/to/loopx]   (default target/debug/loopx)
-#   WAKE_HARNESS_ONLY=1 stops after 0 (runs without the feature).
+#   WAKE_HARNESS_ONLY=1 stops after 0 (runs without the feature);
+#   WAKE_CASES="1 5" runs only those cases after 0.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 loopx=$(realpath "${1:-target/debug/loopx}")
@@ -73,8 +74,10 @@ state=$(api "/v1/sessions/$session" | python3 -c 'import json, sys; print(json.l
 [ "$state" = waiting ] || { echo "the agent is $state after its turn, not waiting" >&2; exit 1; }
 echo "harness: codex at its composer in $pane, session $session bound by its hooks, a typed prompt answered"
 if [ -n "${WAKE_HARNESS_ONLY:-}" ]; then exit 0; fi
+on() { [[ " ${WAKE_CASES:-1 2 3 4 5} " == *" $1 "* ]]; }
 
 # 1. Idle for 5 s, then one Web message.
+if on 1; then
 sleep 5
 text1="Case one: what is 2+2?"
 seq1=$(send "$session" "$text1")
@@ -82,8 +85,10 @@ answer=$(answers "$session" 60 "$seq1")
 expect_answer "$answer" "$seq1" "$text1"
 tui_wait "$pane" "^› \[LoopX #$seq1\] Case one" 5
 echo "1. idle agent woken: #$seq1 answered: $answer"
+fi
 
 # 2. Three messages queued while idle, answered in order.
+if on 2; then
 tui_wait "$pane" "$TUI_CODEX_IDLE" 30
 seqs=()
 for n in first second third; do seqs+=("$(send "$session" "Case two, the $n of three.")"); done
@@ -94,8 +99,10 @@ for n in first second third; do
   i=$((i + 1))
 done
 echo "2. three queued messages answered in order: ${seqs[*]}"
+fi
 
 # 3. A multi-line message is one prompt.
+if on 3; then
 tui_wait "$pane" "$TUI_CODEX_IDLE" 30
 text3=$'Case three, line one\nline two\n\nline four, the last'
 seq3=$(send "$session" "$text3")
@@ -109,8 +116,10 @@ assert len(mine) == 1, "case three reached the model as %d prompts: %r" % (len(m
 assert mine[0] == "[LoopX #%s] Case three, line one\nline two\n\nline four, the last" % seq, mine[0]
 PY
 echo "3. the multi-line message #$seq3 was one prompt: $answer"
+fi
 
 # 4. "/new everything" is a message, sent with the conversation before it.
+if on 4; then
 tui_wait "$pane" "$TUI_CODEX_IDLE" 30
 seq4=$(send "$session" "/new everything")
 answer=$(answers "$session" 60 "$seq4")
@@ -121,12 +130,14 @@ log, seq = sys.argv[1], sys.argv[2]
 reqs = [json.loads(l)["texts"] for l in open(log)]
 mine = [r for r in reqs if r and r[-1] == "[LoopX #%s] /new everything" % seq]
 assert len(mine) == 1, mine
-assert "Typed by the test itself." in mine[0] and any("Case one" in t for t in mine[0]), mine[0]
+assert "Typed by the test itself." in mine[0] and len(mine[0]) > 1, mine[0]
 PY
 echo "4. /new everything (#$seq4) reached the model as text, with the earlier conversation"
+fi
 
 # 5. Codex exits (Ctrl-C at an idle composer); the shell is back: a message
 # is not typed into it. Typed there, its second line would create the marker.
+if on 5; then
 tui_wait "$pane" "$TUI_CODEX_IDLE" 30
 tui send-keys -t "$pane" C-c
 tui_wait "$pane" '^wake\$ $' 20
@@ -141,5 +152,6 @@ after=$(tui_screen "$pane" | grep -c 'LoopX #' || true)
 state=$(turn_state "$session" "$seq5")
 [ "$state" = queued ] || { echo "message #$seq5 is $state, not queued, with no agent" >&2; exit 1; }
 echo "5. after codex exited, #$seq5 stayed queued and the shell got nothing"
+fi
 
 latency_report "$STUB_LOG"
