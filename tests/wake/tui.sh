@@ -112,7 +112,7 @@ tui_codex_home() {
 # the user config trusts one. The hash is Codex's own, never re-derived.
 tui_codex_trust_hooks() {
   python3 - "$codex" "$1" "$HOME/.codex/config.toml" <<'PY'
-import json, subprocess, sys
+import json, re, subprocess, sys
 codex, cwd, config = sys.argv[1:4]
 server = subprocess.Popen([codex, "app-server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, text=True)
@@ -126,10 +126,14 @@ call(1, "initialize", {"clientInfo": {"name": "wake-test", "version": "0"}})
 server.stdin.write(json.dumps({"method": "initialized"}) + "\n"); server.stdin.flush()
 hooks = call(2, "hooks/list", {"cwds": [cwd]})["result"]["data"][0]["hooks"]
 server.kill(); server.wait()
-with open(config, "a") as f:
-    for h in hooks:
-        if h["trustStatus"] != "trusted":
-            f.write('\n[hooks.state."%s"]\ntrusted_hash = "%s"\n' % (h["key"], h["currentHash"]))
+text = open(config).read()
+for h in hooks:
+    if h["trustStatus"] != "trusted":
+        # A changed hook's old entry goes: TOML refuses a table twice.
+        head = '[hooks.state."%s"]' % h["key"]
+        text = re.sub(r'\n*%s\ntrusted_hash = "[^"]*"\n' % re.escape(head), "\n", text)
+        text += '\n%s\ntrusted_hash = "%s"\n' % (head, h["currentHash"])
+open(config, "w").write(text)
 print("codex hooks trusted in %s: %d" % (cwd, len(hooks)))
 PY
 }
