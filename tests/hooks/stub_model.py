@@ -6,7 +6,8 @@ that says "Done." to everything). The interactive TUI appends its own
 `<system-reminder>` text blocks after the prompt: those are not the user's
 text and are skipped. With STUB_LOG set, each request's user texts are
 appended to that file, one JSON line `{"t": <unix time>, "texts": [...]}`
-(reminders left out), so a test sees what the model was sent, and when.
+(reminders left out; a Stop hook's block reason is one), so a test sees what
+the model was sent, and when.
 
 Usage: python3 stub_model.py PORT [TEXT [--same]]
 """
@@ -27,7 +28,7 @@ class H(BaseHTTPRequestHandler):
         # the last user text, echoed in the answer so the test sees which turn it was
         texts = []
         for m in body.get("messages", []):
-            if m.get("role") != "user": continue
+            if m.get("role") == "assistant": continue  # a Stop hook's block comes as a "system" message
             c = m.get("content")
             if isinstance(c, str): c = [{"type": "text", "text": c}]
             for p in c if isinstance(c, list) else []:
