@@ -1,7 +1,9 @@
 """A stub of the OpenAI Responses API (`POST /v1/responses`, streamed) for
 tests/wake/codex.sh: each request is answered "Stub answer. [<the tail of the
 last user text>]". Codex's own context messages (`<environment_context>`,
-`<user_instructions>` and the like) are not the user's text and are skipped,
+`<user_instructions>` and the like) are not the user's text and are skipped
+(a Stop hook's block reason comes as `<hook_prompt hook_run_id="...">REASON
+</hook_prompt>` and counts as REASON),
 and so is its request for a thread's title ("Generate a concise, single-line
 task title ..."), made beside the first turn, which quotes the prompt.
 With STUB_LOG set, each request's user texts are appended to that file, one
@@ -14,7 +16,7 @@ same stub with more; once both are in, this one goes and that one logs.)
 
 Usage: python3 stub_responses.py PORT [GATE]
 """
-import json, os, sys, time
+import json, os, re, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 GATE = sys.argv[2] if len(sys.argv) > 2 else None
@@ -28,8 +30,14 @@ def user_texts(items):
     for item in items:
         if item.get("type") == "message" and item.get("role") == "user":
             for part in item.get("content", []):
-                if part.get("type") == "input_text" and not part["text"].lstrip().startswith("<"):
-                    texts.append(part["text"])
+                if part.get("type") != "input_text":
+                    continue
+                text = part["text"]
+                hook = re.fullmatch(r"\s*<hook_prompt[^>]*>(.*)</hook_prompt>\s*", text, re.S)
+                if hook:
+                    texts.append(hook.group(1))
+                elif not text.lstrip().startswith("<"):
+                    texts.append(text)
     return [] if any(t.startswith(TITLE_REQUEST) for t in texts) else texts
 
 

@@ -6,7 +6,7 @@
 #   send SESSION TEXT             `loopx chat send`; prints the turn's seq; the send time goes to $work/sent.jsonl
 #   answers SESSION SECS SEQ...   wait until those turns are completed; their answers, one a line, in order
 #   turn_state SESSION SEQ        the turn's state
-#   expect_answer ANSWER SEQ TEXT the stub's answer echoes the prompt "[LoopX #SEQ] TEXT"
+#   expect_answer ANSWER SEQ TEXT ANSWER is the stub's answer to a request holding TEXT (needs $STUB_LOG)
 #   latency_report STUB_LOG       per message: send -> the model's request for it (our clock), and the
 #                                 broker's enqueued -> claimed -> completed; min, median, max
 
@@ -62,13 +62,20 @@ import json, sys
 print([t["state"] for t in json.load(sys.stdin)["turns"] if t["seq"] == int(sys.argv[1])][0])' "$2"
 }
 
+# The turn's answer is the stub's answer to a request whose last text holds
+# the message: the typed prompt "[LoopX #SEQ] TEXT", or a Stop hook's block
+# that delivered it after another turn. The stubs answer "Stub answer. [<the
+# last text's last 60 characters>]".
 expect_answer() {
-  python3 - "$@" <<'PY'
-import sys
-answer, seq, text = sys.argv[1], sys.argv[2], sys.argv[3]
-tail = ("[LoopX #%s] %s" % (seq, text))[-60:].replace("\n", " ")
-assert answer.startswith("Stub answer. ["), answer
-assert tail[-40:] in answer, "turn %s was answered %r, not for its own prompt (%r)" % (seq, answer, tail)
+  python3 - "$STUB_LOG" "$@" <<'PY'
+import json, sys
+log, answer, seq, text = sys.argv[1:5]
+lasts = [json.loads(l)["texts"][-1] for l in open(log) if json.loads(l)["texts"]]
+first = text.split("\n")[0]
+mine = [t for t in lasts if first in t]
+assert mine, "no request to the model held message #%s (%r)" % (seq, first)
+made = ["Stub answer. [" + t[-60:].replace("\n", " ") + "]" for t in mine]
+assert answer in made, "turn #%s was answered %r, not by a request holding it: %r" % (seq, answer, made)
 PY
 }
 
