@@ -4,7 +4,7 @@
 # model (tests/hooks/stub_model.py) and a live broker. The hooks come from
 # `loopx hook install` with the bind flags; claude is started in a pane as a
 # person would; messages are sent with `loopx chat send` and must be typed
-# into the idle agent's prompt (`[LoopX #<seq>] <text>`), answered, and read
+# into the idle agent's prompt (`[LoopX #<seq> <origin>] <text>`), answered, and read
 # back from GET /v1/sessions/{id}/turns.
 #
 #  0. the harness itself: claude at its prompt with no first-run screen, the
@@ -90,7 +90,7 @@ text1="Case one: what is 2+2?"
 seq1=$(send "$session" "$text1")
 answer=$(answers "$session" 60 "$seq1")
 expect_answer "$answer" "$seq1" "$text1"
-tui_wait "$pane" "^❯ \[LoopX #$seq1\] Case one" 5
+tui_wait "$pane" "^❯ \[LoopX #$seq1( [a-z]+)?\] Case one" 5
 echo "1. idle agent woken: #$seq1 answered: $answer"
 fi
 
@@ -124,13 +124,14 @@ text3=$'Case three, line one\nline two\n\nline four, the last'
 seq3=$(send "$session" "$text3")
 answer=$(answers "$session" 60 "$seq3")
 python3 - "$STUB_LOG" "$seq3" <<'PY'
-import json, sys
+import json, re, sys
 log, seq = sys.argv[1], sys.argv[2]
 lasts = [json.loads(l)["texts"][-1] for l in open(log) if json.loads(l)["texts"]]
 mine = [t for t in lasts if "Case three" in t or "line four, the last" in t]
 assert len(mine) == 1, "case three reached the model as %d prompts: %r" % (len(mine), mine)
 t = mine[0]
-for part in ("[LoopX #%s]" % seq, "Case three, line one", "line two", "line four, the last"):
+assert re.search(r"\[LoopX #%s( [a-z]+)?\] Case three" % seq, t), "no marker of #%s in %r" % (seq, t)
+for part in ("Case three, line one", "line two", "line four, the last"):
     assert part in t, "%r missing from the prompt %r" % (part, t)
 assert t.index("line one") < t.index("line two") < t.index("line four"), t
 PY
@@ -145,10 +146,10 @@ seq4=$(send "$session" "/clear everything")
 answer=$(answers "$session" 60 "$seq4")
 expect_answer "$answer" "$seq4" "/clear everything"
 python3 - "$STUB_LOG" "$seq4" <<'PY'
-import json, sys
+import json, re, sys
 log, seq = sys.argv[1], sys.argv[2]
 reqs = [json.loads(l)["texts"] for l in open(log)]
-mine = [r for r in reqs if r and "[LoopX #%s] /clear everything" % seq in r[-1]]
+mine = [r for r in reqs if r and re.search(r"\[LoopX #%s( [a-z]+)?\] /clear everything" % seq, r[-1])]
 assert len(mine) == 1, mine
 assert any("Typed by the test itself." in t for t in mine[0]) and len(mine[0]) > 1, \
     "the earlier conversation was not sent with /clear everything: %r" % mine[0]

@@ -81,7 +81,7 @@ PY
 
 latency_report() {
   python3 - "$work/sent.jsonl" "$1" "$BROKER_URL" "$LOOPX_TOKEN" <<'PY'
-import json, sys, urllib.request
+import json, re, sys, urllib.request
 from datetime import datetime
 sent = [json.loads(l) for l in open(sys.argv[1])]
 reqs = [json.loads(l) for l in open(sys.argv[2])]
@@ -93,7 +93,8 @@ ts = lambda s: datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
 typed = []
 for m in sent:
     first = m["text"].split("\n")[0]
-    hit = [r["t"] for r in reqs if r["texts"] and "[LoopX #%d]" % m["seq"] in r["texts"][-1] and first in r["texts"][-1]]
+    marker = re.compile(r"\[LoopX #%d( [a-z]+)?\]" % m["seq"])
+    hit = [r["t"] for r in reqs if r["texts"] and marker.search(r["texts"][-1]) and first in r["texts"][-1]]
     t = turns(m["session"]).get(m["seq"], {})
     line = "#%d %-40r" % (m["seq"], first[:40])
     line += " typed +%.2fs" % (hit[0] - m["t"]) if hit else " not typed"
