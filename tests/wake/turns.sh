@@ -28,11 +28,12 @@ print(ss[0]["session_id"] if ss else "")')
 }
 
 send() {
-  local seq
+  local seq t
+  t=$(date +%s.%N)   # before the send: a waker may type before `chat send` returns
   seq=$("$loopx" chat send --broker-url "$BROKER_URL" --session-id "$1" --text "$2" --format json |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["seq"])')
-  python3 -c 'import json, sys, time; print(json.dumps({"t": time.time(), "session": sys.argv[1], "seq": int(sys.argv[2]), "text": sys.argv[3]}))' \
-    "$1" "$seq" "$2" >>"$work/sent.jsonl"
+  python3 -c 'import json, sys; print(json.dumps({"t": float(sys.argv[1]), "session": sys.argv[2], "seq": int(sys.argv[3]), "text": sys.argv[4]}))' \
+    "$t" "$1" "$seq" "$2" >>"$work/sent.jsonl"
   echo "$seq"
 }
 
