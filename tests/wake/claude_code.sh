@@ -18,6 +18,7 @@
 #     typed into the shell, and nothing the hooks started is left running
 #  6. `loopx run -- claude` (no tmux waker: TMUX unset in it) inside a pane:
 #     a message reaches the idle agent; claude's exit ends loopx run
+#  7. a claude just started in tmux, nothing typed into it yet, is woken too
 # Latency from send to typed (the stub's request) and the broker's
 # enqueued -> claimed -> completed are printed.
 #
@@ -37,7 +38,7 @@ claude="$work/node_modules/.bin/claude"
 "$claude" --version
 
 export LOOPX_TOKEN=wake-test-token HOME="$work/home"
-mkdir -p "$HOME" "$work/project" "$work/project-run"
+mkdir -p "$HOME" "$work/project" "$work/project-run" "$work/project-fresh"
 start_broker "$loopx" --data-dir "$work/data"
 model_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export STUB_LOG="$work/model-requests.jsonl"
@@ -60,7 +61,7 @@ key=sk-stub-wake-0123456789abcdefghij
 export ANTHROPIC_BASE_URL="http://127.0.0.1:$model_port" ANTHROPIC_API_KEY=$key \
   DISABLE_TELEMETRY=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 TERM=xterm-256color SHELL=/bin/bash
 unset TMUX TMUX_PANE
-tui_claude_home "$key" "$work/project" "$work/project-run"
+tui_claude_home "$key" "$work/project" "$work/project-run" "$work/project-fresh"
 tui_start
 
 # 0. The harness: claude at its prompt, the hooks bind the session, a prompt
@@ -81,7 +82,7 @@ state=$(api "/v1/sessions/$session" | python3 -c 'import json, sys; print(json.l
 [ "$state" = waiting ] || { echo "the agent is $state after its turn, not waiting" >&2; exit 1; }
 echo "harness: claude at its prompt in $pane, session $session bound by its hooks, a typed prompt answered"
 if [ -n "${WAKE_HARNESS_ONLY:-}" ]; then exit 0; fi
-on() { [[ " ${WAKE_CASES:-1 2 3 4 5 6} " == *" $1 "* ]]; }
+on() { [[ " ${WAKE_CASES:-1 2 3 4 5 6 7} " == *" $1 "* ]]; }
 
 # 1. Idle for 5 s, then one Web message.
 if on 1; then
@@ -214,6 +215,23 @@ tui send-keys -t "$pane" C-c
 tui_wait "$pane" '^run exited 0$' 20
 tui_wait "$pane" '^wake\$ $' 5
 echo "6. loopx run: #$seq6 answered: $answer; claude's exit ended loopx run with 0"
+fi
+
+# 7. A claude just started, with no prompt yet (no Stop has run): the first
+# thing a person meets who starts it and walks away.
+if on 7; then
+"$loopx" hook install --agent claude-code --project-dir "$work/project-fresh" --goal-id g-wake-fresh \
+  --agent-id agent-wake --executor-endpoint-id exec-ci --broker-url "$BROKER_URL" >/dev/null
+pane=$(tui_window fresh "$work/project-fresh")
+tui_wait "$pane" '^wake\$ ' 10
+tui_claude "$pane"
+session_fresh=$(open_session g-wake-fresh)
+sleep 3
+text7="Case seven, to a claude nobody typed into."
+seq7=$(send "$session_fresh" "$text7")
+answer=$(answers "$session_fresh" 60 "$seq7")
+expect_answer "$answer" "$seq7" "$text7"
+echo "7. a claude just started was woken: #$seq7 answered: $answer"
 fi
 
 # Latency: send -> typed (the model's request for that prompt, our clock) and
