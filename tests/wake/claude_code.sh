@@ -137,6 +137,20 @@ for part in ("Case three, line one", "line two", "line four, the last"):
 assert t.index("line one") < t.index("line two") < t.index("line four"), t
 PY
 echo "3. the multi-line message #$seq3 was one prompt: $answer"
+# A long one (over 800 characters, which Claude Code takes as a paste).
+tui_wait "$pane" "$TUI_CLAUDE_IDLE" 30
+text3b="Case three, a long one: $(printf 'word%.0s ' $(seq 175))the end."
+seq3b=$(send "$session" "$text3b")
+answer=$(answers "$session" 60 "$seq3b")
+python3 - "$STUB_LOG" "$seq3b" <<'PY'
+import json, sys
+log, seq = sys.argv[1], sys.argv[2]
+lasts = [json.loads(l)["texts"][-1] for l in open(log) if json.loads(l)["texts"]]
+mine = [t for t in lasts if "Case three, a long one" in t]
+assert len(mine) == 1, "the long message reached the model as %d prompts: %r" % (len(mine), [m[:120] for m in mine])
+assert "word word" in mine[0] and "the end." in mine[0], mine[0][:200]
+PY
+echo "3. the long message #$seq3b (${#text3b} characters) was one prompt: $answer"
 fi
 
 # 4. "/clear everything" is a message: the model is sent it, with the
