@@ -47,7 +47,11 @@ model_pid=$!
 cleanup() {
   local status=$?
   if [ $status -ne 0 ] && [ -n "${pane:-}" ]; then
-    echo "--- the pane at the failure:" >&2; tui_screen "$pane" >&2 || true
+    echo "--- the pane at the failure ($pane):" >&2; tui_screen "$pane" >&2 || true
+    for other in $(tui list-panes -a -F '#{pane_id}' 2>/dev/null); do
+      [ "$other" = "$pane" ] && continue
+      echo "--- pane $other (its last lines):" >&2; tui_screen "$other" | grep -v '^ *$' | tail -8 >&2 || true
+    done
     echo "--- broker log (tail):" >&2; tail -20 "$work/broker.log" >&2 || true
   fi
   tui_stop

@@ -15,6 +15,10 @@
 #  4. "/new everything" is text: the model gets it with the earlier conversation
 #  5. after codex exits and the shell is back in the pane, a message is not
 #     typed into the shell
+#  6. a codex started afterwards in another pane (the shared background
+#     server, started by the first, runs its hooks) is woken in its own pane
+#  7. two codex running at once in two panes: each one's message is typed
+#     into its own pane
 #
 # Usage: tests/wake/codex.sh [path/to/loopx]   (default target/debug/loopx)
 #   WAKE_HARNESS_ONLY=1 stops after 0 (runs without the feature);
@@ -33,9 +37,12 @@ codex="$work/node_modules/.bin/codex"
 
 export LOOPX_TOKEN=wake-test-token HOME="$work/home" STUB_API_KEY=sk-stub
 unset CODEX_HOME TMUX TMUX_PANE
-mkdir -p "$HOME" "$work/project"
+# One project per agent, each with its own goal (the hooks bind by it).
+mkdir -p "$HOME" "$work/project" "$work/project2" "$work/project-a" "$work/project-b"
 project=$(realpath "$work/project")   # as Codex names it
-git -C "$project" init -q
+project2=$(realpath "$work/project2")
+project_a=$(realpath "$work/project-a")
+project_b=$(realpath "$work/project-b")
 start_broker "$loopx" --data-dir "$work/data"
 model_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export STUB_LOG="$work/model-requests.jsonl"
@@ -44,7 +51,11 @@ model_pid=$!
 cleanup() {
   local status=$?
   if [ $status -ne 0 ] && [ -n "${pane:-}" ]; then
-    echo "--- the pane at the failure:" >&2; tui_screen "$pane" >&2 || true
+    echo "--- the pane at the failure ($pane):" >&2; tui_screen "$pane" >&2 || true
+    for other in $(tui list-panes -a -F '#{pane_id}' 2>/dev/null); do
+      [ "$other" = "$pane" ] && continue
+      echo "--- pane $other (its last lines):" >&2; tui_screen "$other" | grep -v '^ *$' | tail -8 >&2 || true
+    done
     echo "--- broker log (tail):" >&2; tail -20 "$work/broker.log" >&2 || true
   fi
   tui_stop   # Codex's background server carries the pane's TMUX: it is ended here too
@@ -54,10 +65,13 @@ cleanup() {
 trap cleanup EXIT
 export TERM=xterm-256color SHELL=/bin/bash
 
-tui_codex_home "$model_port" "$project"
-"$loopx" hook install --agent codex --project-dir "$project" --goal-id g-wake-codex \
-  --agent-id agent-wake --executor-endpoint-id exec-ci --broker-url "$BROKER_URL"
-tui_codex_trust_hooks "$project"
+tui_codex_home "$model_port" "$project" "$project2" "$project_a" "$project_b"
+for dir in "$project" "$project2" "$project_a" "$project_b"; do
+  git -C "$dir" init -q
+  "$loopx" hook install --agent codex --project-dir "$dir" --goal-id "g-$(basename "$dir")" \
+    --agent-id agent-wake --executor-endpoint-id exec-ci --broker-url "$BROKER_URL" >/dev/null
+  tui_codex_trust_hooks "$dir"
+done
 tui_start
 
 # 0. The harness.
@@ -69,12 +83,12 @@ sleep 0.5   # Codex takes an Enter within ~100 ms of fast input as part of a pas
 tui_enter "$pane"
 tui_wait "$pane" 'Stub answer\. \[Typed by the test itself\.\]' 30
 tui_wait "$pane" "$TUI_CODEX_IDLE" 10
-session=$(open_session g-wake-codex)
+session=$(open_session g-project)
 state=$(api "/v1/sessions/$session" | python3 -c 'import json, sys; print(json.load(sys.stdin)["agent"]["state"])')
 [ "$state" = waiting ] || { echo "the agent is $state after its turn, not waiting" >&2; exit 1; }
 echo "harness: codex at its composer in $pane, session $session bound by its hooks, a typed prompt answered"
 if [ -n "${WAKE_HARNESS_ONLY:-}" ]; then exit 0; fi
-on() { [[ " ${WAKE_CASES:-1 2 3 4 5} " == *" $1 "* ]]; }
+on() { [[ " ${WAKE_CASES:-1 2 3 4 5 6 7} " == *" $1 "* ]]; }
 
 # 1. Idle for 5 s, then one Web message.
 if on 1; then
@@ -152,6 +166,60 @@ after=$(tui_screen "$pane" | grep -c 'LoopX #' || true)
 state=$(turn_state "$session" "$seq5")
 [ "$state" = queued ] || { echo "message #$seq5 is $state, not queued, with no agent" >&2; exit 1; }
 echo "5. after codex exited, #$seq5 stayed queued and the shell got nothing"
+fi
+
+# A codex in PANE, in DIR, at its composer after a first prompt of its own
+# (Codex runs SessionStart then); prints nothing.
+codex_ready() {
+  tui_wait "$1" '^wake\$ ' 10
+  tui_codex "$1"
+  tui_type "$1" "$2"
+  sleep 0.5
+  tui_enter "$1"
+  tui_wait "$1" "Stub answer\\. \\[$2\\]" 30
+  tui_wait "$1" "$TUI_CODEX_IDLE" 10
+}
+
+# 6. The first codex has exited (case 5, or here); its background server
+# runs on and runs the hooks of a codex started now in another pane.
+if on 6; then
+if [ "$(tui_foreground "$pane")" != bash ]; then
+  tui send-keys -t "$pane" C-c
+  tui_wait "$pane" '^wake\$ $' 20
+fi
+pane=$(tui_window codex2 "$project2")
+codex_ready "$pane" "Typed into the second codex."
+session2=$(open_session g-project2)
+sleep 3
+text6="Case six, to the second codex."
+seq6=$(send "$session2" "$text6")
+answer=$(answers "$session2" 60 "$seq6")
+expect_answer "$answer" "$seq6" "$text6"
+tui_wait "$pane" "^› \\[LoopX #$seq6( [a-z]+)?\\] Case six" 5
+echo "6. a codex started after the first exited was woken in its own pane: #$seq6 answered: $answer"
+fi
+
+# 7. Two codex at once, in two panes (one shared background server): each
+# message is typed into its own agent's pane.
+if on 7; then
+pane_a=$(tui_window codex-a "$project_a")
+codex_ready "$pane_a" "Typed into codex A."
+pane_b=$(tui_window codex-b "$project_b")
+codex_ready "$pane_b" "Typed into codex B."
+session_a=$(open_session g-project-a)
+session_b=$(open_session g-project-b)
+sleep 3
+seq_a=$(send "$session_a" "Case seven, for codex A.")
+seq_b=$(send "$session_b" "Case seven, for codex B.")
+answer_a=$(answers "$session_a" 60 "$seq_a")
+answer_b=$(answers "$session_b" 60 "$seq_b")
+expect_answer "$answer_a" "$seq_a" "Case seven, for codex A."
+expect_answer "$answer_b" "$seq_b" "Case seven, for codex B."
+tui_wait "$pane_a" "Case seven, for codex A" 5
+tui_wait "$pane_b" "Case seven, for codex B" 5
+! tui_screen "$pane_a" | grep -q "for codex B" || { echo "codex B's message was typed into codex A's pane" >&2; exit 1; }
+! tui_screen "$pane_b" | grep -q "for codex A" || { echo "codex A's message was typed into codex B's pane" >&2; exit 1; }
+echo "7. two codex at once: each message typed into its own pane"
 fi
 
 latency_report "$STUB_LOG"
