@@ -2,11 +2,18 @@
 message is answered with "Stub answer. [<the tail of the last user text>]", as
 a stream when asked, so the test sees which instruction each turn answered.
 With a TEXT and --same, every message is answered with exactly TEXT (a model
-that says "Done." to everything).
+that says "Done." to everything). The interactive TUI appends its own
+`<system-reminder>` text blocks after the prompt, and a "system" message
+with the environment to the first: those are not the user's text and are
+skipped; a Stop hook's block comes as a "system" message too ("Stop hook
+blocking error from command: ...") and is kept. With STUB_LOG set, each
+request's texts (what is skipped left out) are appended to that file, one
+JSON line `{"t": <unix time>, "texts": [...]}`, so a test sees what the
+model was sent, and when.
 
 Usage: python3 stub_model.py PORT [TEXT [--same]]
 """
-import json, sys
+import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 TEXT = sys.argv[2] if len(sys.argv) > 2 else "Stub answer."
 SAME = "--same" in sys.argv[3:]
@@ -21,13 +28,19 @@ class H(BaseHTTPRequestHandler):
             out = json.dumps({"input_tokens": 10}).encode()
             self.send_response(200); self.send_header("content-type","application/json"); self.end_headers(); self.wfile.write(out); return
         # the last user text, echoed in the answer so the test sees which turn it was
-        last = ""
+        texts = []
         for m in body.get("messages", []):
+            if m.get("role") == "assistant": continue
             c = m.get("content")
-            if isinstance(c, str): last = c
-            elif isinstance(c, list):
-                for p in c:
-                    if p.get("type") == "text": last = p["text"]
+            if isinstance(c, str): c = [{"type": "text", "text": c}]
+            for p in c if isinstance(c, list) else []:
+                if p.get("type") != "text" or p["text"].lstrip().startswith("<system-reminder>"): continue
+                # "system" messages: the environment (skipped), a Stop hook's block (kept)
+                if m.get("role") == "system" and not p["text"].startswith("Stop hook"): continue
+                texts.append(p["text"])
+        last = texts[-1] if texts else ""
+        if os.environ.get("STUB_LOG"):
+            with open(os.environ["STUB_LOG"], "a") as f: f.write(json.dumps({"t": time.time(), "texts": texts}) + "\n")
         text = TEXT if SAME else TEXT + " [" + last[-60:].replace("\n"," ") + "]"
         msg = {"id":"msg_1","type":"message","role":"assistant","model":body.get("model","m"),"content":[],"stop_reason":None,"stop_sequence":None,"usage":{"input_tokens":1,"output_tokens":1}}
         if not body.get("stream"):

@@ -1,0 +1,257 @@
+#!/usr/bin/env bash
+# Waking an idle agent (issue 36), with the real Claude Code TUI (npm
+# @anthropic-ai/claude-code, pinned) in a private tmux server against the stub
+# model (tests/hooks/stub_model.py) and a live broker. The hooks come from
+# `loopx hook install` with the bind flags; claude is started in a pane as a
+# person would; messages are sent with `loopx chat send` and must be typed
+# into the idle agent's prompt (`[LoopX #<seq> <origin>] <text>`), answered, and read
+# back from GET /v1/sessions/{id}/turns.
+#
+#  0. the harness itself: claude at its prompt with no first-run screen, the
+#     installed hooks bind the session, a prompt typed by the test is answered
+#  1. idle 5 s, then one Web message: typed, answered
+#  2. three messages queued while idle: three answers, in order
+#  3. a multi-line message reaches the model as one prompt
+#  4. "/clear everything" is text, not a command: the model gets it with the
+#     earlier conversation
+#  5. after claude exits and the shell is back in the pane, a message is not
+#     typed into the shell, and nothing the hooks started is left running
+#  6. `loopx run -- claude` (no tmux waker: TMUX unset in it) inside a pane:
+#     a message reaches the idle agent; claude's exit ends loopx run
+#  7. a claude just started in tmux, nothing typed into it yet, is woken too
+# Latency from send to typed (the stub's request) and the broker's
+# enqueued -> claimed -> completed are printed.
+#
+# Usage: tests/wake/claude_code.sh [path/to/loopx]   (default target/debug/loopx)
+#   WAKE_HARNESS_ONLY=1 stops after 0 (runs without the feature);
+#   WAKE_CASES="1 5" runs only those cases after 0.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+loopx=$(realpath "${1:-target/debug/loopx}")
+source tests/support/live_broker.sh
+source tests/wake/tui.sh
+source tests/wake/turns.sh
+version=2.1.332
+
+(cd "$work" && npm install --silent --no-audit --no-fund "@anthropic-ai/claude-code@$version" >/dev/null)
+claude="$work/node_modules/.bin/claude"
+"$claude" --version
+
+export LOOPX_TOKEN=wake-test-token HOME="$work/home"
+mkdir -p "$HOME" "$work/project" "$work/project-run" "$work/project-fresh"
+start_broker "$loopx" --data-dir "$work/data"
+model_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+export STUB_LOG="$work/model-requests.jsonl"
+python3 tests/hooks/stub_model.py "$model_port" 2>"$work/model.log" &
+model_pid=$!
+cleanup() {
+  local status=$?
+  if [ $status -ne 0 ] && [ -n "${pane:-}" ]; then
+    echo "--- the pane at the failure ($pane):" >&2; tui_screen "$pane" >&2 || true
+    for other in $(tui list-panes -a -F '#{pane_id}' 2>/dev/null); do
+      [ "$other" = "$pane" ] && continue
+      echo "--- pane $other (its last lines):" >&2; tui_screen "$other" | grep -v '^ *$' | tail -8 >&2 || true
+    done
+    echo "--- broker log (tail):" >&2; tail -20 "$work/broker.log" >&2 || true
+  fi
+  tui_stop
+  kill $model_pid 2>/dev/null
+  stop_broker
+}
+trap cleanup EXIT
+
+# Claude Code's environment, inherited by every pane (tui_start copies it).
+key=sk-stub-wake-0123456789abcdefghij
+export ANTHROPIC_BASE_URL="http://127.0.0.1:$model_port" ANTHROPIC_API_KEY=$key \
+  DISABLE_TELEMETRY=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 TERM=xterm-256color SHELL=/bin/bash
+unset TMUX TMUX_PANE
+tui_claude_home "$key" "$work/project" "$work/project-run" "$work/project-fresh"
+tui_start
+
+# 0. The harness: claude at its prompt, the hooks bind the session, a prompt
+# typed here is answered.
+"$loopx" hook install --agent claude-code --project-dir "$work/project" --goal-id g-wake \
+  --agent-id agent-wake --executor-endpoint-id exec-ci --broker-url "$BROKER_URL"
+pane=$(tui_window claude "$work/project")
+tui_wait "$pane" '^wake\$ ' 10
+tui_claude "$pane"
+session=$(open_session g-wake)
+[ "$(tui_foreground "$pane")" = claude ]
+tui_type "$pane" "Typed by the test itself."
+sleep 0.3
+tui_enter "$pane"
+tui_wait "$pane" 'Stub answer\. \[Typed by the test itself\.\]' 30
+tui_wait "$pane" "$TUI_CLAUDE_IDLE" 10
+state=$(api "/v1/sessions/$session" | python3 -c 'import json, sys; print(json.load(sys.stdin)["agent"]["state"])')
+[ "$state" = waiting ] || { echo "the agent is $state after its turn, not waiting" >&2; exit 1; }
+echo "harness: claude at its prompt in $pane, session $session bound by its hooks, a typed prompt answered"
+if [ -n "${WAKE_HARNESS_ONLY:-}" ]; then exit 0; fi
+on() { [[ " ${WAKE_CASES:-1 2 3 4 5 6 7} " == *" $1 "* ]]; }
+
+# 1. Idle for 5 s, then one Web message.
+if on 1; then
+sleep 5
+text1="Case one: what is 2+2?"
+seq1=$(send "$session" "$text1")
+answer=$(answers "$session" 60 "$seq1")
+expect_answer "$answer" "$seq1" "$text1"
+tui_wait "$pane" "^❯ \[LoopX #$seq1( [a-z]+)?\] Case one" 5
+echo "1. idle agent woken: #$seq1 answered: $answer"
+fi
+
+# 2. Three messages queued while idle, answered in order.
+if on 2; then
+tui_wait "$pane" "$TUI_CLAUDE_IDLE" 30
+seqs=()
+for n in first second third; do seqs+=("$(send "$session" "Case two, the $n of three.")"); done
+mapfile -t got < <(answers "$session" 120 "${seqs[@]}")
+i=0
+for n in first second third; do
+  expect_answer "${got[$i]}" "${seqs[$i]}" "Case two, the $n of three."
+  i=$((i + 1))
+done
+python3 - "$BROKER_URL" "$LOOPX_TOKEN" "$session" "${seqs[@]}" <<'PY'
+import json, sys, urllib.request
+url, token, session, seqs = sys.argv[1], sys.argv[2], sys.argv[3], [int(s) for s in sys.argv[4:]]
+req = urllib.request.Request(f"{url}/v1/sessions/{session}/turns?limit=200", headers={"Authorization": f"Bearer {token}"})
+turns = {t["seq"]: t for t in json.load(urllib.request.urlopen(req))["turns"]}
+done = [turns[s]["completed_at"] for s in seqs]
+assert done == sorted(done), "answered out of order: %r" % done
+PY
+echo "2. three queued messages answered in order: ${seqs[*]}"
+fi
+
+# 3. A multi-line message is one prompt: one request whose last user text
+# holds all its lines.
+if on 3; then
+tui_wait "$pane" "$TUI_CLAUDE_IDLE" 30
+text3=$'Case three, line one\nline two\n\nline four, the last'
+seq3=$(send "$session" "$text3")
+answer=$(answers "$session" 60 "$seq3")
+python3 - "$STUB_LOG" "$seq3" <<'PY'
+import json, re, sys
+log, seq = sys.argv[1], sys.argv[2]
+lasts = [json.loads(l)["texts"][-1] for l in open(log) if json.loads(l)["texts"]]
+mine = [t for t in lasts if "Case three" in t or "line four, the last" in t]
+assert len(mine) == 1, "case three reached the model as %d prompts: %r" % (len(mine), mine)
+t = mine[0]
+assert re.search(r"\[LoopX #%s( [a-z]+)?\] Case three" % seq, t), "no marker of #%s in %r" % (seq, t)
+for part in ("Case three, line one", "line two", "line four, the last"):
+    assert part in t, "%r missing from the prompt %r" % (part, t)
+assert t.index("line one") < t.index("line two") < t.index("line four"), t
+PY
+echo "3. the multi-line message #$seq3 was one prompt: $answer"
+# A long one (over 800 characters, which Claude Code takes as a paste).
+tui_wait "$pane" "$TUI_CLAUDE_IDLE" 30
+text3b="Case three, a long one: $(printf 'word%.0s ' $(seq 175))the end."
+seq3b=$(send "$session" "$text3b")
+answer=$(answers "$session" 60 "$seq3b")
+python3 - "$STUB_LOG" "$seq3b" <<'PY'
+import json, sys
+log, seq = sys.argv[1], sys.argv[2]
+lasts = [json.loads(l)["texts"][-1] for l in open(log) if json.loads(l)["texts"]]
+mine = [t for t in lasts if "Case three, a long one" in t]
+assert len(mine) == 1, "the long message reached the model as %d prompts: %r" % (len(mine), [m[:120] for m in mine])
+assert "word word" in mine[0] and "the end." in mine[0], mine[0][:200]
+PY
+echo "3. the long message #$seq3b (${#text3b} characters) was one prompt: $answer"
+fi
+
+# 4. "/clear everything" is a message: the model is sent it, with the
+# conversation before it (a /clear would have wiped that).
+if on 4; then
+tui_wait "$pane" "$TUI_CLAUDE_IDLE" 30
+seq4=$(send "$session" "/clear everything")
+answer=$(answers "$session" 60 "$seq4")
+expect_answer "$answer" "$seq4" "/clear everything"
+python3 - "$STUB_LOG" "$seq4" <<'PY'
+import json, re, sys
+log, seq = sys.argv[1], sys.argv[2]
+reqs = [json.loads(l)["texts"] for l in open(log)]
+mine = [r for r in reqs if r and re.search(r"\[LoopX #%s( [a-z]+)?\] /clear everything" % seq, r[-1])]
+assert len(mine) == 1, mine
+assert any("Typed by the test itself." in t for t in mine[0]) and len(mine[0]) > 1, \
+    "the earlier conversation was not sent with /clear everything: %r" % mine[0]
+PY
+echo "4. /clear everything (#$seq4) reached the model as text, with the earlier conversation"
+fi
+
+# 5. Claude exits; the shell is back in the pane: a message is not typed into
+# it. Typed there, its second line would run and create the marker.
+if on 5; then
+tui_wait "$pane" "$TUI_CLAUDE_IDLE" 30
+tui_type "$pane" "/exit"
+sleep 0.3
+tui_enter "$pane"
+tui_wait "$pane" '^wake\$ $' 20
+[ "$(tui_foreground "$pane")" = bash ]
+before=$(tui_screen "$pane" | grep -c 'LoopX #' || true)
+seq5=$(send "$session" "Case five, not for the shell
+touch $work/typed-into-shell")
+sleep 10
+[ ! -e "$work/typed-into-shell" ] || { echo "message #$seq5 was typed into the shell" >&2; exit 1; }
+after=$(tui_screen "$pane" | grep -c 'LoopX #' || true)
+[ "$after" = "$before" ] || { echo "message #$seq5 was typed into the shell's line" >&2; exit 1; }
+state=$(turn_state "$session" "$seq5")
+[ "$state" = queued ] || { echo "message #$seq5 is $state, not queued, with no agent" >&2; exit 1; }
+# Only the panes' own programs (the shells) still name our tmux server:
+# nothing the hooks started outlives the agent.
+panes=$(tui list-panes -a -F '#{pane_pid}')
+for _ in $(seq 50); do
+  left=$(tui_processes | grep -vxF "$panes" || true)
+  [ -z "$left" ] && break
+  sleep 0.1
+done
+if [ -n "$left" ]; then
+  echo "left running after claude exited:" >&2
+  ps -o pid,ppid,pgid,etime,args -p "$(echo $left | tr ' ' ,)" >&2
+  exit 1
+fi
+echo "5. after /exit, #$seq5 stayed queued, the shell got nothing, nothing was left running"
+fi
+
+# 6. `loopx run -- claude`, inside a pane as its outer terminal, without
+# TMUX so only loopx run can type into it.
+if on 6; then
+"$loopx" hook install --agent claude-code --project-dir "$work/project-run" --goal-id g-wake-run \
+  --agent-id agent-wake --executor-endpoint-id exec-ci --broker-url "$BROKER_URL" >/dev/null
+pane=$(tui_window run "$work/project-run")
+tui_wait "$pane" '^wake\$ ' 10
+tui_type "$pane" "env -u TMUX -u TMUX_PANE $(printf '%q' "$loopx") run --broker-url $BROKER_URL -- $(printf '%q' "$claude"); echo \"run exited \$?\""
+tui_enter "$pane"
+tui_wait "$pane" "$TUI_CLAUDE_IDLE" 60
+session_run=$(open_session g-wake-run)
+sleep 3
+text6="Case six, through loopx run."
+seq6=$(send "$session_run" "$text6")
+answer=$(answers "$session_run" 60 "$seq6")
+expect_answer "$answer" "$seq6" "$text6"
+tui_wait "$pane" "$TUI_CLAUDE_IDLE" 30
+tui send-keys -t "$pane" C-c
+sleep 0.3
+tui send-keys -t "$pane" C-c
+tui_wait "$pane" '^run exited 0$' 20
+tui_wait "$pane" '^wake\$ $' 5
+echo "6. loopx run: #$seq6 answered: $answer; claude's exit ended loopx run with 0"
+fi
+
+# 7. A claude just started, with no prompt yet (no Stop has run): the first
+# thing a person meets who starts it and walks away.
+if on 7; then
+"$loopx" hook install --agent claude-code --project-dir "$work/project-fresh" --goal-id g-wake-fresh \
+  --agent-id agent-wake --executor-endpoint-id exec-ci --broker-url "$BROKER_URL" >/dev/null
+pane=$(tui_window fresh "$work/project-fresh")
+tui_wait "$pane" '^wake\$ ' 10
+tui_claude "$pane"
+session_fresh=$(open_session g-wake-fresh)
+sleep 3
+text7="Case seven, to a claude nobody typed into."
+seq7=$(send "$session_fresh" "$text7")
+answer=$(answers "$session_fresh" 60 "$seq7")
+expect_answer "$answer" "$seq7" "$text7"
+echo "7. a claude just started was woken: #$seq7 answered: $answer"
+fi
+
+# Latency: send -> typed (the model's request for that prompt, our clock) and
+# the broker's enqueued -> claimed -> completed.
+latency_report "$STUB_LOG"

@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# Waking an idle agent (issue 36), with the real Codex TUI (npm @openai/codex,
+# pinned) in a private tmux server against a stub Responses API
+# (tests/wake/stub_responses.py) and a live broker: the hooks from
+# `loopx hook install --agent codex` with the bind flags, trusted with
+# Codex's own hashes; codex started in a pane as a person would (its default:
+# the shared background server, which runs the hooks).
+#
+#  0. the harness: codex at its composer with no first-run screen; a prompt
+#     typed by the test is answered and its hooks bind the session (Codex
+#     runs SessionStart at the first prompt, not at start-up)
+#  1. idle 5 s, then one Web message: typed, answered
+#  2. three messages queued while idle: three answers, in order
+#  3. a multi-line message reaches the model as one prompt
+#  4. "/new everything" is text: the model gets it with the earlier conversation
+#  5. after codex exits and the shell is back in the pane, a message is not
+#     typed into the shell
+#  6. a codex started afterwards in another pane (the shared background
+#     server, started by the first, runs its hooks) is woken in its own pane
+#  7. two codex running at once in two panes: each one's message is typed
+#     into its own pane
+#
+# Usage: tests/wake/codex.sh [path/to/loopx]   (default target/debug/loopx)
+#   WAKE_HARNESS_ONLY=1 stops after 0 (runs without the feature);
+#   WAKE_CASES="1 5" runs only those cases after 0.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+loopx=$(realpath "${1:-target/debug/loopx}")
+source tests/support/live_broker.sh
+source tests/wake/tui.sh
+source tests/wake/turns.sh
+version=0.171.0
+
+(cd "$work" && npm install --silent --no-audit --no-fund "@openai/codex@$version" >/dev/null)
+codex="$work/node_modules/.bin/codex"
+"$codex" --version
+
+export LOOPX_TOKEN=wake-test-token HOME="$work/home" STUB_API_KEY=sk-stub
+unset CODEX_HOME TMUX TMUX_PANE
+# One project per agent, each with its own goal (the hooks bind by it).
+mkdir -p "$HOME" "$work/project" "$work/project2" "$work/project-a" "$work/project-b"
+project=$(realpath "$work/project")   # as Codex names it
+project2=$(realpath "$work/project2")
+project_a=$(realpath "$work/project-a")
+project_b=$(realpath "$work/project-b")
+start_broker "$loopx" --data-dir "$work/data"
+model_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+export STUB_LOG="$work/model-requests.jsonl"
+python3 tests/wake/stub_responses.py "$model_port" 2>"$work/model.log" &
+model_pid=$!
+cleanup() {
+  local status=$?
+  if [ $status -ne 0 ] && [ -n "${pane:-}" ]; then
+    echo "--- the pane at the failure ($pane):" >&2; tui_screen "$pane" >&2 || true
+    for other in $(tui list-panes -a -F '#{pane_id}' 2>/dev/null); do
+      [ "$other" = "$pane" ] && continue
+      echo "--- pane $other (its last lines):" >&2; tui_screen "$other" | grep -v '^ *$' | tail -8 >&2 || true
+    done
+    echo "--- broker log (tail):" >&2; tail -20 "$work/broker.log" >&2 || true
+  fi
+  tui_stop   # Codex's background server carries the pane's TMUX: it is ended here too
+  kill $model_pid 2>/dev/null
+  stop_broker
+}
+trap cleanup EXIT
+export TERM=xterm-256color SHELL=/bin/bash
+
+tui_codex_home "$model_port" "$project" "$project2" "$project_a" "$project_b"
+for dir in "$project" "$project2" "$project_a" "$project_b"; do
+  git -C "$dir" init -q
+  "$loopx" hook install --agent codex --project-dir "$dir" --goal-id "g-$(basename "$dir")" \
+    --agent-id agent-wake --executor-endpoint-id exec-ci --broker-url "$BROKER_URL" >/dev/null
+  tui_codex_trust_hooks "$dir"
+done
+tui_start
+
+# 0. The harness.
+pane=$(tui_window codex "$project")
+tui_wait "$pane" '^wake\$ ' 10
+tui_codex "$pane"
+tui_type "$pane" "Typed by the test itself."
+sleep 0.5   # Codex takes an Enter within ~100 ms of fast input as part of a paste
+tui_enter "$pane"
+tui_wait "$pane" 'Stub answer\. \[Typed by the test itself\.\]' 30
+tui_wait "$pane" "$TUI_CODEX_IDLE" 10
+session=$(open_session g-project)
+state=$(api "/v1/sessions/$session" | python3 -c 'import json, sys; print(json.load(sys.stdin)["agent"]["state"])')
+[ "$state" = waiting ] || { echo "the agent is $state after its turn, not waiting" >&2; exit 1; }
+echo "harness: codex at its composer in $pane, session $session bound by its hooks, a typed prompt answered"
+if [ -n "${WAKE_HARNESS_ONLY:-}" ]; then exit 0; fi
+on() { [[ " ${WAKE_CASES:-1 2 3 4 5 6 7} " == *" $1 "* ]]; }
+
+# 1. Idle for 5 s, then one Web message.
+if on 1; then
+sleep 5
+text1="Case one: what is 2+2?"
+seq1=$(send "$session" "$text1")
+answer=$(answers "$session" 60 "$seq1")
+expect_answer "$answer" "$seq1" "$text1"
+tui_wait "$pane" "^› \[LoopX #$seq1( [a-z]+)?\] Case one" 5
+echo "1. idle agent woken: #$seq1 answered: $answer"
+fi
+
+# 2. Three messages queued while idle, answered in order.
+if on 2; then
+tui_wait "$pane" "$TUI_CODEX_IDLE" 30
+seqs=()
+for n in first second third; do seqs+=("$(send "$session" "Case two, the $n of three.")"); done
+mapfile -t got < <(answers "$session" 120 "${seqs[@]}")
+i=0
+for n in first second third; do
+  expect_answer "${got[$i]}" "${seqs[$i]}" "Case two, the $n of three."
+  i=$((i + 1))
+done
+echo "2. three queued messages answered in order: ${seqs[*]}"
+fi
+
+# 3. A multi-line message is one prompt.
+if on 3; then
+tui_wait "$pane" "$TUI_CODEX_IDLE" 30
+text3=$'Case three, line one\nline two\n\nline four, the last'
+seq3=$(send "$session" "$text3")
+answer=$(answers "$session" 60 "$seq3")
+python3 - "$STUB_LOG" "$seq3" <<'PY'
+import json, re, sys
+log, seq = sys.argv[1], sys.argv[2]
+lasts = [json.loads(l)["texts"][-1] for l in open(log) if json.loads(l)["texts"]]
+mine = [t for t in lasts if "Case three" in t or "line four, the last" in t]
+assert len(mine) == 1, "case three reached the model as %d prompts: %r" % (len(mine), mine)
+assert re.fullmatch(r"\[LoopX #%s( [a-z]+)?\] Case three, line one\nline two\n\nline four, the last" % seq, mine[0]), mine[0]
+PY
+echo "3. the multi-line message #$seq3 was one prompt: $answer"
+fi
+
+# 4. "/new everything" is a message, sent with the conversation before it.
+if on 4; then
+tui_wait "$pane" "$TUI_CODEX_IDLE" 30
+seq4=$(send "$session" "/new everything")
+answer=$(answers "$session" 60 "$seq4")
+expect_answer "$answer" "$seq4" "/new everything"
+python3 - "$STUB_LOG" "$seq4" <<'PY'
+import json, re, sys
+log, seq = sys.argv[1], sys.argv[2]
+reqs = [json.loads(l)["texts"] for l in open(log)]
+mine = [r for r in reqs if r and re.fullmatch(r"\[LoopX #%s( [a-z]+)?\] /new everything" % seq, r[-1])]
+assert len(mine) == 1, mine
+assert "Typed by the test itself." in mine[0] and len(mine[0]) > 1, mine[0]
+PY
+echo "4. /new everything (#$seq4) reached the model as text, with the earlier conversation"
+fi
+
+# 5. Codex exits (Ctrl-C at an idle composer); the shell is back: a message
+# is not typed into it. Typed there, its second line would create the marker.
+if on 5; then
+tui_wait "$pane" "$TUI_CODEX_IDLE" 30
+tui send-keys -t "$pane" C-c
+tui_wait "$pane" '^wake\$ $' 20
+[ "$(tui_foreground "$pane")" = bash ]
+before=$(tui_screen "$pane" | grep -c 'LoopX #' || true)
+seq5=$(send "$session" "Case five, not for the shell
+touch $work/typed-into-shell")
+sleep 10
+[ ! -e "$work/typed-into-shell" ] || { echo "message #$seq5 was typed into the shell" >&2; exit 1; }
+after=$(tui_screen "$pane" | grep -c 'LoopX #' || true)
+[ "$after" = "$before" ] || { echo "message #$seq5 was typed into the shell's line" >&2; exit 1; }
+state=$(turn_state "$session" "$seq5")
+[ "$state" = queued ] || { echo "message #$seq5 is $state, not queued, with no agent" >&2; exit 1; }
+echo "5. after codex exited, #$seq5 stayed queued and the shell got nothing"
+fi
+
+# A codex in PANE, in DIR, at its composer after a first prompt of its own
+# (Codex runs SessionStart then); prints nothing.
+codex_ready() {
+  tui_wait "$1" '^wake\$ ' 10
+  tui_codex "$1"
+  tui_type "$1" "$2"
+  sleep 0.5
+  tui_enter "$1"
+  tui_wait "$1" "Stub answer\\. \\[$2\\]" 30
+  tui_wait "$1" "$TUI_CODEX_IDLE" 10
+}
+
+# 6. The first codex has exited (case 5, or here); its background server
+# runs on and runs the hooks of a codex started now in another pane.
+if on 6; then
+if [ "$(tui_foreground "$pane")" != bash ]; then
+  tui send-keys -t "$pane" C-c
+  tui_wait "$pane" '^wake\$ $' 20
+fi
+pane=$(tui_window codex2 "$project2")
+codex_ready "$pane" "Typed into the second codex."
+session2=$(open_session g-project2)
+sleep 3
+text6="Case six, to the second codex."
+seq6=$(send "$session2" "$text6")
+answer=$(answers "$session2" 60 "$seq6")
+expect_answer "$answer" "$seq6" "$text6"
+tui_wait "$pane" "^› \\[LoopX #$seq6( [a-z]+)?\\] Case six" 5
+echo "6. a codex started after the first exited was woken in its own pane: #$seq6 answered: $answer"
+fi
+
+# 7. Two codex at once, in two panes (one shared background server): each
+# message is typed into its own agent's pane.
+if on 7; then
+pane_a=$(tui_window codex-a "$project_a")
+codex_ready "$pane_a" "Typed into codex A."
+pane_b=$(tui_window codex-b "$project_b")
+codex_ready "$pane_b" "Typed into codex B."
+session_a=$(open_session g-project-a)
+session_b=$(open_session g-project-b)
+sleep 3
+seq_a=$(send "$session_a" "Case seven, for codex A.")
+seq_b=$(send "$session_b" "Case seven, for codex B.")
+answer_a=$(answers "$session_a" 60 "$seq_a")
+answer_b=$(answers "$session_b" 60 "$seq_b")
+expect_answer "$answer_a" "$seq_a" "Case seven, for codex A."
+expect_answer "$answer_b" "$seq_b" "Case seven, for codex B."
+tui_wait "$pane_a" "Case seven, for codex A" 5
+tui_wait "$pane_b" "Case seven, for codex B" 5
+! tui_screen "$pane_a" | grep -q "for codex B" || { echo "codex B's message was typed into codex A's pane" >&2; exit 1; }
+! tui_screen "$pane_b" | grep -q "for codex A" || { echo "codex A's message was typed into codex B's pane" >&2; exit 1; }
+echo "7. two codex at once: each message typed into its own pane"
+fi
+
+latency_report "$STUB_LOG"
