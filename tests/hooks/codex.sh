@@ -114,3 +114,18 @@ PY
 
 # 3. Approvals through `codex app-server`.
 python3 tests/hooks/codex_app_server.py "$codex" "$project" "$BROKER_URL" g-codex
+
+# The README's Codex block, as pasted, in a project of its own: its install
+# with --trust and its doctor (codex on PATH, the broker by environment).
+readme_project=$(realpath "$(mktemp -d "$work/readme.XXXX")")
+git -C "$readme_project" init -q
+awk 'index($0, "### Codex with hooks") == 1 {f=1} f&&/^```bash/{b=1;next} b&&/^```/{exit} b' README.md >"$work/readme-codex.sh"
+grep -q -- "--trust" "$work/readme-codex.sh"
+mkdir -p "$work/bin"
+ln -sf "$codex" "$work/bin/codex"
+ln -sf "$loopx" "$work/bin/loopx"
+(cd "$readme_project" && PATH="$work/bin:$PATH" LOOPX_BROKER_URL="$BROKER_URL" bash -euo pipefail "$work/readme-codex.sh") >"$work/readme-codex.out" 2>&1 \
+  || { echo "the README's Codex block failed:"; cat "$work/readme-codex.out"; exit 1; }
+grep -q "Stop hook: trusted" "$work/readme-codex.out"
+grep -q "^ok: the broker at" "$work/readme-codex.out"
+echo "the README's Codex block: installed, trusted, checked"

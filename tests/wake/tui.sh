@@ -141,7 +141,9 @@ PY
 tui_codex() {
   local pane=$1
   shift
-  tui_type "$pane" "$(printf '%q ' "$codex" "$@")"
+  # --no-daemon: loopx types into no Codex whose hooks run in the shared
+  # background server (they cannot tell which terminal is theirs).
+  tui_type "$pane" "$(printf '%q ' "$codex" --no-daemon "$@")"
   tui_enter "$pane"
   tui_wait "$pane" "$TUI_CODEX_IDLE" 60
 }
