@@ -402,7 +402,7 @@ impl Capabilities {
 
 /// The content-free session projection: these are all its fields.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
-#[schema(example = json!({"session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "goal_id": "g-1", "agent_id": "agent-7", "executor_endpoint_id": "exec-laptop", "host_surface": "codex-cli", "capabilities": {"session_queue": true, "bounded_claim_wait": true, "reply_readback": true, "live_steering": false}, "state": "open", "created_at": "2026-11-30T10:00:00.000Z", "closed_at": null, "agent": {"state": "waiting", "since": "2026-11-30T10:00:02.000Z"}}))]
+#[schema(example = json!({"session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "goal_id": "g-1", "agent_id": "agent-7", "executor_endpoint_id": "exec-laptop", "host_surface": "codex-cli", "capabilities": {"session_queue": true, "bounded_claim_wait": true, "reply_readback": true, "live_steering": false}, "state": "open", "created_at": "2026-11-30T10:00:00.000Z", "closed_at": null, "agent": {"state": "waiting", "since": "2026-11-30T10:00:02.000Z", "delivery": "typed_now", "tool": null, "tool_since": null}}))]
 pub struct Session {
     pub session_id: String,
     pub goal_id: String,

@@ -51,6 +51,24 @@ fn every_schema_example_has_exactly_its_schemas_properties() {
             let key = required.as_str().unwrap();
             assert!(example.contains_key(key), "{name}'s example lacks `{key}`");
         }
+        // One level down: an object property given by reference (a session's
+        // `agent`), its example value against that schema's required ones.
+        for (key, value) in example {
+            let (Some(inner), Some(reference)) =
+                (value.as_object(), properties[key]["$ref"].as_str())
+            else {
+                continue;
+            };
+            let target = reference.trim_start_matches("#/components/schemas/");
+            let nested = &doc["components"]["schemas"][target];
+            for required in nested["required"].as_array().into_iter().flatten() {
+                let field = required.as_str().unwrap();
+                assert!(
+                    inner.contains_key(field),
+                    "{name}'s example: `{key}` lacks `{field}`"
+                );
+            }
+        }
         for key in example.keys() {
             assert!(
                 properties.contains_key(key),
