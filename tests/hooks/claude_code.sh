@@ -4,7 +4,8 @@
 # stub model endpoint (stub_model.py) and a live broker: the entries written
 # by `loopx hook install`, a Web message queued before the run, delivered by
 # the Stop hook, answered by the model and completed with its last message;
-# SessionEnd marks the agent away.
+# SessionEnd marks the agent away. A tool the model calls (Bash, `sleep 3`)
+# is shown by name while it runs, never its input (issue 37).
 #
 # Usage: tests/hooks/claude_code.sh [path/to/loopx]   (default target/debug/loopx)
 set -euo pipefail
@@ -94,3 +95,89 @@ want = [(m, "completed", "Done.") for m in ("First message.", "Second message.",
 assert got == want, got
 print("claude code, the same answer every time: three messages answered once each, in order")
 PY
+
+# What the agent is doing now (issue 37): the model calls Claude Code's Bash
+# tool (`sleep 3`), allowed up front (`--allowedTools Bash`: as root, Claude
+# Code refuses bypassPermissions). While it runs, the projection shows
+# `working` and the tool by name; after the run, no tool; its input is never
+# stored. A logging hook beside loopx's records what Claude Code sends to
+# PreToolUse and PostToolUse.
+model_port_tool=$(free_port)
+STUB_TOOL_USE='{"name": "Bash", "input": {"command": "sleep 3", "description": "wait"}}' \
+  python3 tests/hooks/stub_model.py "$model_port_tool" 2>"$work/model-tool.log" &
+tool_pid=$!
+poller_pid=
+trap 'kill $model_pid $same_pid $tool_pid $poller_pid 2>/dev/null; stop_broker' EXIT
+host3=$(python3 -c 'import uuid; print(uuid.uuid4())')
+"$loopx" worker-bridge bind-agent-thread --broker-url "$BROKER_URL" --goal-id g-hooks-tool \
+  --agent-id agent-hooks --host-surface claude-code --host-session-id "$host3" >/dev/null
+session3=$("$loopx" worker-bridge attached-session-bind --broker-url "$BROKER_URL" --goal-id g-hooks-tool \
+  --agent-id agent-hooks --host-surface claude-code --host-session-id "$host3" \
+  --executor-endpoint-id exec-ci --execute --format json | python3 -c 'import json,sys; print(json.load(sys.stdin)["session_id"])')
+mkdir -p "$work/project3"
+"$loopx" hook install --agent claude-code --project-dir "$work/project3" \
+  --session-id "$session3" --broker-url "$BROKER_URL" >/dev/null
+python3 - "$work/project3/.claude/settings.local.json" "$work" <<'PY'
+import json, sys
+path, work = sys.argv[1:]
+settings = json.load(open(path))
+for event, name in (("PreToolUse", "pre-tool-use"), ("PostToolUse", "post-tool-use")):
+    [group] = settings["hooks"][event]
+    assert group["matcher"] == "*", group
+    group["hooks"].append({"type": "command", "command": "{ cat; echo; } >> %s/%s.jsonl" % (work, name)})
+json.dump(settings, open(path, "w"), indent=2)
+PY
+for _ in $(seq 50); do  # the stub listening
+  (exec 3<>"/dev/tcp/127.0.0.1/$model_port_tool") 2>/dev/null && break
+  sleep 0.1
+done
+# The projection, every 100 ms, one JSON line each, while Claude Code runs.
+python3 - "$BROKER_URL/v1/sessions/$session3" "$work/polls.jsonl" <<'PY' &
+import os, sys, time, urllib.request
+url, out = sys.argv[1:]
+request = urllib.request.Request(url, headers={"Authorization": "Bearer " + os.environ["LOOPX_TOKEN"]})
+with open(out, "a") as f:
+    while True:
+        f.write(urllib.request.urlopen(request).read().decode().strip() + "\n")
+        f.flush()
+        time.sleep(0.1)
+PY
+poller_pid=$!
+(cd "$work/project3" && ANTHROPIC_BASE_URL="http://127.0.0.1:$model_port_tool" ANTHROPIC_API_KEY=sk-stub \
+  DISABLE_TELEMETRY=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 \
+  timeout 120 "$claude" -p "Wait a little." --session-id "$host3" --allowedTools Bash \
+  --output-format json >"$work/run3.json")
+kill "$poller_pid"
+wait "$poller_pid" 2>/dev/null || true
+poller_pid=
+projection=$(curl -fsS -H "Authorization: Bearer $LOOPX_TOKEN" "$BROKER_URL/v1/sessions/$session3")
+python3 - "$projection" "$work" <<'PY'
+import json, sys
+session, work = json.loads(sys.argv[1]), sys.argv[2]
+run = json.load(open(work + "/run3.json"))
+assert not run["is_error"] and run["num_turns"] >= 2, run
+polls = [json.loads(line) for line in open(work + "/polls.jsonl") if line.strip()]
+tools = [p["agent"] for p in polls if p["agent"]["tool"]]
+assert any(a["state"] == "working" and a["tool"] == "Bash" and a["tool_since"] for a in tools), \
+    [p["agent"] for p in polls]
+assert {a["tool"] for a in tools} == {"Bash"}, tools
+assert session["agent"]["tool"] is None and session["agent"]["tool_since"] is None, session["agent"]
+assert session["agent"]["state"] == "away", session["agent"]
+# The tool's input never reaches the broker's projection.
+for text in [sys.argv[1]] + [json.dumps(p) for p in polls]:
+    assert "sleep 3" not in text, text
+# What Claude Code itself gives the hooks.
+[pre] = [json.loads(line) for line in open(work + "/pre-tool-use.jsonl") if line.strip()]
+[post] = [json.loads(line) for line in open(work + "/post-tool-use.jsonl") if line.strip()]
+for stdin, event in ((pre, "PreToolUse"), (post, "PostToolUse")):
+    assert stdin["hook_event_name"] == event and stdin["tool_name"] == "Bash", stdin
+    assert stdin["tool_input"] == {"command": "sleep 3", "description": "wait"}, stdin
+    print("claude code %s stdin: %s" % (event, json.dumps(stdin, sort_keys=True)))
+assert "tool_response" in post and "tool_response" not in pre, (pre, post)
+print("claude code, a tool running: %d of %d polls showed working · Bash; none after the run"
+      % (len(tools), len(polls)))
+PY
+if grep -F "sleep 3" "$work/broker.log"; then
+  echo "the broker logged the tool's input" >&2
+  exit 1
+fi

@@ -11,12 +11,27 @@ request's texts (what is skipped left out) are appended to that file, one
 JSON line `{"t": <unix time>, "texts": [...]}`, so a test sees what the
 model was sent, and when.
 
+With STUB_TOOL_USE set to `{"name": ..., "input": {...}}`, a streamed request
+that offers that tool and carries no tool result yet is answered with one
+`tool_use` block calling it (stop_reason "tool_use"), its input streamed as
+`input_json_delta` pieces; once the conversation has a tool result, the
+answers are text as above.
+
 Usage: python3 stub_model.py PORT [TEXT [--same]]
 """
 import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 TEXT = sys.argv[2] if len(sys.argv) > 2 else "Stub answer."
 SAME = "--same" in sys.argv[3:]
+TOOL_USE = json.loads(os.environ["STUB_TOOL_USE"]) if os.environ.get("STUB_TOOL_USE") else None
+
+def wants_tool(body):
+    """Whether this request is answered with the tool call: the tool offered,
+    no tool result in the conversation yet."""
+    if not TOOL_USE or not body.get("stream"): return False
+    if TOOL_USE["name"] not in [t.get("name") for t in body.get("tools") or []]: return False
+    return not any(isinstance(m.get("content"), list) and any(p.get("type") == "tool_result" for p in m["content"])
+                   for m in body.get("messages", []))
 class H(BaseHTTPRequestHandler):
     def log_message(self, *a):
         sys.stderr.write("stub: %s %s\n" % (self.command, self.path))
@@ -49,6 +64,16 @@ class H(BaseHTTPRequestHandler):
         self.send_response(200); self.send_header("content-type","text/event-stream"); self.end_headers()
         def ev(name, data): self.wfile.write(("event: %s\ndata: %s\n\n" % (name, json.dumps(data))).encode())
         ev("message_start", {"type":"message_start","message":msg})
+        if wants_tool(body):
+            block = {"type":"tool_use","id":"toolu_stub_1","name":TOOL_USE["name"],"input":{}}
+            ev("content_block_start", {"type":"content_block_start","index":0,"content_block":block})
+            args = json.dumps(TOOL_USE["input"])
+            for i in range(0, len(args), 16):  # in pieces, as the real API streams them
+                ev("content_block_delta", {"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":args[i:i+16]}})
+            ev("content_block_stop", {"type":"content_block_stop","index":0})
+            ev("message_delta", {"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":None},"usage":{"output_tokens":5}})
+            ev("message_stop", {"type":"message_stop"})
+            return
         ev("content_block_start", {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}})
         ev("content_block_delta", {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":text}})
         ev("content_block_stop", {"type":"content_block_stop","index":0})
