@@ -9,7 +9,7 @@
 
 FROM rust:1-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 # The options the bundled SQLite is compiled with (LIBSQLITE3_FLAGS).
 COPY .cargo .cargo
 COPY src src

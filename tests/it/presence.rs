@@ -241,3 +241,42 @@ async fn a_wakers_reports_set_how_a_message_arrives() {
         .body;
     assert_eq!(delivery(idle), (AgentState::Waiting, Delivery::Later));
 }
+
+/// Every notification kind a host may send is stored and streamed, on both
+/// backends: each one's state is one the event log takes (a kind the log
+/// refused would fail its write after the answer, or as a 5xx).
+#[tokio::test]
+async fn every_notification_kind_is_logged_and_streamed() {
+    use loopx::model::{AgentNotification, NotificationKind};
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let sid = host.session_id();
+    let mut events = subscribe(&broker.url, TOKEN, sid, None).await;
+    let kinds = [
+        NotificationKind::IdlePrompt,
+        NotificationKind::PermissionPrompt,
+        NotificationKind::TypingUnconfirmed,
+    ];
+    for kind in kinds {
+        let notice = AgentNotification {
+            host_surface: HOST_SURFACE.into(),
+            host_session_id: host.host_session_id.clone(),
+            kind,
+        };
+        c.notify(sid, &notice).await.unwrap();
+    }
+    let seen = take(&mut events, 3).await;
+    assert_eq!(
+        states(&seen),
+        [
+            "notification:idle_prompt",
+            "notification:permission_prompt",
+            "notification:typing_unconfirmed"
+        ]
+    );
+    // Read back from the log itself, after a restart of the stream.
+    let mut replay = subscribe(&broker.url, TOKEN, sid, Some(0)).await;
+    let all = take(&mut replay, 3).await;
+    assert_eq!(states(&all), states(&seen));
+}
