@@ -63,13 +63,17 @@ pub struct Connection {
 }
 
 impl Connection {
+    /// The data dir: `--data-dir`, else the default one `serve` uses.
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir
+            .clone()
+            .unwrap_or_else(config::default_data_dir)
+    }
+
     /// The typed client with the owner token, found as `serve` finds it, and
     /// where the token came from; `Err` is the message for a local error.
     pub fn client(&self) -> Result<(Client, TokenSource), String> {
-        let data_dir = self
-            .data_dir
-            .clone()
-            .unwrap_or_else(config::default_data_dir);
+        let data_dir = self.data_dir();
         let (token, source) = config::owner_token(self.token_file.as_deref(), &data_dir, false)
             .map_err(|reason| {
                 format!(

@@ -179,11 +179,7 @@ pub fn run(args: HookArgs) -> ExitCode {
         HookCommand::SessionEnd(o) => ("session-end", o),
     };
     let agent = options.agent.flag();
-    let data_dir = options
-        .connection
-        .data_dir
-        .clone()
-        .unwrap_or_else(crate::config::default_data_dir);
+    let data_dir = options.connection.data_dir();
     match run_event(event, options) {
         Ok(output) => {
             failures::clear(&data_dir);

@@ -78,12 +78,7 @@ pub fn run(args: McpArgs) -> ExitCode {
         Err(message) => return local_error(&message),
     };
     // One bridge per host identity, before any MCP traffic.
-    let locks = args
-        .connection
-        .data_dir
-        .clone()
-        .unwrap_or_else(crate::config::default_data_dir)
-        .join("mcp");
+    let locks = args.connection.data_dir().join("mcp");
     let lock_file = lock::path(
         &locks,
         client.base_url(),

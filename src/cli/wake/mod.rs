@@ -99,8 +99,9 @@ pub struct Waker<T> {
     terminal: T,
     stream: Option<EventStream>,
     last_event: i64,
-    /// Turns by seq: id and last known state.
-    turns: BTreeMap<i64, (String, TurnChange)>,
+    /// The turns waiting in the queue (queued, or released back to it), by
+    /// seq: the others leave the map as their events come.
+    waiting: BTreeMap<i64, String>,
     /// The agent's presence and since when (ms since the epoch).
     agent: Option<(AgentState, i64)>,
     closed: bool,
@@ -120,7 +121,7 @@ impl<T: Terminal> Waker<T> {
             terminal,
             stream: None,
             last_event: 0,
-            turns: BTreeMap::new(),
+            waiting: BTreeMap::new(),
             agent: None,
             closed: false,
             typed: HashSet::new(),
@@ -208,7 +209,11 @@ impl<T: Terminal> Waker<T> {
         match event.event.as_str() {
             "turn" => {
                 if let Ok(turn) = serde_json::from_str::<TurnEventData>(&event.data) {
-                    self.turns.insert(turn.seq, (turn.turn_id, turn.state));
+                    if matches!(turn.state, TurnChange::Queued | TurnChange::Released) {
+                        self.waiting.insert(turn.seq, turn.turn_id);
+                    } else {
+                        self.waiting.remove(&turn.seq);
+                    }
                 }
             }
             "agent" => {
@@ -223,13 +228,13 @@ impl<T: Terminal> Waker<T> {
         }
     }
 
-    /// The oldest turn waiting in the queue, not typed before.
+    /// The oldest turn waiting in the queue, unless it was typed before
+    /// (it then waits for the end of a turn, and the ones after it too).
     fn next_queued(&self) -> Option<(i64, String)> {
-        self.turns
-            .iter()
-            .find(|(_, (_, state))| matches!(state, TurnChange::Queued | TurnChange::Released))
-            .map(|(seq, (id, _))| (*seq, id.clone()))
-            .filter(|(_, id)| !self.typed.contains(id))
+        self.waiting
+            .first_key_value()
+            .filter(|(_, id)| !self.typed.contains(*id))
+            .map(|(seq, id)| (*seq, id.clone()))
     }
 
     /// Types the oldest queued message if the agent is idle and reachable,
@@ -252,10 +257,10 @@ impl<T: Terminal> Waker<T> {
         };
         self.typed.insert(turn_id.clone());
         let typed = text::typed(seq, turn.body.origin, &turn.body.text);
-        if self.terminal.submit(&typed).await.is_err() || !self.confirmed(&turn_id).await {
+        if self.terminal.submit(&typed).await.is_err() || !self.confirmed(seq).await {
             // Enter may have landed as a newline: once more, never the text.
             let _ = self.terminal.enter().await;
-            if !self.confirmed(&turn_id).await {
+            if !self.confirmed(seq).await {
                 self.unconfirmed().await;
             }
         }
@@ -264,19 +269,14 @@ impl<T: Terminal> Waker<T> {
 
     /// Whether the turn left the queue (its hook claimed it) within
     /// [`CONFIRM_WITHIN`].
-    async fn confirmed(&mut self, turn_id: &str) -> bool {
+    async fn confirmed(&mut self, seq: i64) -> bool {
         let started = Instant::now();
         while started.elapsed() < CONFIRM_WITHIN {
             if self.stream.is_none() {
                 return false;
             }
             self.follow(Duration::from_millis(100)).await;
-            let state = self
-                .turns
-                .values()
-                .find(|(id, _)| id == turn_id)
-                .map(|(_, state)| *state);
-            if !matches!(state, Some(TurnChange::Queued | TurnChange::Released)) {
+            if !self.waiting.contains_key(&seq) {
                 return true;
             }
         }

@@ -21,7 +21,7 @@ use clap::Args;
 use sha2::{Digest, Sha256};
 
 use super::procfs::{self, Now, Process};
-use super::{ENTER_AFTER, Ended, Gone, Hold, HostIdentity, Terminal, Waker};
+use super::{ENTER_AFTER, Gone, Hold, HostIdentity, Terminal, Waker};
 use crate::cli::common::Connection;
 
 /// Key activity this recent holds typing (seconds).
@@ -202,10 +202,7 @@ pub fn ensure(
         return Ok(()); // `loopx run` types into this agent itself.
     }
     let socket = PathBuf::from(tmux.split(',').next().unwrap_or_default());
-    let data_dir = connection
-        .data_dir
-        .clone()
-        .unwrap_or_else(crate::config::default_data_dir);
+    let data_dir = connection.data_dir();
     let lock = lock_path(&data_dir, &socket, &pane);
     if let Some(file) = std::fs::File::open(&lock).ok().filter(|f| {
         rustix::fs::flock(f, rustix::fs::FlockOperation::NonBlockingLockShared).is_err()
@@ -262,11 +259,7 @@ pub fn ensure(
 /// The waker process: holds the pane's lock, types until the agent or the
 /// session is over.
 pub fn run_waker(args: WakerArgs) -> std::process::ExitCode {
-    let data_dir = args
-        .connection
-        .data_dir
-        .clone()
-        .unwrap_or_else(crate::config::default_data_dir);
+    let data_dir = args.connection.data_dir();
     let lock = lock_path(&data_dir, &args.tmux_socket, &args.pane);
     let Some(mut file) = take_lock(&lock) else {
         return std::process::ExitCode::SUCCESS; // another waker serves the pane
@@ -300,10 +293,7 @@ pub fn run_waker(args: WakerArgs) -> std::process::ExitCode {
     else {
         return std::process::ExitCode::SUCCESS;
     };
-    let ended = runtime.block_on(Waker::new(client, args.session_id, host, pane).run());
-    if let Ended::Gone(Gone(why)) = ended {
-        tracing::debug!(why, "tmux waker ends");
-    }
+    runtime.block_on(Waker::new(client, args.session_id, host, pane).run());
     drop(file); // the lock file stays: a waker waiting on it holds its inode
     std::process::ExitCode::SUCCESS
 }
