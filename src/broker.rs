@@ -14,6 +14,7 @@
 
 mod holders;
 pub use holders::DEFAULT_SILENCE as DEFAULT_HOLDER_SILENCE;
+pub use holders::DEFAULT_STALL_AFTER;
 mod permissions;
 
 use std::sync::Arc;
@@ -56,6 +57,20 @@ const PARKED_HEARD_EVERY: Duration = Duration::from_secs(60);
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 /// The longest message text, in bytes.
 pub const MAX_TEXT_BYTES: usize = 64 * 1024;
+
+/// `text` within [`MAX_TEXT_BYTES`]: a longer one is cut on a character
+/// boundary and says so (a Lark message, a prompt typed at the terminal).
+pub fn fit_text(text: String) -> String {
+    const NOTE: &str = "\n[truncated by LoopX: the message was longer than 64 KiB]";
+    if text.len() <= MAX_TEXT_BYTES {
+        return text;
+    }
+    let mut end = MAX_TEXT_BYTES - NOTE.len();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{NOTE}", &text[..end])
+}
 /// The longest completion response (serialized JSON), in bytes.
 pub const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 
@@ -75,6 +90,10 @@ pub struct Broker {
     /// How long a holder that names its claim may be silent before the
     /// broker releases its turn ([`crate::decide::turn::holder_gone`]).
     holder_silence: Duration,
+    /// How long a working agent may go without a hook event before the
+    /// broker announces it stalled (zero: never;
+    /// [`crate::decide::presence::stalls`]).
+    stall_after: Duration,
     shutdown: CancellationToken,
 }
 
@@ -137,6 +156,7 @@ impl Broker {
             outbox: Default::default(),
             max_wait_seconds: MAX_WAIT_SECONDS,
             holder_silence: holders::DEFAULT_SILENCE,
+            stall_after: holders::DEFAULT_STALL_AFTER,
             shutdown,
         }
     }
@@ -267,6 +287,11 @@ impl Broker {
         }
         if let Some(id) = &message.client_message_id {
             check("client_message_id", id)?;
+        }
+        if message.origin == Origin::Terminal {
+            return Err(Error::invalid(
+                "Origin \"terminal\" is recorded by the agent's host (its `agent-state` report's `prompt`), never queued.",
+            ));
         }
         if let Some(lark) = &message.lark {
             if message.origin != Origin::Lark {

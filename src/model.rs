@@ -10,13 +10,17 @@ use utoipa::openapi::extensions::Extensions;
 use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, OneOfBuilder, Schema, Type};
 use utoipa::{IntoParams, PartialSchema, ToSchema};
 
-/// Where a message came from. Web and Lark share the one queue.
+/// Where a message came from. Web and Lark share the one queue; a
+/// `terminal` turn was typed by the person at the agent's terminal (its
+/// hooks record it, HOOKS.md "Presence"): it is never queued or claimed,
+/// and is only read back, in its place by `seq`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
 #[sqlx(rename_all = "snake_case")]
 pub enum Origin {
     Web,
     Lark,
+    Terminal,
 }
 
 /// How a message wants to reach the agent. Only `session_queue` exists today;
@@ -156,13 +160,17 @@ pub struct AgentNotification {
 }
 
 /// Whether a session's agent is there: `working` while it runs a turn,
-/// `waiting` while it is idle and attached (a parked claim, or between turns),
-/// `away` after its session ended or when no host was heard from for 10 minutes.
+/// `stalled` while it runs one but no hook event came for the broker's
+/// `--stall-after` (default 10 minutes; the next event clears it; time alone
+/// never releases its turn), `waiting` while it is idle and attached (a
+/// parked claim, or between turns), `away` after its session ended or when
+/// no host was heard from for 10 minutes while it was not working.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
 #[sqlx(rename_all = "snake_case")]
 pub enum AgentState {
     Working,
+    Stalled,
     Waiting,
     Away,
 }
@@ -172,6 +180,7 @@ impl AgentState {
     pub fn as_str(self) -> &'static str {
         match self {
             AgentState::Working => "working",
+            AgentState::Stalled => "stalled",
             AgentState::Waiting => "waiting",
             AgentState::Away => "away",
         }
@@ -267,6 +276,21 @@ pub struct ReportAgentState {
         pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
     )]
     pub claim_id: Option<String>,
+    /// With `working` only: the prompt the person at the agent's terminal
+    /// just submitted (its UserPromptSubmit hook), recorded as a turn of
+    /// `origin: "terminal"`, in its place among the session's turns: never
+    /// queued or claimed, it delays no message. A terminal turn still open
+    /// (never answered) is cancelled `unanswered` first; the same prompt as
+    /// the open turn's again is a replay and records nothing. 1 to 65,536
+    /// bytes.
+    #[serde(default)]
+    pub prompt: Option<String>,
+    /// The agent's last message at the end of its turn (its Stop hook): the
+    /// answer of the open terminal turn, if one is open (else nothing
+    /// happens). A blank one cancels it `unanswered`. With `working` or
+    /// `waiting`.
+    #[serde(default)]
+    pub answer: Option<String>,
 }
 
 /// `POST .../permission-requests/{request_id}/withdraw`, by the host: nobody
@@ -289,12 +313,15 @@ pub struct WithdrawPermission {
     pub host_session_id: String,
 }
 
-/// Why a turn was cancelled.
+/// Why a turn was cancelled: its session closed, or (a `terminal` turn
+/// only) the agent never answered it: a new prompt came first (the person
+/// interrupted it), or it stopped with nothing to say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
 #[sqlx(rename_all = "snake_case")]
 pub enum CancelReason {
     SessionClosed,
+    Unanswered,
 }
 
 /// `POST /v1/agent-threads`: the exact tuple a host session registers.

@@ -93,6 +93,13 @@ pub struct ServeArgs {
     /// that never says so (a hook, an API client) is never released by time.
     #[arg(long, env = "LOOPX_HOLDER_SILENCE", default_value = "5m", value_parser = parse_duration)]
     pub holder_silence: Duration,
+    /// Announce a working agent `stalled` (on the Web page, in
+    /// `attached-session-list`, once in its linked Lark chat) when none of
+    /// its hooks has said a word for this long (e.g. `10m`, `2s`; `0`:
+    /// never). The next hook event clears it; time alone never releases its
+    /// turn.
+    #[arg(long, env = "LOOPX_STALL_AFTER", default_value = "10m", value_parser = parse_duration_or_never)]
+    pub stall_after: Duration,
     #[command(flatten)]
     pub limits: ConnectionLimits,
 }
@@ -110,6 +117,14 @@ pub struct PruneArgs {
     /// The replicas' PostgreSQL URL, instead of the data dir's SQLite store.
     #[arg(long, env = "LOOPX_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<DatabaseUrl>,
+}
+
+/// A duration as [`parse_duration`] reads it, or `0`: never (zero).
+pub fn parse_duration_or_never(text: &str) -> Result<Duration, String> {
+    match text.trim() {
+        "0" => Ok(Duration::ZERO),
+        _ => parse_duration(text),
+    }
 }
 
 /// A duration: a number with a unit (`ms`, `s`, `m`, `h`), or bare seconds.
@@ -160,6 +175,9 @@ pub struct AppConfig {
     /// How long a holder that names its claim may be silent before the
     /// broker releases its turn.
     pub holder_silence: Duration,
+    /// How long a working agent may go without a hook event before it is
+    /// announced stalled (zero: never).
+    pub stall_after: Duration,
     pub limits: ConnectionLimits,
 }
 
@@ -174,6 +192,7 @@ impl AppConfig {
             lark: None,
             retain_closed_days: None,
             holder_silence: crate::broker::DEFAULT_HOLDER_SILENCE,
+            stall_after: crate::broker::DEFAULT_STALL_AFTER,
             limits: ConnectionLimits::default(),
         }
     }
@@ -199,7 +218,8 @@ impl App {
         let broker = Arc::new(
             Broker::new(config.store, shutdown.clone())
                 .with_max_wait_seconds(config.max_wait_seconds)
-                .with_holder_silence(config.holder_silence),
+                .with_holder_silence(config.holder_silence)
+                .with_stall_after(config.stall_after),
         );
         tokio::spawn(broker.clone().sweep_holders());
         let mut lark_tasks = Vec::new();
@@ -302,6 +322,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
             lark,
             retain_closed_days: args.retain_closed_days,
             holder_silence: args.holder_silence,
+            stall_after: args.stall_after,
             limits,
             ..AppConfig::new(store, token)
         },

@@ -6,7 +6,8 @@
 //! after an `away` report, and asks the store to release them through the
 //! release decision, which checks again on the locked rows. The same sweep
 //! announces an agent silent for 10 minutes `away` (an `agent` event), as
-//! the projection already shows it ([`crate::decide::presence::lapse`]).
+//! the projection already shows it, and a working agent with no hook event
+//! for `--stall-after` `stalled` ([`crate::decide::presence::lapse`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +23,22 @@ use crate::model::AgentState;
 /// heartbeats of a minute each.
 pub const DEFAULT_SILENCE: Duration = Duration::from_secs(5 * 60);
 
+/// How long a working agent may go without a hook event before it is
+/// announced stalled.
+pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(10 * 60);
+
 impl Broker {
+    /// Sets how long a working agent may go without a hook event before the
+    /// broker announces it stalled (zero: never).
+    pub fn with_stall_after(mut self, stall_after: Duration) -> Self {
+        self.stall_after = stall_after;
+        self
+    }
+
+    fn stall_after_ms(&self) -> i64 {
+        i64::try_from(self.stall_after.as_millis()).unwrap_or(i64::MAX)
+    }
+
     /// Sets how long a holder that names its claim may be silent before the
     /// broker releases its turn.
     pub fn with_holder_silence(mut self, silence: Duration) -> Self {
@@ -37,8 +53,11 @@ impl Broker {
     /// Sweeps for gone holders until shutdown, a few times per silence (at
     /// least every 15 s).
     pub async fn sweep_holders(self: Arc<Self>) {
-        let every =
-            (self.holder_silence / 4).clamp(Duration::from_millis(100), Duration::from_secs(15));
+        let shortest = match self.stall_after.is_zero() {
+            true => self.holder_silence,
+            false => self.holder_silence.min(self.stall_after),
+        };
+        let every = (shortest / 4).clamp(Duration::from_millis(100), Duration::from_secs(15));
         loop {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
@@ -57,12 +76,26 @@ impl Broker {
         }
     }
 
-    /// Announces `away` (an `agent` event) for each agent silent for
-    /// [`AWAY_AFTER_MS`] at `now` and not announced yet; answers how many.
+    /// Announces `away` (an `agent` event) for each waiting agent silent
+    /// for [`AWAY_AFTER_MS`] at `now`, and `stalled` for each working one
+    /// silent for `--stall-after`, not announced yet; answers how many.
     pub async fn announce_silent_agents(&self, now: i64) -> Result<usize> {
         let mut announced = 0;
-        for session_id in self.store.silent_sessions(now - AWAY_AFTER_MS).await? {
-            match self.store.lapse_agent(session_id.clone(), now).await {
+        let stall_after = self.stall_after_ms();
+        let stalled_before = match stall_after {
+            0 => i64::MIN,
+            after => now.saturating_sub(after),
+        };
+        let silent = self
+            .store
+            .silent_sessions(now - AWAY_AFTER_MS, stalled_before)
+            .await?;
+        for session_id in silent {
+            match self
+                .store
+                .lapse_agent(session_id.clone(), stall_after, now)
+                .await
+            {
                 Ok(reported) if reported.changed => announced += 1,
                 Ok(_) => {}
                 Err(e) => {

@@ -21,6 +21,7 @@ pub mod permission;
 pub mod presence;
 mod rows;
 pub mod session;
+pub mod terminal;
 pub mod turn;
 
 use serde::{Deserialize, Serialize};
@@ -109,6 +110,7 @@ const LOGGED_WORDS: &[&str] = &[
     "working",
     "waiting",
     "away",
+    "stalled",
     "idle_prompt",
     "permission_prompt",
 ];
@@ -198,7 +200,8 @@ pub struct SeenLarkEvent {
     pub at: i64,
 }
 
-/// A close's sweep of its session: every queued turn becomes `cancelled`
+/// A close's sweep of its session: every queued turn, and the open
+/// terminal turn (`terminal`, if any), becomes `cancelled`
 /// (with `cancel_reason`), one `turn` event each, numbered from
 /// `cancelled_from` in seq order; every pending permission request becomes
 /// `expired`, answered at `at`, one `permission` event each, numbered from
@@ -211,6 +214,8 @@ pub struct Sweep {
     pub cancelled: TurnState,
     pub cancel_reason: CancelReason,
     pub cancelled_from: i64,
+    /// The open terminal turn ([`terminal`]), cancelled with the queued ones.
+    pub terminal: Option<String>,
     pub expired: PermissionState,
     pub expired_from: i64,
     pub at: i64,
@@ -497,6 +502,8 @@ pub(crate) mod tests {
             waker_heard_at: None,
             agent_tool: None,
             tool_since: None,
+            terminal_turn_id: None,
+            stalled_at: None,
         }
     }
 

@@ -11,10 +11,11 @@
 //! types into the idle agent (`typing_in`), at least every minute; the
 //! projection's `delivery` says from it how a message sent now arrives.
 
-use super::SessionRow;
+use super::terminal::{self, Said};
 use super::{Decided, Subject, Writes, existing, hosted, log, open};
+use super::{SessionRow, TurnRow};
 use crate::error::{Error, Result};
-use crate::ids::check;
+use crate::ids::{Minter, check};
 use crate::model::HostIdentity;
 use crate::model::{AgentState, Delivery, NotificationKind, ReportAgentState, SessionState};
 
@@ -38,6 +39,8 @@ pub struct Report {
     pub typing_in: Option<bool>,
     /// The tool the agent runs now (`Some("")`: none any more).
     pub tool: Option<String>,
+    /// What the person at the terminal, or the agent, said.
+    pub said: Option<Said>,
 }
 
 impl Report {
@@ -47,6 +50,44 @@ impl Report {
         if report.state.is_none() && report.typing_in.is_none() {
             return Err(Error::invalid("Give `state`, `typing_in`, or both."));
         }
+        if report.state == Some(AgentState::Stalled) {
+            return Err(Error::invalid(
+                "`stalled` is the broker's to say, after `--stall-after` without a word from a working agent; report `working`, `waiting` or `away`.",
+            ));
+        }
+        let said = match (&report.prompt, &report.answer) {
+            (Some(_), Some(_)) => {
+                return Err(Error::invalid(
+                    "Give `prompt` or `answer`, not both: a prompt starts a turn, an answer ends one.",
+                ));
+            }
+            (Some(prompt), None) => {
+                if report.state != Some(AgentState::Working) {
+                    return Err(Error::invalid(
+                        "`prompt` goes with `\"state\": \"working\"` only: the agent works on it.",
+                    ));
+                }
+                if prompt.is_empty() || prompt.len() > crate::broker::MAX_TEXT_BYTES {
+                    return Err(Error::invalid(format!(
+                        "`prompt` must be 1 to {} bytes.",
+                        crate::broker::MAX_TEXT_BYTES
+                    )));
+                }
+                Some(Said::Prompt(prompt.clone()))
+            }
+            (None, Some(answer)) => {
+                if !matches!(
+                    report.state,
+                    Some(AgentState::Working | AgentState::Waiting)
+                ) {
+                    return Err(Error::invalid(
+                        "`answer` goes with `\"state\": \"working\"` or `\"waiting\"`: the agent ended its turn.",
+                    ));
+                }
+                Some(Said::Answer(answer.clone()))
+            }
+            (None, None) => None,
+        };
         if let Some(claim_id) = &report.claim_id {
             check("claim_id", claim_id)?;
             if report.state != Some(AgentState::Working) {
@@ -70,6 +111,7 @@ impl Report {
             claim_id: report.claim_id.clone(),
             typing_in: report.typing_in,
             tool: report.tool.clone(),
+            said,
         })
     }
 }
@@ -107,14 +149,23 @@ fn waker_news(session: &SessionRow, typing_in: Option<bool>, now: i64) -> bool {
     }
 }
 
-/// The presence shown at `now`: the reported state and since when, or `away`
-/// since [`AWAY_AFTER_MS`] after the host was last heard from.
+/// The presence shown at `now`: the reported state and since when;
+/// `stalled` since the broker announced a working agent silent
+/// ([`stalls`]); or, for an agent not working, `away` since
+/// [`AWAY_AFTER_MS`] after the host was last heard from. A working agent
+/// does not go away by silence: it stalls.
 pub fn shown(session: &SessionRow, now: i64) -> (AgentState, i64) {
     let since = session.agent_since.unwrap_or(session.created_at);
-    match (session.agent_state, session.agent_heard_at) {
-        (AgentState::Away, _) => (AgentState::Away, since),
-        (state, Some(heard)) if now - heard < AWAY_AFTER_MS => (state, since),
-        (_, heard) => (
+    match (
+        session.agent_state,
+        session.agent_heard_at,
+        session.stalled_at,
+    ) {
+        (AgentState::Away, ..) => (AgentState::Away, since),
+        (AgentState::Working, _, Some(stalled)) => (AgentState::Stalled, stalled),
+        (AgentState::Working, Some(_), None) => (AgentState::Working, since),
+        (state, Some(heard), _) if now - heard < AWAY_AFTER_MS => (state, since),
+        (_, heard, _) => (
             AgentState::Away,
             heard.map_or(since, |h| (h + AWAY_AFTER_MS).max(since)),
         ),
@@ -151,14 +202,25 @@ pub struct Reported {
 /// ([`crate::decide::turn::holder_gone`]); naming another claim (one
 /// released or answered meanwhile) it is only a report.
 pub fn report(
-    session: Option<SessionRow>,
+    rows: ReportRows,
     host: &HostIdentity,
     report: &Report,
+    minter: &Minter,
     now: i64,
 ) -> Result<Decided<Reported>> {
-    let mut session = hosted(session, host)?;
+    let session = hosted(rows.session, host)?;
     open(&session)?;
     let state = report.state;
+    let (said, mut session) = match &report.said {
+        Some(said) => {
+            let (session, writes) =
+                terminal::said(session, rows.terminal, said, || minter.mint("turn"), now);
+            (writes, session)
+        }
+        None => (None, session),
+    };
+    // A hook event ends a stall; a waker's word (the process lives) does not.
+    let unstalled = state.is_some() && session.stalled_at.take().is_some();
     let holder = state == Some(AgentState::Working)
         && report.claim_id.is_some()
         && session.active_claim_id == report.claim_id;
@@ -181,7 +243,13 @@ pub fn report(
         Some(false) => session.waker_heard_at = None,
         None => {}
     }
-    if !holder && !waker && tool.is_none() && !is_news(&session, state, now) {
+    if said.is_none()
+        && !unstalled
+        && !holder
+        && !waker
+        && tool.is_none()
+        && !is_news(&session, state, now)
+    {
         return Ok(Decided::nothing(Reported {
             session,
             changed: false,
@@ -190,8 +258,10 @@ pub fn report(
     // A waker that stopped says nothing of the agent: only its mark goes.
     let stopped = report.typing_in == Some(false) && state.is_none() && !holder;
     let wanted = state.unwrap_or(session.agent_state);
-    let changed = !stopped && shown(&session, now).0 != wanted;
-    if !stopped {
+    let changed = !stopped && (unstalled || shown(&session, now).0 != wanted);
+    // Only the agent's own events keep a working agent from stalling: a
+    // waker or a parked claim says only that its process lives.
+    if !stopped && (state.is_some() || session.agent_state != AgentState::Working) {
         session.agent_heard_at = Some(now);
     }
     let event = if changed {
@@ -206,6 +276,7 @@ pub fn report(
     };
     Ok(Decided {
         writes: Writes {
+            before: said.map(Box::new),
             session: Some(session.clone()),
             event,
             ..Writes::default()
@@ -214,12 +285,21 @@ pub fn report(
     })
 }
 
+/// What a report decision reads: the session, and its open terminal turn
+/// (the one `terminal_turn_id` names), if any.
+#[derive(Debug, Default)]
+pub struct ReportRows {
+    pub session: Option<SessionRow>,
+    pub terminal: Option<TurnRow>,
+}
+
 /// Whether the session's agent fell silent for [`AWAY_AFTER_MS`] without
-/// that being announced yet: open, last reported there (`working` or
-/// `waiting`), and not marked as shown away since its last report.
+/// that being announced yet: open, last reported `waiting` (a working agent
+/// stalls instead, [`stalls`]), and not marked as shown away since its last
+/// report.
 pub fn lapsed(session: &SessionRow, now: i64) -> bool {
     session.state == SessionState::Open
-        && session.agent_state != AgentState::Away
+        && session.agent_state == AgentState::Waiting
         && session.agent_heard_at.is_some_and(|heard| {
             now - heard >= AWAY_AFTER_MS
                 && session
@@ -228,28 +308,48 @@ pub fn lapsed(session: &SessionRow, now: i64) -> bool {
         })
 }
 
-/// The broker announces a silent agent `away` (an `agent` event, once, when
-/// [`lapsed`]; else nothing). The reported state stays as it was, so that
-/// only a host's own `away` counts as its agent leaving
-/// ([`crate::decide::turn::holder_gone`]); `agent_since` becomes the moment
-/// it was shown away, which marks the change as announced, and the next
-/// report announces the agent back.
-pub fn lapse(session: Option<SessionRow>, now: i64) -> Result<Decided<Reported>> {
+/// Whether the session's working agent has had no hook event for
+/// `stall_after_ms` (0: never) without that being announced yet.
+pub fn stalls(session: &SessionRow, stall_after_ms: i64, now: i64) -> bool {
+    stall_after_ms > 0
+        && session.state == SessionState::Open
+        && session.agent_state == AgentState::Working
+        && session.stalled_at.is_none()
+        && session
+            .agent_heard_at
+            .is_some_and(|heard| now - heard >= stall_after_ms)
+}
+
+/// The broker announces a silent agent (an `agent` event, once; else
+/// nothing): `away` when it [`lapsed`], `stalled` when it [`stalls`]. The
+/// reported state stays as it was, so that only a host's own `away` counts
+/// as its agent leaving ([`crate::decide::turn::holder_gone`]) and a
+/// stalled turn is never released by time. For `away`, `agent_since`
+/// becomes the moment it was shown away, which marks the change as
+/// announced; for `stalled`, `stalled_at`. The next report announces the
+/// agent back.
+pub fn lapse(
+    session: Option<SessionRow>,
+    stall_after_ms: i64,
+    now: i64,
+) -> Result<Decided<Reported>> {
     let mut session = existing(session)?;
-    let Some(heard) = session.agent_heard_at.filter(|_| lapsed(&session, now)) else {
+    let heard = session.agent_heard_at.unwrap_or_default();
+    let (state, at) = if lapsed(&session, now) {
+        let away_at = heard + AWAY_AFTER_MS;
+        session.agent_since = Some(away_at);
+        (AgentState::Away, away_at)
+    } else if stalls(&session, stall_after_ms, now) {
+        let stalled_at = heard + stall_after_ms;
+        session.stalled_at = Some(stalled_at);
+        (AgentState::Stalled, stalled_at)
+    } else {
         return Ok(Decided::nothing(Reported {
             session,
             changed: false,
         }));
     };
-    let away_at = heard + AWAY_AFTER_MS;
-    session.agent_since = Some(away_at);
-    let event = log(
-        &mut session,
-        Subject::Agent,
-        AgentState::Away.as_str(),
-        away_at,
-    );
+    let event = log(&mut session, Subject::Agent, state.as_str(), at);
     Ok(Decided {
         writes: Writes {
             session: Some(session.clone()),
@@ -294,18 +394,37 @@ mod tests {
     use crate::error::ErrorCode;
     use crate::model::SessionState;
 
+    fn rows(session: SessionRow) -> ReportRows {
+        ReportRows {
+            session: Some(session),
+            terminal: None,
+        }
+    }
+
     fn reported(row: SessionRow, state: AgentState, now: i64) -> Decided<Reported> {
         let said = Report {
             state: Some(state),
             ..Report::default()
         };
-        report(Some(row), &host("h"), &said, now).expect("a report")
+        decided(&row, &said, now)
+    }
+
+    /// What `said` at `now` decides on `row`, by its host.
+    fn decided(row: &SessionRow, said: &Report, now: i64) -> Decided<Reported> {
+        report(rows(row.clone()), &host("h"), said, &Minter::default(), now).expect("a report")
     }
 
     #[test]
     fn a_parked_claim_only_keeps_an_attached_agent_heard_from() {
-        let heard =
-            |row: &SessionRow, now| report(Some(row.clone()), &host("h"), &Report::default(), now);
+        let heard = |row: &SessionRow, now| {
+            report(
+                rows(row.clone()),
+                &host("h"),
+                &Report::default(),
+                &Minter::default(),
+                now,
+            )
+        };
         let fresh = session(SessionState::Open);
         assert!(
             heard(&fresh, 5).unwrap().writes.session.is_none(),
@@ -353,27 +472,27 @@ mod tests {
 
     #[test]
     fn a_silent_agent_is_announced_away_once_and_back_on_its_next_report() {
-        let row = reported(session(SessionState::Open), AgentState::Working, 1_000)
+        let row = reported(session(SessionState::Open), AgentState::Waiting, 1_000)
             .answer
             .session;
         assert!(
-            lapse(Some(row.clone()), 1_000 + AWAY_AFTER_MS - 1)
+            lapse(Some(row.clone()), 0, 1_000 + AWAY_AFTER_MS - 1)
                 .unwrap()
                 .writes
                 .event
                 .is_none()
         );
         let now = 5_000 + AWAY_AFTER_MS;
-        let gone = lapse(Some(row), now).unwrap();
+        let gone = lapse(Some(row), 0, now).unwrap();
         let event = gone.writes.event.expect("an agent event");
         assert_eq!((event.state, event.at), ("away", 1_000 + AWAY_AFTER_MS));
         let row = gone.answer.session;
-        // Still `working` as reported: only the host's own away is leaving.
-        assert_eq!(row.agent_state, AgentState::Working);
+        // Still `waiting` as reported: only the host's own away is leaving.
+        assert_eq!(row.agent_state, AgentState::Waiting);
         assert_eq!(shown(&row, now), (AgentState::Away, 1_000 + AWAY_AFTER_MS));
         assert!(!lapsed(&row, now + 1));
         assert!(
-            lapse(Some(row.clone()), now + 1)
+            lapse(Some(row.clone()), 0, now + 1)
                 .unwrap()
                 .writes
                 .event
@@ -381,6 +500,55 @@ mod tests {
         );
         let back = reported(row, AgentState::Working, now + 2);
         assert_eq!(back.writes.event.expect("back").state, "working");
+    }
+
+    #[test]
+    fn a_silent_working_agent_stalls_once_never_goes_away_and_its_next_event_clears_it() {
+        const AFTER: i64 = 2_000;
+        let row = reported(session(SessionState::Open), AgentState::Working, 1_000)
+            .answer
+            .session;
+        let early = lapse(Some(row.clone()), AFTER, 1_000 + AFTER - 1).unwrap();
+        assert!(early.writes.event.is_none(), "not silent long enough");
+        assert!(
+            lapse(Some(row.clone()), 0, 1_000 + AWAY_AFTER_MS)
+                .unwrap()
+                .writes
+                .event
+                .is_none(),
+            "with stalls off, a working agent is neither stalled nor away"
+        );
+        assert_eq!(
+            shown(&row, 1_000 + AWAY_AFTER_MS * 3).0,
+            AgentState::Working
+        );
+        let stalled = lapse(Some(row), AFTER, 9_000).unwrap();
+        let event = stalled.writes.event.expect("an agent event");
+        assert_eq!((event.state, event.at), ("stalled", 1_000 + AFTER));
+        let row = stalled.answer.session;
+        assert_eq!(
+            row.agent_state,
+            AgentState::Working,
+            "its turn stays its own"
+        );
+        assert_eq!(shown(&row, 9_000), (AgentState::Stalled, 1_000 + AFTER));
+        assert_eq!(row.projection().agent.delivery, Delivery::Later);
+        let again = lapse(Some(row.clone()), AFTER, 9_000 + AWAY_AFTER_MS).unwrap();
+        assert!(again.writes.event.is_none(), "announced once, and not away");
+        let waker = Report {
+            typing_in: Some(true),
+            ..Report::default()
+        };
+        let typed = decided(&row, &waker, 9_500).answer.session;
+        assert_eq!(
+            shown(&typed, 9_500).0,
+            AgentState::Stalled,
+            "a waker's word is no hook event"
+        );
+        let back = reported(row, AgentState::Working, 10_000);
+        assert!(back.answer.changed);
+        assert_eq!(back.writes.event.expect("cleared").state, "working");
+        assert_eq!(back.answer.session.stalled_at, None);
     }
 
     fn working() -> Report {
@@ -404,7 +572,7 @@ mod tests {
                 typing_in: Some(on),
                 ..Report::default()
             };
-            report(Some(row.clone()), &host("h"), &said, now).expect("a report")
+            decided(row, &said, now)
         };
         let started = typing(&waiting, true, 2_000);
         assert!(started.writes.event.is_none(), "the state stands");
@@ -444,7 +612,7 @@ mod tests {
                 tool: Some(name.into()),
                 ..working()
             };
-            report(Some(row.clone()), &host("h"), &said, now).expect("a report")
+            decided(row, &said, now)
         };
         let row = reported(session(SessionState::Open), AgentState::Working, 1_000)
             .answer
@@ -477,7 +645,11 @@ mod tests {
     #[test]
     fn only_the_bound_host_reports_on_an_open_session() {
         let refused = |row: Option<SessionRow>, id: &str| {
-            report(row, &host(id), &working(), 1)
+            let rows = ReportRows {
+                session: row,
+                terminal: None,
+            };
+            report(rows, &host(id), &working(), &Minter::default(), 1)
                 .expect_err("a refusal")
                 .code
         };

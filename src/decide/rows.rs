@@ -50,6 +50,14 @@ pub struct SessionRow {
     pub agent_tool: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_since: Option<i64>,
+    /// The open turn typed at the agent's terminal (None: none):
+    /// [`crate::decide::terminal`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal_turn_id: Option<String>,
+    /// When the broker announced the working agent stalled (None: it is
+    /// not): [`crate::decide::presence::stalls`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stalled_at: Option<i64>,
 }
 
 impl SessionRow {
@@ -74,10 +82,13 @@ impl SessionRow {
                 tool: self
                     .agent_tool
                     .clone()
-                    .filter(|_| state == AgentState::Working),
+                    .filter(|_| matches!(state, AgentState::Working | AgentState::Stalled)),
                 tool_since: self
                     .tool_since
-                    .filter(|_| state == AgentState::Working && self.agent_tool.is_some())
+                    .filter(|_| {
+                        matches!(state, AgentState::Working | AgentState::Stalled)
+                            && self.agent_tool.is_some()
+                    })
                     .map(rfc3339),
             },
         }
@@ -119,6 +130,39 @@ pub struct TurnRow {
 }
 
 impl TurnRow {
+    /// A new turn of `session` from `origin`, numbered `session.next_seq`,
+    /// `queued` at `now` (with no client id and no Lark message).
+    pub fn new(
+        turn_id: String,
+        session: &SessionRow,
+        origin: Origin,
+        text: String,
+        now: i64,
+    ) -> Self {
+        TurnRow {
+            turn_id,
+            session_id: session.session_id.clone(),
+            seq: session.next_seq,
+            origin,
+            text,
+            client_message_id: None,
+            lark_chat_id: None,
+            lark_message_id: None,
+            state: TurnState::Queued,
+            enqueued_at: now,
+            claimed_at: None,
+            completed_at: None,
+            claim_count: 0,
+            current_claim_id: None,
+            completion_id: None,
+            response: None,
+            cancel_reason: None,
+            reply_state: None,
+            reply_attempts: None,
+            reply_error: None,
+        }
+    }
+
     /// The content-bearing readback.
     pub fn readback(&self) -> Turn {
         Turn {

@@ -83,6 +83,8 @@ pub fn bind(rows: BindRows, bind: BindRequest, minter: &Minter, now: i64) -> Res
         waker_heard_at: None,
         agent_tool: None,
         tool_since: None,
+        terminal_turn_id: None,
+        stalled_at: None,
     }))
 }
 
@@ -136,11 +138,14 @@ pub fn close(rows: CloseRows, release_active_claim: bool, now: i64) -> Result<De
             None
         }
     };
+    let terminal = session.terminal_turn_id.take();
+    queued += i64::from(terminal.is_some());
     let sweep = Sweep {
         session_id: session.session_id.clone(),
         cancelled: TurnState::Cancelled,
         cancel_reason: CancelReason::SessionClosed,
         cancelled_from: session.next_event_no,
+        terminal,
         expired: super::permission::EXPIRED_ON_CLOSE,
         expired_from: session.next_event_no + queued,
         at: now,

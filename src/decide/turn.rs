@@ -96,26 +96,16 @@ pub fn enqueue(
         .map(|l| (Some(l.chat_id), Some(l.message_id)))
         .unwrap_or_default();
     let turn = TurnRow {
-        turn_id: minter.mint("turn"),
-        session_id: session.session_id.clone(),
-        seq: session.next_seq,
-        origin: message.origin,
-        text: message.text,
         client_message_id: message.client_message_id,
         lark_chat_id,
         lark_message_id,
-        state: TurnState::Queued,
-        enqueued_at: now,
-        claimed_at: None,
-        completed_at: None,
-        claim_count: 0,
-        current_claim_id: None,
-        completion_id: None,
-        response: None,
-        cancel_reason: None,
-        reply_state: None,
-        reply_attempts: None,
-        reply_error: None,
+        ..TurnRow::new(
+            minter.mint("turn"),
+            &session,
+            message.origin,
+            message.text,
+            now,
+        )
     };
     session.next_seq += 1;
     session.queued_count += 1;

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::card::{self, ButtonValue};
-use crate::broker::{Broker, MAX_TEXT_BYTES};
+use crate::broker::{Broker, fit_text};
 use crate::decide::chat;
 use crate::decide::lark::{Clicked, LarkClick, LarkEvent, LarkIngest};
 use crate::error::Result;
@@ -170,7 +170,7 @@ fn message_event(app_id: &str, envelope: Envelope) -> LarkEvent {
         event.chat_command = bare.as_deref().and_then(chat::parse);
         // `//text` reaches the agent as `/text`, its mentions removed.
         event.text = match bare.as_deref().and_then(chat::unescaped) {
-            Some(text) => Some(truncate(text, MAX_TEXT_BYTES)),
+            Some(text) => Some(fit_text(text)),
             None => text_of(&message.content, &message.mentions),
         };
     }
@@ -203,19 +203,7 @@ fn text_of(content: &str, mentions: &[Mention]) -> Option<String> {
     if text.is_empty() {
         return None;
     }
-    Some(truncate(text, MAX_TEXT_BYTES))
-}
-
-fn truncate(text: String, limit: usize) -> String {
-    const NOTE: &str = "\n[truncated by LoopX: the message was longer than 64 KiB]";
-    if text.len() <= limit {
-        return text;
-    }
-    let mut end = limit - NOTE.len();
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{NOTE}", &text[..end])
+    Some(fit_text(text))
 }
 
 #[cfg(test)]
@@ -258,8 +246,8 @@ mod tests {
 
     #[test]
     fn long_texts_are_truncated_with_a_note_on_a_char_boundary() {
-        let text = truncate("é".repeat(40_000), MAX_TEXT_BYTES);
-        assert!(text.len() <= MAX_TEXT_BYTES);
+        let text = fit_text("é".repeat(40_000));
+        assert!(text.len() <= crate::broker::MAX_TEXT_BYTES);
         assert!(text.ends_with("longer than 64 KiB]"));
     }
 }

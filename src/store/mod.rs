@@ -46,19 +46,23 @@ use crate::permission::PermissionRow;
 pub const HELD_SESSIONS: &str = "select session_id, goal_id, agent_id, host_surface, \
      host_session_id, executor_endpoint_id, state, created_at, closed_at, queued_count, \
      active_claim_id, next_seq, next_event_no, agent_state, agent_since, agent_heard_at, \
-     holder_heard_at, waker_heard_at, agent_tool, tool_since, \
+     holder_heard_at, waker_heard_at, agent_tool, tool_since, terminal_turn_id, stalled_at, \
      (select c.claimed_at from claims c where c.claim_id = sessions.active_claim_id) \
          as holder_claimed_at \
      from sessions where state = 'open' and active_claim_id is not null";
 
 /// The statement of [`Store::silent_sessions`], its parameters written as
-/// the backend writes them: `first` the cut-off (`heard_before`), `second`
-/// the silence ([`crate::decide::presence::AWAY_AFTER_MS`]).
-pub fn silent_sessions_sql(first: &str, second: &str) -> String {
+/// the backend writes them: `first` the cut-off for a waiting agent
+/// (`away_before`), `second` the silence
+/// ([`crate::decide::presence::AWAY_AFTER_MS`]), `third` the cut-off for a
+/// working one (`stalled_before`).
+pub fn silent_sessions_sql(first: &str, second: &str, third: &str) -> String {
     format!(
         "select session_id from sessions
-         where state = 'open' and agent_state <> 'away' and agent_heard_at <= {first}
-           and (agent_since is null or agent_since < agent_heard_at + {second})"
+         where state = 'open' and (
+           (agent_state = 'waiting' and agent_heard_at <= {first}
+             and (agent_since is null or agent_since < agent_heard_at + {second}))
+           or (agent_state = 'working' and stalled_at is null and agent_heard_at <= {third}))"
     )
 }
 
@@ -418,12 +422,19 @@ pub trait Store: Send + Sync + 'static {
     /// was made: what the broker's sweep for gone holders
     /// ([`crate::decide::turn::holder_gone`]) looks at. A plain read.
     async fn held_sessions(&self) -> Result<Vec<(SessionRow, i64)>>;
-    /// The open sessions whose agent, last reported there, has not been
-    /// heard from since `heard_before` and was not announced away since: the
-    /// candidates of [`crate::decide::presence::lapsed`]. A plain read.
-    async fn silent_sessions(&self, heard_before: i64) -> Result<Vec<String>>;
-    /// Announces a silent agent away ([`crate::decide::presence::lapse`]).
-    async fn lapse_agent(&self, session_id: String, now: i64) -> Result<Reported>;
+    /// The open sessions whose agent, last reported waiting, has not been
+    /// heard from since `away_before` and was not announced away since, or,
+    /// last reported working, not since `stalled_before` and not announced
+    /// stalled: the candidates of [`crate::decide::presence::lapsed`] and
+    /// [`crate::decide::presence::stalls`]. A plain read.
+    async fn silent_sessions(&self, away_before: i64, stalled_before: i64) -> Result<Vec<String>>;
+    /// Announces a silent agent away or stalled ([`crate::decide::presence::lapse`]).
+    async fn lapse_agent(
+        &self,
+        session_id: String,
+        stall_after_ms: i64,
+        now: i64,
+    ) -> Result<Reported>;
     /// The host's agent waits at its terminal ([`crate::decide::presence::notify`]).
     async fn notify(
         &self,

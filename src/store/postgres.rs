@@ -346,23 +346,29 @@ impl Store for PgStore {
         report: crate::decide::presence::Report,
     ) -> Result<Reported> {
         let reported = transaction!(self, "recording the agent's state", |conn| {
-            decisions::report_agent(conn, &session_id, &host, &report)
+            decisions::report_agent(conn, &session_id, &host, &report, &self.minter)
         })?;
         Ok(reported)
     }
 
-    async fn silent_sessions(&self, heard_before: i64) -> Result<Vec<String>> {
-        let sql = super::silent_sessions_sql("$1", "$2");
+    async fn silent_sessions(&self, away_before: i64, stalled_before: i64) -> Result<Vec<String>> {
+        let sql = super::silent_sessions_sql("$1", "$2", "$3");
         Ok(sqlx::query_scalar(&sql)
-            .bind(heard_before)
+            .bind(away_before)
             .bind(crate::decide::presence::AWAY_AFTER_MS)
+            .bind(stalled_before)
             .fetch_all(&self.pool)
             .await?)
     }
 
-    async fn lapse_agent(&self, session_id: String, now: i64) -> Result<Reported> {
+    async fn lapse_agent(
+        &self,
+        session_id: String,
+        stall_after_ms: i64,
+        now: i64,
+    ) -> Result<Reported> {
         let reported = transaction!(self, "announcing a silent agent", |conn| {
-            decisions::lapse_agent(conn, &session_id, now)
+            decisions::lapse_agent(conn, &session_id, stall_after_ms, now)
         })?;
         Ok(reported)
     }

@@ -246,7 +246,7 @@ macro_rules! session_columns {
         "session_id, goal_id, agent_id, host_surface, host_session_id, \
          executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id, \
          next_seq, next_event_no, agent_state, agent_since, agent_heard_at, holder_heard_at, \
-         waker_heard_at, agent_tool, tool_since"
+         waker_heard_at, agent_tool, tool_since, terminal_turn_id, stalled_at"
     };
 }
 const SESSION_COLUMNS: &str = session_columns!();
@@ -499,21 +499,30 @@ impl Store for SqliteStore {
         host: HostIdentity,
         report: crate::decide::presence::Report,
     ) -> Result<Reported> {
-        self.write_cycle(move |conn| report_agent(conn, session_id.clone(), host.clone(), &report))
-            .await
+        let minter = self.minter.clone();
+        self.write_cycle(move |conn| {
+            report_agent(conn, session_id.clone(), host.clone(), &report, &minter)
+        })
+        .await
     }
 
-    async fn silent_sessions(&self, heard_before: i64) -> Result<Vec<String>> {
-        let sql = super::silent_sessions_sql("?1", "?2");
+    async fn silent_sessions(&self, away_before: i64, stalled_before: i64) -> Result<Vec<String>> {
+        let sql = super::silent_sessions_sql("?1", "?2", "?3");
         Ok(sqlx::query_scalar(&sql)
-            .bind(heard_before)
+            .bind(away_before)
             .bind(crate::decide::presence::AWAY_AFTER_MS)
+            .bind(stalled_before)
             .fetch_all(self.reads().await?)
             .await?)
     }
 
-    async fn lapse_agent(&self, session_id: String, now: i64) -> Result<Reported> {
-        self.write_cycle(move |conn| lapse_agent(conn, &session_id, now))
+    async fn lapse_agent(
+        &self,
+        session_id: String,
+        stall_after_ms: i64,
+        now: i64,
+    ) -> Result<Reported> {
+        self.write_cycle(move |conn| lapse_agent(conn, &session_id, stall_after_ms, now))
             .await
     }
 

@@ -124,6 +124,8 @@ impl FromRow for SessionRow {
             waker_heard_at: r.get(17)?,
             agent_tool: r.get(18)?,
             tool_since: r.get(19)?,
+            terminal_turn_id: r.get(20)?,
+            stalled_at: r.get(21)?,
         })
     }
 }

@@ -61,14 +61,27 @@ export function stateBadge(state) {
 
 const AGENT_WORDS = {
   working: 'agent working',
+  stalled: 'agent stalled',
   waiting: 'agent waiting',
   away: 'agent away',
 };
 
 /** Whether the session's agent is there (presence), with since when, and
- * while it works the tool it runs: "agent working · Bash · 3 min 05 s". */
+ * while it works the tool it runs: "agent working · Bash · 3 min 05 s". A
+ * stalled agent (no hook event for the broker's --stall-after) says since
+ * when: "agent stalled · for 2 min 05 s". */
 export function agentBadge(agent) {
   if (!agent || !AGENT_WORDS[agent.state]) return el('span', { class: 'badge badge-agent-away' }, 'agent unknown');
+  if (agent.state === 'stalled') {
+    return el(
+      'span',
+      { class: 'badge agent-badge badge-agent-stalled', dataset: { agentState: agent.state }, title: `since ${agent.since}` },
+      AGENT_WORDS.stalled,
+      ' · for ',
+      elapsed(agent.since),
+      agent.tool ? ` · last in ${agent.tool}` : null,
+    );
+  }
   const tool = agent.state === 'working' && agent.tool && agent.tool_since;
   return el(
     'span',
@@ -140,6 +153,7 @@ export function sessionFacts(session) {
 function originWords(origin) {
   if (origin === 'web') return 'You, from the Web chat';
   if (origin === 'lark') return 'From Lark';
+  if (origin === 'terminal') return 'At the terminal';
   return `From ${origin}`;
 }
 
@@ -205,6 +219,9 @@ function stateWords(turn, released) {
           ]
         : 'waiting for the agent';
     case 'claimed':
+      if (turn.origin === 'terminal') {
+        return ['the agent is working on it', turn.claimed_at ? [' for ', elapsed(turn.claimed_at)] : null];
+      }
       return [
         released ? 'Delivered to the agent again' : 'Delivered to the agent',
         turn.claimed_at ? ['; working on it for ', elapsed(turn.claimed_at)] : null,
@@ -214,8 +231,9 @@ function stateWords(turn, released) {
         ? ['answered in ', duration(msSince(turn.claimed_at, Date.parse(turn.completed_at)))]
         : 'answered';
     case 'cancelled':
+      if (turn.cancel_reason === 'unanswered') return 'the agent gave no answer (interrupted, or a new prompt came first)';
       return turn.cancel_reason === 'session_closed'
-        ? 'the session was closed before the agent picked it up'
+        ? 'the session was closed before the agent answered'
         : 'not answered';
     default:
       return turn.state;

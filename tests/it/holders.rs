@@ -196,13 +196,13 @@ async fn a_claim_id_goes_with_working_only_and_is_an_identifier() {
 }
 
 #[tokio::test]
-async fn an_agent_silent_for_ten_minutes_is_announced_away_once() {
+async fn a_waiting_agent_silent_for_ten_minutes_is_announced_away_once() {
     use loopx::decide::presence::AWAY_AFTER_MS;
     let broker = TestBroker::start().await;
     let c = &broker.client;
     let host = bound_host(c).await;
-    let working = crate::presence::report(&host, AgentState::Working);
-    c.report_agent(host.session_id(), &working).await.unwrap();
+    let waiting = crate::presence::report(&host, AgentState::Waiting);
+    c.report_agent(host.session_id(), &waiting).await.unwrap();
     let agent_events = || async {
         let events = broker
             .broker
@@ -222,5 +222,5 @@ async fn an_agent_silent_for_ten_minutes_is_announced_away_once() {
     assert_eq!(announce(now + AWAY_AFTER_MS + 1_000).await.unwrap(), 1);
     // Once.
     assert_eq!(announce(now + AWAY_AFTER_MS + 2_000).await.unwrap(), 0);
-    assert_eq!(agent_events().await, ["working", "away"]);
+    assert_eq!(agent_events().await, ["waiting", "away"]);
 }

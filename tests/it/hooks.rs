@@ -491,19 +491,22 @@ async fn presence_follows_the_hooks_in_order_on_the_projection_and_the_stream() 
             .run("session-end", "SessionEnd", json!({"reason": "other"}), &[])
             .await,
     );
-    let seen = take(&mut events, 4).await;
+    let seen = take(&mut events, 6).await;
     assert_eq!(
         states(&seen),
         [
             "agent:waiting",
+            "turn:claimed",
             "agent:working",
+            "turn:completed",
             "agent:waiting",
             "agent:away"
-        ]
+        ],
+        "the prompt typed at the terminal is a turn, answered by stop"
     );
     let session = c.session(host.session_id()).await.unwrap().body;
     assert_eq!(session.agent.state, AgentState::Away);
-    assert_eq!(seen[3].2["since"], session.agent.since.as_str());
+    assert_eq!(seen[5].2["since"], session.agent.since.as_str());
 }
 
 #[tokio::test]
@@ -897,4 +900,76 @@ async fn claude_codes_notifications_are_session_events_without_their_text() {
             "agent:waiting"
         ]
     );
+}
+
+/// A prompt typed at the terminal is a turn of the conversation, in its
+/// place: recorded by UserPromptSubmit, answered by Stop, never queued or
+/// claimed, so a Web message sent meanwhile is still delivered at that Stop;
+/// an interrupted prompt (the next one came first) ends unanswered.
+#[tokio::test]
+async fn prompts_typed_at_the_terminal_are_turns_answered_by_stop_in_order() {
+    for agent in [Agent::ClaudeCode, Agent::Codex] {
+        let broker = TestBroker::start().await;
+        let c = &broker.client;
+        let host = bound_host(c).await;
+        let hooks = Agents::new(&broker, &host, agent);
+        let prompt = |text: &str| json!({ "prompt": text });
+        let typed = |text: &'static str| {
+            let fields = prompt(text);
+            let hooks = &hooks;
+            async move {
+                silent(
+                    &hooks
+                        .run("user-prompt-submit", "UserPromptSubmit", fields, &[])
+                        .await,
+                )
+            }
+        };
+        typed("Run the tests.").await;
+        typed("Fix the build first.").await;
+        enqueue(c, &host, "And update the docs.").await;
+        let delivered = blocked(&hooks.stop(Some("The build is fixed."), &[]).await);
+        assert!(delivered.contains("And update the docs."), "{delivered}");
+        silent(&hooks.stop(Some("The docs are updated."), &[]).await);
+        let transcript: Vec<_> = answers(c, &host)
+            .await
+            .into_iter()
+            .map(|(turn, answer)| {
+                let origin = serde_json::to_value(turn.origin).unwrap();
+                (turn.seq, origin, turn.text, turn.state, answer)
+            })
+            .collect();
+        assert_eq!(
+            transcript,
+            [
+                (
+                    1,
+                    json!("terminal"),
+                    "Run the tests.".into(),
+                    TurnState::Cancelled,
+                    Value::Null
+                ),
+                (
+                    2,
+                    json!("terminal"),
+                    "Fix the build first.".into(),
+                    TurnState::Completed,
+                    json!("The build is fixed.")
+                ),
+                (
+                    3,
+                    json!("web"),
+                    "And update the docs.".into(),
+                    TurnState::Completed,
+                    json!("The docs are updated.")
+                ),
+            ],
+            "{agent:?}"
+        );
+        let first = all_turns(c, &host).await.remove(0);
+        assert_eq!(
+            serde_json::to_value(first.cancel_reason).unwrap(),
+            json!("unanswered")
+        );
+    }
 }

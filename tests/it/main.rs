@@ -29,4 +29,5 @@ mod presence;
 mod replicas;
 mod retention;
 mod sessions;
+mod terminal;
 mod wake;

@@ -26,6 +26,8 @@ pub fn report(host: &Host, state: AgentState) -> ReportAgentState {
         typing_in: None,
         tool: None,
         claim_id: None,
+        prompt: None,
+        answer: None,
     }
 }
 

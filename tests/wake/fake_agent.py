@@ -3,7 +3,8 @@
 stdin) at session start, on each submitted prompt and at each turn's end,
 reads prompts from its terminal with bracketed paste on (a pasted text,
 line breaks included, is one prompt; Enter submits it), answers each with
-"Echo: <prompt>", and keeps a Stop hook's block as its next prompt. A
+"Echo: <prompt>", and keeps a Stop hook's block as its next prompt (with no
+UserPromptSubmit, as Claude Code goes on with a block). A
 prompt that says "please ask first" shows a dialog mid-turn that one key
 answers, as an approval prompt does.
 Every prompt it got is appended to PROMPTS_FILE, one JSON string a line.
@@ -52,10 +53,15 @@ try:
         prompt = read_prompt()
         if prompt.strip() == "/exit":
             break
+        typed = True
         while prompt is not None:
             with open(prompts_file, "a") as f:
                 f.write(json.dumps(prompt) + "\n")
-            hook("user-prompt-submit", "UserPromptSubmit", prompt=prompt)
+            if typed:
+                # Claude Code runs UserPromptSubmit for a prompt submitted at
+                # its terminal, not for a Stop hook's block it goes on with.
+                hook("user-prompt-submit", "UserPromptSubmit", prompt=prompt)
+            typed = False
             if "please ask first" in prompt:
                 # A dialog mid-turn, as an approval prompt: one key answers it.
                 sys.stdout.write("\r\nAllow this? [y/n] "); sys.stdout.flush()

@@ -360,25 +360,35 @@ impl Hook {
 
     /// Reports the agent's presence.
     pub async fn report(&self, state: AgentState) -> Result<(), Failure> {
-        self.send_report(state, None).await
+        self.send_report(self.report_of(state)).await
     }
 
     /// Reports the tool the agent runs (an empty name: none any more); the
     /// broker keeps the name only, and writes a change at most every 2 s.
     pub async fn report_tool(&self, tool: String) -> Result<(), Failure> {
-        self.send_report(AgentState::Working, Some(tool)).await
+        let report = ReportAgentState {
+            tool: Some(tool),
+            ..self.report_of(AgentState::Working)
+        };
+        self.send_report(report).await
     }
 
-    async fn send_report(&self, state: AgentState, tool: Option<String>) -> Result<(), Failure> {
-        let session_id = self.host.session_id().await?;
-        let report = ReportAgentState {
+    /// A report of `state` and nothing else.
+    pub fn report_of(&self, state: AgentState) -> ReportAgentState {
+        ReportAgentState {
             host_surface: self.host_surface.clone(),
             host_session_id: self.host_session_id.clone(),
             state: Some(state),
             typing_in: None,
-            tool,
+            tool: None,
             claim_id: None,
-        };
+            prompt: None,
+            answer: None,
+        }
+    }
+
+    pub async fn send_report(&self, report: ReportAgentState) -> Result<(), Failure> {
+        let session_id = self.host.session_id().await?;
         self.client
             .report_agent(&session_id, &report)
             .await

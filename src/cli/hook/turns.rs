@@ -16,7 +16,7 @@ use super::{Failure, Hook};
 use crate::client::ClientError;
 use crate::model::{
     AgentState, ClaimAnswer, ClaimRequest, Claimed, CompleteRequest, Origin, ReleaseRequest,
-    TurnState,
+    ReportAgentState, TurnState,
 };
 
 /// The longest parked wait for a message (the broker's cap).
@@ -59,30 +59,51 @@ pub async fn stop(hook: &Hook) -> Result<Option<String>, Failure> {
         Some(claimed) => Some(claimed),
         None => wait(hook, &fingerprint).await?,
     };
-    match claimed {
-        Some(claimed) => {
-            hook.report(AgentState::Working).await?;
-            Ok(Some(block(&claimed)))
-        }
-        None => {
-            hook.report(AgentState::Waiting).await?;
-            Ok(None)
-        }
+    let state = match claimed {
+        Some(_) => AgentState::Working,
+        None => AgentState::Waiting,
+    };
+    hook.send_report(answered(hook, state)).await?;
+    Ok(claimed.as_ref().map(block))
+}
+
+/// A report of `state` that also answers the turn typed at the terminal,
+/// if one is open, with the agent's last message (the broker ignores it
+/// otherwise, and a repeat finds the turn answered).
+fn answered(hook: &Hook, state: AgentState) -> ReportAgentState {
+    ReportAgentState {
+        answer: Some(
+            hook.field("last_assistant_message")
+                .unwrap_or_default()
+                .to_owned(),
+        ),
+        ..hook.report_of(state)
     }
 }
 
 /// The UserPromptSubmit hook: the agent works on a prompt. A prompt a waker
 /// typed for a queued turn (its marker names the turn) delivers that turn
 /// now, claimed as a hook's: `stop` answers it at the end of this turn. A
-/// prompt the person typed is theirs alone.
+/// prompt the person typed at the terminal becomes a turn of the session's
+/// transcript (`origin: "terminal"`), never queued or claimed, which `stop`
+/// answers with the agent's last message.
 pub async fn prompt_submitted(hook: &Hook) -> Result<Option<String>, Failure> {
-    let typed = hook
-        .field("prompt")
-        .and_then(crate::cli::wake::text::typed_seq);
-    if let Some(seq) = typed {
-        take_typed(hook, seq).await?;
-    }
-    hook.report(AgentState::Working).await?;
+    let prompt = hook.field("prompt").unwrap_or_default();
+    let report = match crate::cli::wake::text::typed_seq(prompt) {
+        Some(seq) => {
+            take_typed(hook, seq).await?;
+            hook.report_of(AgentState::Working)
+        }
+        // An agent that runs this hook for a block it goes on with: the
+        // delivered message is a turn already.
+        None if is_block(prompt) => hook.report_of(AgentState::Working),
+        None => ReportAgentState {
+            prompt: Some(crate::broker::fit_text(prompt.to_owned()))
+                .filter(|p| !p.trim().is_empty()),
+            ..hook.report_of(AgentState::Working)
+        },
+    };
+    hook.send_report(report).await?;
     Ok(None)
 }
 
@@ -117,7 +138,8 @@ async fn wait(hook: &Hook, fingerprint: &str) -> Result<Option<Claimed>, Failure
     if seconds == 0 {
         return Ok(None);
     }
-    hook.report(AgentState::Waiting).await?;
+    hook.send_report(answered(hook, AgentState::Waiting))
+        .await?;
     match holding(hook, fingerprint, seconds).await? {
         Holding::Nothing(claimed) => Ok(claimed),
         _ => Err("another claim took the session meanwhile".into()),
@@ -235,15 +257,24 @@ fn problem(error: ClientError) -> Failure {
     super::Problem::from(error).log_line()
 }
 
+/// How a block's reason begins ([`block`]).
+const BLOCK_OPENING: &str = "New message from ";
+
+/// Whether `prompt` is the reason of a [`block`].
+fn is_block(prompt: &str) -> bool {
+    prompt.starts_with(BLOCK_OPENING) && prompt.contains("(LoopX session ")
+}
+
 /// The Stop hook's block: the message as the model's next instruction, who
 /// wrote it, and that this turn's final message goes back to them.
 pub fn block(claimed: &Claimed) -> String {
     let who = match claimed.turn.origin {
         Origin::Web => "a person on the LoopX Web page",
         Origin::Lark => "a person in Lark",
+        Origin::Terminal => "the person at your terminal",
     };
     let reason = format!(
-        "New message from {who} (LoopX session {session}, message {seq}):\n\n{text}\n\n\
+        "{BLOCK_OPENING}{who} (LoopX session {session}, message {seq}):\n\n{text}\n\n\
          Work on it now. The final message of this turn is sent back to them as your answer.",
         session = claimed.session_id,
         seq = claimed.turn.seq,

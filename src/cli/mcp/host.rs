@@ -271,6 +271,8 @@ impl Host {
             typing_in: None,
             tool: None,
             claim_id: Some(held.claim_id.clone()),
+            prompt: None,
+            answer: None,
         };
         if let Err(e) = self.client.report_agent(&held.session_id, &report).await {
             tracing::debug!("the heartbeat was not recorded: {}", Problem::from(e));

@@ -293,6 +293,8 @@ impl<T: Terminal> Waker<T> {
             typing_in: Some(typing_in),
             tool: None,
             claim_id: None,
+            prompt: None,
+            answer: None,
         };
         let _ = self.calls.report_agent(&self.session_id, &report).await;
     }

@@ -16,6 +16,7 @@ pub fn marker(seq: i64, origin: Origin) -> String {
     let origin = match origin {
         Origin::Web => "web",
         Origin::Lark => "lark",
+        Origin::Terminal => "terminal",
     };
     format!("[LoopX #{seq} {origin}] ")
 }

@@ -24,11 +24,12 @@ use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, SPEND_PAIR_CODE, UPSERT_CHAT};
 type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
 
 const INSERT_TURN: &str = "insert into turns (turn_id, session_id, seq, origin, text,
-         client_message_id, lark_chat_id, lark_message_id, state, enqueued_at)
-     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+         client_message_id, lark_chat_id, lark_message_id, state, enqueued_at, claimed_at)
+     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 
 const UPDATE_TURN: &str = "update turns set state = $1, claimed_at = $2, completed_at = $3,
-         claim_count = $4, current_claim_id = $5, completion_id = $6, response = $7
+         claim_count = $4, current_claim_id = $5, completion_id = $6, response = $7,
+         cancel_reason = $9
      where turn_id = $8";
 
 // The same claim id claimed on another session at this very moment: this
@@ -44,7 +45,8 @@ const UPDATE_CLAIM: &str = "update claims set state = $1, released_at = $2 where
 pub(super) const UPDATE_SESSION: &str = "update sessions set state = $1, closed_at = $2,
          next_seq = $3, next_event_no = $4, queued_count = $5, active_claim_id = $6,
          agent_state = $8, agent_since = $9, agent_heard_at = $10, holder_heard_at = $11,
-         waker_heard_at = $12, agent_tool = $13, tool_since = $14
+         waker_heard_at = $12, agent_tool = $13, tool_since = $14, terminal_turn_id = $15,
+         stalled_at = $16
      where session_id = $7";
 
 pub(super) const INSERT_EVENT: &str = "insert into session_events
@@ -103,7 +105,8 @@ fn bind_turn<'q>(query: PgQuery<'q>, change: &'q Change<TurnRow>) -> PgQuery<'q>
             .bind(&t.lark_chat_id)
             .bind(&t.lark_message_id)
             .bind(text(&t.state))
-            .bind(t.enqueued_at),
+            .bind(t.enqueued_at)
+            .bind(t.claimed_at),
         Change::Update(t) => query
             .bind(text(&t.state))
             .bind(t.claimed_at)
@@ -112,7 +115,8 @@ fn bind_turn<'q>(query: PgQuery<'q>, change: &'q Change<TurnRow>) -> PgQuery<'q>
             .bind(&t.current_claim_id)
             .bind(&t.completion_id)
             .bind(&t.response)
-            .bind(&t.turn_id),
+            .bind(&t.turn_id)
+            .bind(t.cancel_reason.as_ref().map(text)),
     }
 }
 
@@ -148,6 +152,8 @@ pub(super) fn bind_session<'q>(query: PgQuery<'q>, s: &'q SessionRow) -> PgQuery
         .bind(s.waker_heard_at)
         .bind(&s.agent_tool)
         .bind(s.tool_since)
+        .bind(&s.terminal_turn_id)
+        .bind(s.stalled_at)
 }
 
 pub(super) fn bind_event<'q>(query: PgQuery<'q>, e: &'q NewEvent) -> PgQuery<'q> {
@@ -245,21 +251,23 @@ async fn sweep_session(conn: &mut PgConnection, sweep: &Sweep) -> sqlx::Result<(
         "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
          select session_id, $1 - 1 + row_number() over (order by seq), 'turn', turn_id, seq,
                 $2, $3
-         from turns where session_id = $4 and state = 'queued'",
+         from turns where session_id = $4 and (state = 'queued' or turn_id = $5)",
     )
     .bind(sweep.cancelled_from)
     .bind(text(&sweep.cancelled))
     .bind(sweep.at)
     .bind(&sweep.session_id)
+    .bind(&sweep.terminal)
     .execute(&mut *conn)
     .await?;
     sqlx::query(
         "update turns set state = $1, cancel_reason = $2
-         where session_id = $3 and state = 'queued'",
+         where session_id = $3 and (state = 'queued' or turn_id = $4)",
     )
     .bind(text(&sweep.cancelled))
     .bind(text(&sweep.cancel_reason))
     .bind(&sweep.session_id)
+    .bind(&sweep.terminal)
     .execute(&mut *conn)
     .await?;
     sqlx::query(

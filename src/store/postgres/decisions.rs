@@ -215,10 +215,11 @@ pub(super) async fn close(
 pub(super) async fn lapse_agent(
     conn: &mut PgConnection,
     session_id: &str,
+    stall_after_ms: i64,
     now: i64,
 ) -> Step<Reported> {
     let session = super::reads::lock_session(conn, session_id).await?;
-    decided(conn, decide::presence::lapse(session, now)?).await
+    decided(conn, decide::presence::lapse(session, stall_after_ms, now)?).await
 }
 
 /// The host's agent waits at its terminal, under the session's row lock.
@@ -242,8 +243,14 @@ pub(super) async fn report_agent(
     session_id: &str,
     host: &HostIdentity,
     report: &decide::presence::Report,
+    minter: &Minter,
 ) -> Step<Reported> {
     let session = super::reads::lock_session(conn, session_id).await?;
-    let decision = decide::presence::report(session, host, report, now_ms())?;
+    let terminal = match session.as_ref().and_then(|s| s.terminal_turn_id.as_deref()) {
+        Some(turn_id) => super::reads::load_turn(&mut *conn, session_id, turn_id).await?,
+        None => None,
+    };
+    let rows = decide::presence::ReportRows { session, terminal };
+    let decision = decide::presence::report(rows, host, report, minter, now_ms())?;
     decided(conn, decision).await
 }

@@ -140,6 +140,8 @@ pub(super) fn session_cols(c: Cols<'_>) -> sqlx::Result<SessionRow> {
         waker_heard_at: c.get("waker_heard_at")?,
         agent_tool: c.get("agent_tool")?,
         tool_since: c.get("tool_since")?,
+        terminal_turn_id: c.get("terminal_turn_id")?,
+        stalled_at: c.get("stalled_at")?,
     })
 }
 
@@ -215,7 +217,7 @@ pub(super) fn unstorable(id: &str) -> bool {
 pub(super) const SESSION_COLUMNS: &str = "session_id, goal_id, agent_id, host_surface, host_session_id, \
      executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id, \
      next_seq, next_event_no, agent_state, agent_since, agent_heard_at, holder_heard_at, \
-     waker_heard_at, agent_tool, tool_since";
+     waker_heard_at, agent_tool, tool_since, terminal_turn_id, stalled_at";
 
 pub(super) const CLAIM_COLUMNS: &str =
     "claim_id, session_id, turn_id, attempt, state, claimed_at, released_at";

@@ -13,7 +13,7 @@ use crate::decide::{
     Change, Changed, ClaimRow, Decided, NewEvent, NewReply, SessionRow, Sweep, TurnRow, Writes,
 };
 use crate::error::Result;
-use crate::model::SessionState;
+use crate::model::{SessionState, TurnState};
 use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, SPEND_PAIR_CODE, UPSERT_CHAT};
 
 /// Applies a decision's writes and answers its answer; what they change is
@@ -78,13 +78,14 @@ fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
     let mut update = sql::query(if open {
         "update sessions set next_seq = ?1, next_event_no = ?2, queued_count = ?3,
              active_claim_id = ?4, agent_state = ?6, agent_since = ?7, agent_heard_at = ?8,
-             holder_heard_at = ?9, waker_heard_at = ?10, agent_tool = ?11, tool_since = ?12
+             holder_heard_at = ?9, waker_heard_at = ?10, agent_tool = ?11, tool_since = ?12,
+             terminal_turn_id = ?13, stalled_at = ?14
          where session_id = ?5"
     } else {
         "update sessions set next_seq = ?1, next_event_no = ?2, queued_count = ?3,
              active_claim_id = ?4, agent_state = ?6, agent_since = ?7, agent_heard_at = ?8,
              holder_heard_at = ?9, waker_heard_at = ?10, agent_tool = ?11, tool_since = ?12,
-             state = ?13, closed_at = ?14
+             terminal_turn_id = ?13, stalled_at = ?14, state = ?15, closed_at = ?16
          where session_id = ?5"
     })
     .bind(s.next_seq)
@@ -98,7 +99,9 @@ fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
     .bind(s.holder_heard_at)
     .bind(s.waker_heard_at)
     .bind(&s.agent_tool)
-    .bind(s.tool_since);
+    .bind(s.tool_since)
+    .bind(&s.terminal_turn_id)
+    .bind(s.stalled_at);
     if !open {
         update = update.bind(s.state).bind(s.closed_at);
     }
@@ -131,19 +134,22 @@ fn sweep_session(conn: &Connection, sweep: &Sweep) -> Result<()> {
         "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
          select session_id, ?1 - 1 + row_number() over (order by seq), 'turn', turn_id, seq,
                 ?2, ?3
-         from turns where session_id = ?4 and state = 'queued'",
+         from turns where session_id = ?4 and (state = 'queued' or turn_id = ?5)",
     )
     .bind(sweep.cancelled_from)
     .bind(sweep.cancelled)
     .bind(sweep.at)
     .bind(&sweep.session_id)
+    .bind(&sweep.terminal)
     .execute(conn)?;
     sql::query(
-        "update turns set state = ?, cancel_reason = ? where session_id = ? and state = 'queued'",
+        "update turns set state = ?, cancel_reason = ?
+         where session_id = ? and (state = 'queued' or turn_id = ?)",
     )
     .bind(sweep.cancelled)
     .bind(sweep.cancel_reason)
     .bind(&sweep.session_id)
+    .bind(&sweep.terminal)
     .execute(conn)?;
     sql::query(
         "insert into session_events (session_id, event_no, kind, request_id, state, at)
@@ -172,8 +178,8 @@ fn write_turn(conn: &Connection, change: Change<TurnRow>) -> Result<()> {
         Change::Insert(t) => {
             sql::query(
                 "insert into turns (turn_id, session_id, seq, origin, text, client_message_id,
-                     lark_chat_id, lark_message_id, state, enqueued_at)
-                 values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     lark_chat_id, lark_message_id, state, enqueued_at, claimed_at)
+                 values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             )
             .bind(&t.turn_id)
             .bind(&t.session_id)
@@ -185,22 +191,33 @@ fn write_turn(conn: &Connection, change: Change<TurnRow>) -> Result<()> {
             .bind(&t.lark_message_id)
             .bind(t.state)
             .bind(t.enqueued_at)
+            .bind(t.claimed_at)
             .execute(conn)?;
         }
         // A claim or a release leaves the completion's columns as they were
         // (unset: a completed turn is final), so its statement does not name
         // them: SQLite rewrites an index entry whenever a column it covers
-        // is assigned, changed or not, and `completion_id` is indexed.
+        // is assigned, changed or not, and `completion_id` is indexed. A
+        // terminal turn ends completed (with no completion id) or cancelled.
         Change::Update(t) => {
-            let completes = t.completion_id.is_some();
-            let mut update = sql::query(if completes {
-                "update turns set state = ?1, claimed_at = ?2, claim_count = ?3,
-                     current_claim_id = ?4, completed_at = ?6, completion_id = ?7, response = ?8
-                 where turn_id = ?5"
-            } else {
-                "update turns set state = ?1, claimed_at = ?2, claim_count = ?3,
-                     current_claim_id = ?4
-                 where turn_id = ?5"
+            let completes = t.state == TurnState::Completed;
+            let mut update = sql::query(match t.state {
+                TurnState::Completed => {
+                    "update turns set state = ?1, claimed_at = ?2, claim_count = ?3,
+                         current_claim_id = ?4, completed_at = ?6, completion_id = ?7,
+                         response = ?8
+                     where turn_id = ?5"
+                }
+                TurnState::Cancelled => {
+                    "update turns set state = ?1, claimed_at = ?2, claim_count = ?3,
+                         current_claim_id = ?4, cancel_reason = ?6
+                     where turn_id = ?5"
+                }
+                TurnState::Queued | TurnState::Claimed => {
+                    "update turns set state = ?1, claimed_at = ?2, claim_count = ?3,
+                         current_claim_id = ?4
+                     where turn_id = ?5"
+                }
             })
             .bind(t.state)
             .bind(t.claimed_at)
@@ -212,6 +229,8 @@ fn write_turn(conn: &Connection, change: Change<TurnRow>) -> Result<()> {
                     .bind(t.completed_at)
                     .bind(&t.completion_id)
                     .bind(&t.response);
+            } else if t.state == TurnState::Cancelled {
+                update = update.bind(t.cancel_reason);
             }
             update.execute(conn)?;
         }

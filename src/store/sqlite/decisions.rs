@@ -183,17 +183,28 @@ pub(super) fn report_agent(
     session_id: String,
     host: HostIdentity,
     report: &decide::presence::Report,
+    minter: &Minter,
 ) -> Result<Reported> {
     let session = load_session(conn, &session_id)?;
+    let terminal = match session.as_ref().and_then(|s| s.terminal_turn_id.as_ref()) {
+        Some(turn_id) => load_turn(conn, &session_id, turn_id)?,
+        None => None,
+    };
+    let rows = decide::presence::ReportRows { session, terminal };
     decided(
         conn,
-        decide::presence::report(session, &host, report, now_ms())?,
+        decide::presence::report(rows, &host, report, minter, now_ms())?,
     )
 }
 
-pub(super) fn lapse_agent(conn: &Connection, session_id: &str, now: i64) -> Result<Reported> {
+pub(super) fn lapse_agent(
+    conn: &Connection,
+    session_id: &str,
+    stall_after_ms: i64,
+    now: i64,
+) -> Result<Reported> {
     let session = load_session(conn, session_id)?;
-    decided(conn, decide::presence::lapse(session, now)?)
+    decided(conn, decide::presence::lapse(session, stall_after_ms, now)?)
 }
 
 pub(super) fn notify(

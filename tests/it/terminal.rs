@@ -1,0 +1,232 @@
+//! Turns typed at the agent's terminal (`origin: "terminal"`, recorded by
+//! the host's presence reports) and a stalled agent said out loud, against a
+//! real broker: the HTTP contract, its refusals, durability across a
+//! restart, a close, and `loopx serve --stall-after`.
+
+use std::time::Duration;
+
+use loopx::model::{AgentState, ReportAgentState, TurnState};
+use serde_json::{Value, json};
+
+use crate::events::{states, subscribe, take};
+use crate::presence::report;
+use crate::support::*;
+
+fn prompt(host: &Host, text: &str) -> ReportAgentState {
+    ReportAgentState {
+        prompt: Some(text.into()),
+        ..report(host, AgentState::Working)
+    }
+}
+
+fn answer(host: &Host, text: &str) -> ReportAgentState {
+    ReportAgentState {
+        answer: Some(text.into()),
+        ..report(host, AgentState::Waiting)
+    }
+}
+
+/// (seq, origin, state, answer) of every turn.
+async fn transcript(c: &loopx::client::Client, host: &Host) -> Vec<(i64, Value, TurnState, Value)> {
+    all_turns(c, host)
+        .await
+        .into_iter()
+        .map(|t| {
+            let answer = t.response.clone().unwrap_or_default()["message"].clone();
+            (
+                t.seq,
+                serde_json::to_value(t.origin).unwrap(),
+                t.state,
+                answer,
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_terminal_turn_takes_its_place_and_never_holds_the_queue() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let sid = host.session_id();
+    let mut events = subscribe(&broker.url, TOKEN, sid, None).await;
+
+    c.report_agent(sid, &prompt(&host, "Run the tests."))
+        .await
+        .unwrap();
+    // The same report again (a retried hook) records nothing more.
+    c.report_agent(sid, &prompt(&host, "Run the tests."))
+        .await
+        .unwrap();
+    let web = enqueue(c, &host, "Then update the docs.").await;
+    assert_eq!(web.seq, 2, "the terminal turn took seq 1");
+    // The queued message is the one a claim gets: the terminal turn is
+    // nobody's to claim and delays nothing.
+    let claimed = claim(c, &host, "claim-1", 0).await;
+    assert_eq!(claimed.turn.turn_id, web.turn_id);
+    c.report_agent(sid, &answer(&host, "All green."))
+        .await
+        .unwrap();
+    c.report_agent(sid, &answer(&host, "All green."))
+        .await
+        .unwrap();
+    assert_eq!(
+        transcript(c, &host).await,
+        [
+            (
+                1,
+                json!("terminal"),
+                TurnState::Completed,
+                json!("All green.")
+            ),
+            (2, json!("web"), TurnState::Claimed, Value::Null),
+        ]
+    );
+    let seen = states(&take(&mut events, 6).await);
+    assert_eq!(
+        seen,
+        [
+            "turn:claimed",
+            "agent:working",
+            "turn:queued",
+            "turn:claimed",
+            "turn:completed",
+            "agent:waiting"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn terminal_reports_are_checked_and_a_close_cancels_the_open_turn() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let sid = host.session_id();
+    let waiting_prompt = ReportAgentState {
+        state: Some(AgentState::Waiting),
+        ..prompt(&host, "hi")
+    };
+    let both = ReportAgentState {
+        answer: Some("x".into()),
+        ..prompt(&host, "hi")
+    };
+    let stalled = report(&host, AgentState::Stalled);
+    let huge = prompt(&host, &"x".repeat(64 * 1024 + 1));
+    let empty = prompt(&host, "");
+    for bad in [waiting_prompt, both, stalled, huge, empty] {
+        let refused = c.report_agent(sid, &bad).await;
+        assert_eq!(code(refused), (400, "invalid_request".into()));
+    }
+    let forged = loopx::model::EnqueueRequest {
+        origin: loopx::model::Origin::Terminal,
+        ..web("typed elsewhere")
+    };
+    assert_eq!(
+        code(c.enqueue(sid, &forged).await),
+        (400, "invalid_request".into())
+    );
+    assert!(all_turns(c, &host).await.is_empty(), "nothing was written");
+    let stranger = Host {
+        host_session_id: "someone-else".into(),
+        ..host.clone()
+    };
+    assert_eq!(
+        code(c.report_agent(sid, &prompt(&stranger, "hi")).await),
+        (403, "host_mismatch".into())
+    );
+
+    c.report_agent(sid, &prompt(&host, "Refactor the parser."))
+        .await
+        .unwrap();
+    enqueue(c, &host, "queued").await;
+    let closed = c.close(sid).await.unwrap().body;
+    assert_eq!(closed.state, loopx::model::SessionState::Closed);
+    let turns = all_turns(c, &host).await;
+    let reasons: Vec<_> = turns
+        .iter()
+        .map(|t| (t.state, serde_json::to_value(t.cancel_reason).unwrap()))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            (TurnState::Cancelled, json!("session_closed")),
+            (TurnState::Cancelled, json!("session_closed")),
+        ]
+    );
+    let late = c.report_agent(sid, &answer(&host, "done")).await;
+    assert_eq!(code(late), (409, "session_closed".into()));
+}
+
+/// A terminal turn recorded before a restart (journaled, not yet folded on
+/// SQLite) is answered after it.
+#[tokio::test]
+async fn a_terminal_turn_survives_a_restart_and_is_answered_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Spawned::start(dir.path(), &[]).await;
+    let c = broker.client.clone();
+    let host = bound_host(&c).await;
+    let sid = host.session_id().to_owned();
+    c.report_agent(&sid, &prompt(&host, "Keep going."))
+        .await
+        .unwrap();
+    broker.kill9().await;
+    let broker = Spawned::start(dir.path(), &[]).await;
+    let c = &broker.client;
+    c.report_agent(&sid, &answer(&host, "Kept going."))
+        .await
+        .unwrap();
+    assert_eq!(
+        transcript(c, &host).await,
+        [(
+            1,
+            json!("terminal"),
+            TurnState::Completed,
+            json!("Kept going.")
+        )]
+    );
+    broker.terminate().await;
+}
+
+/// `loopx serve --stall-after 2s`: a working agent with no hook event for
+/// 2 s is `stalled` (an event, the projection, the list), once; its next
+/// event clears it; its turn stays claimed.
+#[tokio::test]
+async fn a_working_agent_silent_past_stall_after_is_stalled_until_its_next_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Spawned::start(dir.path(), &["--stall-after", "2s"]).await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let sid = host.session_id();
+    enqueue(c, &host, "A long task.").await;
+    let claimed = claim(c, &host, "claim-stall", 0).await;
+    let token = std::fs::read_to_string(dir.path().join("owner.token")).unwrap();
+    let mut events = subscribe(&broker.url, token.trim(), sid, None).await;
+    c.report_agent(sid, &report(&host, AgentState::Working))
+        .await
+        .unwrap();
+    assert_eq!(states(&take(&mut events, 1).await), ["agent:working"]);
+    let stalled = take(&mut events, 1).await;
+    assert_eq!(states(&stalled), ["agent:stalled"]);
+    let session = c.session(sid).await.unwrap().body;
+    assert_eq!(session.agent.state, AgentState::Stalled);
+    let listed = c
+        .sessions(&loopx::model::ListSessions::default())
+        .await
+        .unwrap()
+        .body;
+    assert_eq!(listed.sessions[0].agent.state, AgentState::Stalled);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let turn = c.turn(sid, &claimed.turn.turn_id).await.unwrap().body;
+    assert_eq!(
+        turn.state,
+        TurnState::Claimed,
+        "time alone never releases it"
+    );
+    c.report_agent(sid, &report(&host, AgentState::Working))
+        .await
+        .unwrap();
+    assert_eq!(states(&take(&mut events, 1).await), ["agent:working"]);
+    let session = c.session(sid).await.unwrap().body;
+    assert_eq!(session.agent.state, AgentState::Working);
+    broker.terminate().await;
+}
