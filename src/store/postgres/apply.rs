@@ -184,10 +184,15 @@ fn bind_reply<'q>(query: PgQuery<'q>, r: &'q NewReply) -> PgQuery<'q> {
 /// turn, claim, session, event and reply in one statement (nothing to write:
 /// no statement).
 pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
-    if let Some(before) = &writes.before {
-        apply_step(conn, before).await?;
+    // The steps taken before, first (a step may have one of its own).
+    let mut steps = vec![writes];
+    while let Some(before) = steps.last().and_then(|step| step.before.as_deref()) {
+        steps.push(before);
     }
-    apply_step(conn, writes).await
+    for step in steps.into_iter().rev() {
+        apply_step(conn, step).await?;
+    }
+    Ok(())
 }
 
 /// One step's writes (not the step taken before it).
