@@ -4,8 +4,11 @@
 # stub model endpoint (stub_model.py) and a live broker: the entries written
 # by `loopx hook install`, a Web message queued before the run, delivered by
 # the Stop hook, answered by the model and completed with its last message;
-# SessionEnd marks the agent away. A tool the model calls (Bash, `sleep 3`)
-# is shown by name while it runs, never its input (issue 37).
+# SessionEnd marks the agent away. The prompt given on the command line is a
+# turn of origin "terminal", answered with the model's answer; a tool the
+# model calls (Bash, `sleep 3`) is shown by name while it runs, never its
+# input, and a Web message sent meanwhile is delivered at Stop and answered
+# after the terminal turn (issue 37).
 #
 # Usage: tests/hooks/claude_code.sh [path/to/loopx]   (default target/debug/loopx)
 set -euo pipefail
@@ -48,16 +51,20 @@ import json, sys
 turns = json.loads(sys.argv[1])["turns"]
 session = json.loads(sys.argv[2])
 run = json.load(open(sys.argv[3]))
-assert len(turns) == 1, turns
-turn = turns[0]
-assert turn["state"] == "completed", turn
-answer = turn["response"]["message"]
+# The Web message queued before the run (seq 1), then the prompt given on
+# the command line (seq 2, typed at the terminal as far as the hooks know).
+assert [(t["seq"], t["origin"], t["state"]) for t in turns] == \
+    [(1, "web", "completed"), (2, "terminal", "completed")], turns
+web, terminal = turns
+answer = web["response"]["message"]
 # The model answered the Stop hook's block: its instruction ends with the
 # words the stub echoes.
 assert answer.startswith("Stub answer. [") and "as your answer" in answer, answer
+assert terminal["text"] == "Hello." and terminal["response"]["message"] == "Stub answer. [Hello.]", terminal
 assert run["num_turns"] >= 2 and not run["is_error"], run
 assert session["agent"]["state"] == "away", session
 print("claude code", "delivered and answered:", answer)
+print("claude code", "the terminal's prompt answered:", terminal["response"]["message"])
 PY
 
 # A model that answers everything with the same words (issue 35): three
@@ -90,9 +97,9 @@ turns=$(curl -fsS -H "Authorization: Bearer $LOOPX_TOKEN" "$BROKER_URL/v1/sessio
 python3 - "$turns" <<'PY'
 import json, sys
 turns = json.loads(sys.argv[1])["turns"]
-got = [(t["text"], t["state"], (t.get("response") or {}).get("message")) for t in turns]
-want = [(m, "completed", "Done.") for m in ("First message.", "Second message.", "Third message.")]
-assert got == want, got
+got = [(t["origin"], t["text"], t["state"], (t.get("response") or {}).get("message")) for t in turns]
+want = [("web", m, "completed", "Done.") for m in ("First message.", "Second message.", "Third message.")]
+assert got == want + [("terminal", "Hello.", "completed", "Done.")], got
 print("claude code, the same answer every time: three messages answered once each, in order")
 PY
 
@@ -131,15 +138,25 @@ for _ in $(seq 50); do  # the stub listening
   (exec 3<>"/dev/tcp/127.0.0.1/$model_port_tool") 2>/dev/null && break
   sleep 0.1
 done
-# The projection, every 100 ms, one JSON line each, while Claude Code runs.
+# The projection, every 100 ms, one JSON line each, while Claude Code runs;
+# once it shows the tool running, a Web message is sent.
 python3 - "$BROKER_URL/v1/sessions/$session3" "$work/polls.jsonl" <<'PY' &
-import os, sys, time, urllib.request
+import json, os, sys, time, urllib.request
 url, out = sys.argv[1:]
-request = urllib.request.Request(url, headers={"Authorization": "Bearer " + os.environ["LOOPX_TOKEN"]})
+auth = {"Authorization": "Bearer " + os.environ["LOOPX_TOKEN"]}
+request = urllib.request.Request(url, headers=auth)
+sent = False
 with open(out, "a") as f:
     while True:
-        f.write(urllib.request.urlopen(request).read().decode().strip() + "\n")
+        polled = urllib.request.urlopen(request).read().decode().strip()
+        f.write(polled + "\n")
         f.flush()
+        if not sent and json.loads(polled)["agent"]["tool"] == "Bash":
+            message = json.dumps({"origin": "web", "text": "Sent while the tool ran."}).encode()
+            urllib.request.urlopen(urllib.request.Request(
+                url + "/messages", data=message, method="POST",
+                headers=dict(auth, **{"Content-Type": "application/json"})))
+            sent = True
         time.sleep(0.1)
 PY
 poller_pid=$!
@@ -151,9 +168,16 @@ kill "$poller_pid"
 wait "$poller_pid" 2>/dev/null || true
 poller_pid=
 projection=$(curl -fsS -H "Authorization: Bearer $LOOPX_TOKEN" "$BROKER_URL/v1/sessions/$session3")
-python3 - "$projection" "$work" <<'PY'
+turns=$(curl -fsS -H "Authorization: Bearer $LOOPX_TOKEN" "$BROKER_URL/v1/sessions/$session3/turns")
+python3 - "$projection" "$work" "$turns" <<'PY'
 import json, sys
 session, work = json.loads(sys.argv[1]), sys.argv[2]
+# One conversation: the prompt typed at the terminal, then the Web message
+# sent while its tool ran, delivered at Stop; each answered, in order.
+turns = [(t["seq"], t["origin"], t["text"], t["state"]) for t in json.loads(sys.argv[3])["turns"]]
+assert turns == [(1, "terminal", "Wait a little.", "completed"),
+                 (2, "web", "Sent while the tool ran.", "completed")], turns
+print("claude code, one conversation:", turns)
 run = json.load(open(work + "/run3.json"))
 assert not run["is_error"] and run["num_turns"] >= 2, run
 polls = [json.loads(line) for line in open(work + "/polls.jsonl") if line.strip()]

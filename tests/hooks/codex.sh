@@ -80,6 +80,11 @@ for _ in $(seq 300); do
   sleep 0.1
 done
 [ -n "$session" ] || { echo "no hook bound a session" >&2; cat "$work/codex.log" >&2; exit 1; }
+for _ in $(seq 300); do  # UserPromptSubmit recorded the prompt as a terminal turn
+  curl -fsS -H "Authorization: Bearer $LOOPX_TOKEN" "$BROKER_URL/v1/sessions/$session/turns" |
+    grep -q '"origin":"terminal"' && break
+  sleep 0.1
+done
 "$loopx" chat send --broker-url "$BROKER_URL" --session-id "$session" --text "From the web: what is 2+2?" >/dev/null
 touch "$work/gate"
 wait "$codex_pid"
@@ -98,6 +103,15 @@ import json, sys
 turns = json.loads(sys.argv[1])["turns"]
 # SessionEnd ran when `codex exec resume` ended.
 assert json.loads(sys.argv[2])["agent"]["state"] == "away", sys.argv[2]
+# One conversation: each prompt given on the command line is a turn of
+# origin "terminal" in its place, answered by the model (issue 37).
+assert [(t["seq"], t["origin"]) for t in turns] == \
+    [(1, "terminal"), (2, "web"), (3, "web"), (4, "terminal")], turns
+for turn, prompt in zip([turns[0], turns[3]], ["Hello.", "Go on."]):
+    assert turn["text"] == prompt and turn["state"] == "completed", turn
+    assert turn["response"]["message"].startswith("Stub answer. ["), turn
+    print("codex exec", "the terminal's prompt answered:", turn["response"]["message"])
+turns = [t for t in turns if t["origin"] == "web"]
 assert len(turns) == 2, turns
 for turn, asked in zip(turns, ["what is 2+2?", "and 3+3?"]):
     assert turn["state"] == "completed", turn
