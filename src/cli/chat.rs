@@ -119,11 +119,13 @@ async fn show(ctx: Ctx, a: ChatShowArgs) -> Result<(), ClientError> {
 }
 
 /// A turn's state for people: a claimed turn is with the agent, which is
-/// what the person who sent it wants to know (the Web page says the same).
-fn state_text(state: TurnState) -> String {
-    match state {
-        TurnState::Claimed => "claimed (delivered to the agent, which is working on it)".into(),
-        other => wire(&other),
+/// what the person who sent it wants to know (the Web page says the same);
+/// a turn typed at the terminal was never delivered, the agent just has it.
+fn state_text(t: &Turn) -> String {
+    match (t.state, t.origin) {
+        (TurnState::Claimed, Origin::Terminal) => "claimed (the agent is working on it)".into(),
+        (TurnState::Claimed, _) => "claimed (delivered to the agent, which is working on it)".into(),
+        (other, _) => wire(&other),
     }
 }
 
@@ -133,7 +135,7 @@ fn turn_text(t: &Turn) -> String {
         t.turn_id,
         t.seq,
         wire(&t.origin),
-        state_text(t.state)
+        state_text(t)
     )];
     let mut times = vec![format!("enqueued {}", t.enqueued_at)];
     if let Some(at) = &t.claimed_at {
