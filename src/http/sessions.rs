@@ -68,6 +68,22 @@ pub async fn notification(
 /// with the session projection. Order of checks: 404, 403 `host_mismatch`,
 /// 409 `session_closed`.
 ///
+/// One conversation: with `working`, `prompt` records what the person at
+/// the agent's terminal submitted as a turn of `origin: "terminal"` (its
+/// UserPromptSubmit hook), in its place by `seq` among the Web and Lark
+/// turns; `answer` (the agent's last message, its Stop hook) completes it.
+/// Such a turn is recorded `claimed` with no claim: it is never queued,
+/// never claimable, and never delays a queued message. One still open when
+/// the next prompt comes (the person interrupted the agent), or answered
+/// blank, is cancelled `unanswered`; a close cancels it `session_closed`.
+///
+/// Stalled: a `working` agent with no report that names a state for the
+/// broker's `--stall-after` (`LOOPX_STALL_AFTER`, default 10 minutes) is
+/// announced `stalled` once (`event: agent`, the projection, the list); its
+/// next report clears it. A waker's `typing_in` alone does not (it says
+/// only that the process lives). A working agent does not go `away` by
+/// silence; `stalled` is never reported by a host (400).
+///
 /// Time alone never releases a claimed turn: an agent may work on one for an
 /// hour. The broker releases a claim only when its holder is gone: the host
 /// reported `away` after the claim was made (a hook's `session-end`), or the
@@ -186,7 +202,9 @@ pub async fn read(
 /// session: the same id with the same body answers 200 with the same turn,
 /// `duplicate: true` and `Idempotent-Replayed: true` (the `state` is the turn's
 /// state now); with another body, 422 `idempotency_key_reused`. `text` is 1
-/// byte to 64 KiB (400 beyond). `lark` is only allowed with `origin: "lark"`.
+/// byte to 64 KiB (400 beyond). `lark` is only allowed with `origin: "lark"`;
+/// `origin: "terminal"` is refused (400): a turn typed at the agent's
+/// terminal is recorded by its host (`agent-state`'s `prompt`), never queued.
 /// Conflicts, in this order: 409 `session_closed` (also for a replay), 422
 /// `idempotency_key_reused`, 409 `live_steering_unavailable` (never silently
 /// queued instead), 429 `queue_full` (10,000 queued turns).
