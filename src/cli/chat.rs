@@ -124,7 +124,9 @@ async fn show(ctx: Ctx, a: ChatShowArgs) -> Result<(), ClientError> {
 fn state_text(t: &Turn) -> String {
     match (t.state, t.origin) {
         (TurnState::Claimed, Origin::Terminal) => "claimed (the agent is working on it)".into(),
-        (TurnState::Claimed, _) => "claimed (delivered to the agent, which is working on it)".into(),
+        (TurnState::Claimed, _) => {
+            "claimed (delivered to the agent, which is working on it)".into()
+        }
         (other, _) => wire(&other),
     }
 }

@@ -158,9 +158,9 @@ impl SqliteStore {
         F: FnMut(&Connection) -> Result<T> + Send + 'static,
     {
         let op = move |conn: &Connection| {
-            apply::take_changed();
+            journal::take_changed();
             let answer = op(conn)?;
-            Ok((answer, apply::take_changed()))
+            Ok((answer, journal::take_changed()))
         };
         let (answer, changed) = if cycle {
             self.writer.write_cycle(op).await?

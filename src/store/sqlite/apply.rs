@@ -3,40 +3,14 @@
 //! there and applied by a later fold ([`super::journal`]). Every table a
 //! decision changes is written here and nowhere else.
 
-use std::cell::RefCell;
-
 use rusqlite::Connection;
 
 use super::sql;
 use crate::decide::pairing::PairCodeWrite;
-use crate::decide::{
-    Change, Changed, ClaimRow, Decided, NewEvent, NewReply, SessionRow, Sweep, TurnRow, Writes,
-};
+use crate::decide::{Change, ClaimRow, NewEvent, NewReply, SessionRow, Sweep, TurnRow, Writes};
 use crate::error::Result;
 use crate::model::{SessionState, TurnState};
 use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, SPEND_PAIR_CODE, UPSERT_CHAT};
-
-/// Applies a decision's writes and answers its answer; what they change is
-/// kept for [`take_changed`].
-pub(super) fn decided<T>(conn: &Connection, decided: Decided<T>) -> Result<T> {
-    let changed = decided.writes.changed();
-    super::journal::record(conn, decided.writes)?;
-    if let Some(changed) = changed {
-        CHANGED.with(|all| all.borrow_mut().push(changed));
-    }
-    Ok(decided.answer)
-}
-
-thread_local! {
-    /// What the decisions applied on this (the writer's) thread changed,
-    /// since the last [`take_changed`].
-    static CHANGED: RefCell<Vec<Changed>> = const { RefCell::new(Vec::new()) };
-}
-
-/// What the decisions applied on this thread changed since the last call.
-pub(super) fn take_changed() -> Vec<Changed> {
-    CHANGED.with(|all| all.take())
-}
 
 /// Applies a decision's writes, in their order, to the tables.
 pub(super) fn apply(conn: &Connection, mut writes: Writes) -> Result<()> {

@@ -6,7 +6,7 @@
 
 use rusqlite::Connection;
 
-use super::apply::decided;
+use super::journal::decided;
 use super::{load_permission, load_session, sql};
 use crate::decide::lark::{self, ClickRows, Clicked, LarkClick};
 use crate::error::Result;

@@ -5,7 +5,7 @@
 
 use rusqlite::Connection;
 
-use super::apply::decided;
+use super::journal::decided;
 use super::{SESSION_COLUMNS, journal, load_session, load_turn, sql};
 use crate::decide::SessionRow;
 use crate::decide::presence::Reported;

@@ -23,8 +23,10 @@
 //! rolled-back transaction the overlay is rebuilt from the records that
 //! remain ([`reload`]).
 //!
-//! All of it lives on the writer's thread (a `thread_local`, like
-//! [`super::apply`]'s changes): the writer is the only one who decides.
+//! All of it lives on the writer's thread (a `thread_local`, like what the
+//! decisions changed, [`take_changed`]): the writer is the only one who
+//! decides. Every decision is recorded here ([`decided`]); [`super::apply`]
+//! only writes tables, and imports nothing of this module.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -35,9 +37,31 @@ use rusqlite::Connection;
 
 use super::apply::apply;
 use super::sql;
-use crate::decide::{Change, ClaimRow, SessionRow, TurnRow, Writes};
+use crate::decide::{Change, Changed, ClaimRow, Decided, SessionRow, TurnRow, Writes};
 use crate::error::{Error, Result};
 use crate::model::TurnState;
+
+/// Records a decision's writes (journaled, or applied now) and answers its
+/// answer; what they change is kept for [`take_changed`].
+pub(super) fn decided<T>(conn: &Connection, decided: Decided<T>) -> Result<T> {
+    let changed = decided.writes.changed();
+    record(conn, decided.writes)?;
+    if let Some(changed) = changed {
+        CHANGED.with(|all| all.borrow_mut().push(changed));
+    }
+    Ok(decided.answer)
+}
+
+thread_local! {
+    /// What the decisions applied on this (the writer's) thread changed,
+    /// since the last [`take_changed`].
+    static CHANGED: RefCell<Vec<Changed>> = const { RefCell::new(Vec::new()) };
+}
+
+/// What the decisions applied on this thread changed since the last call.
+pub(super) fn take_changed() -> Vec<Changed> {
+    CHANGED.with(|all| all.take())
+}
 
 /// How far the journal and the tables are, for the readers: the last record
 /// committed, and the last one folded into the tables (both ids; the tables

@@ -5,7 +5,7 @@
 
 use rusqlite::Connection;
 
-use super::apply::decided;
+use super::journal::decided;
 use super::{journal, load_permission, load_session, sql};
 use crate::decide::lark::{self, EventRows};
 use crate::decide::lark::{LarkEvent, LarkIngest};

@@ -5,7 +5,7 @@
 
 use rusqlite::Connection;
 
-use super::apply::decided;
+use super::journal::decided;
 use super::{load_permission, load_session, sql};
 use crate::decide::Decided;
 use crate::decide::permission::Decision;
