@@ -28,12 +28,18 @@ pub fn escape_html(text: &str) -> String {
     text.replace('<', "&lt;").replace('>', "&gt;")
 }
 
-/// The card that carries one part of an answer.
-pub fn card(markdown: &str) -> Value {
-    json!({
+/// The card that carries one part of an answer, its header naming the
+/// session that answered (goal · agent), when known.
+pub fn card(markdown: &str, title: Option<&str>) -> Value {
+    let mut card = json!({
         "schema": "2.0",
         "body": {"elements": [{"tag": "markdown", "content": markdown}]},
-    })
+    });
+    if let Some(title) = title {
+        card["header"] =
+            json!({"title": {"tag": "plain_text", "content": title}, "template": "blue"});
+    }
+    card
 }
 
 /// A code fence: its char and length (a closing fence uses at least as many).
@@ -267,7 +273,7 @@ mod tests {
         // The whole card body stays under the limit.
         for part in &parts {
             let body = serde_json::json!({
-                "content": card(part).to_string(),
+                "content": card(part, Some("g · a")).to_string(),
                 "msg_type": "interactive",
                 "reply_in_thread": false,
                 "uuid": format!("lx-{}-{}", "t".repeat(60), 99),

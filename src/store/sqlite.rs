@@ -55,32 +55,6 @@ use crate::permission;
 use crate::permission::PermissionRow;
 use crate::time::now_ms;
 
-/// A row of [`super::DUE_OUTBOX`].
-#[derive(sqlx::FromRow)]
-struct OutboxRow {
-    kind: String,
-    key: String,
-    target: String,
-    chat_id: String,
-    text: String,
-    parts_sent: i64,
-    attempts: i64,
-    failures: i64,
-}
-
-impl OutboxRow {
-    fn job(self) -> ReplyJob {
-        ReplyJob::from_outbox(
-            &self.kind,
-            self.key,
-            self.target,
-            self.chat_id,
-            self.text,
-            (self.parts_sent, self.attempts, self.failures),
-        )
-    }
-}
-
 /// How much a power loss may take: `Full` nothing acknowledged (every commit
 /// is synced to disk before it is answered), `Relaxed` the last commits
 /// (SQLite `synchronous=NORMAL`, answered at the commit and synced right
@@ -663,18 +637,36 @@ impl Store for SqliteStore {
     }
 
     async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {
-        let rows: Vec<OutboxRow> = sqlx::query_as(super::DUE_OUTBOX)
+        let rows: Vec<super::OutboxRow> = sqlx::query_as(super::DUE_OUTBOX)
             .bind(now_ms)
             .bind(limit)
             .fetch_all(self.reads().await?)
             .await?;
-        Ok(rows.into_iter().map(OutboxRow::job).collect())
+        Ok(rows.into_iter().map(super::OutboxRow::job).collect())
     }
 
     async fn next_reply_due(&self) -> Result<Option<i64>> {
         Ok(sqlx::query_scalar(super::NEXT_OUTBOX_DUE)
             .fetch_one(self.reads().await?)
             .await?)
+    }
+
+    async fn lark_message_sent(
+        &self,
+        message_id: String,
+        session_id: String,
+        chat_id: String,
+    ) -> Result<()> {
+        self.write(move |conn| {
+            sql::query(super::INSERT_SENT)
+                .bind(&message_id)
+                .bind(&session_id)
+                .bind(&chat_id)
+                .bind(now_ms())
+                .execute(conn)?;
+            Ok(())
+        })
+        .await
     }
 
     async fn record_reply(&self, outbound: Outbound, update: ReplyUpdate) -> Result<()> {

@@ -330,9 +330,6 @@ async fn lark_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<(
         .execute(&mut *conn)
         .await?;
     if let Some(link) = &change.link {
-        // The same chat linked to another session at this very moment: this
-        // insert waits for that transaction, fails if it committed, and the
-        // decision taken again answers chat_linked.
         sqlx::query(
             "insert into lark_links (chat_id, session_id, linked_at, approvers)
              values ($1, $2, $3, $4)",
@@ -378,6 +375,7 @@ async fn pairing_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Resul
             .bind(&chat.chat_id)
             .bind(chat.failed_codes)
             .bind(chat.failed_since)
+            .bind(&chat.current_session_id)
             .execute(&mut *conn)
             .await?;
     }
@@ -387,6 +385,8 @@ async fn pairing_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Resul
             .bind(&note.chat_id)
             .bind(note.text.as_bytes())
             .bind(note.at)
+            .bind(&note.session_id)
+            .bind(i64::from(note.reply))
             .execute(&mut *conn)
             .await?;
     }

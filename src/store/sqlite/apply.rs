@@ -326,6 +326,7 @@ fn pairing_writes(conn: &Connection, writes: &Writes) -> Result<()> {
             .bind(&chat.chat_id)
             .bind(chat.failed_codes)
             .bind(chat.failed_since)
+            .bind(&chat.current_session_id)
             .execute(conn)?;
     }
     if let Some(note) = &writes.note {
@@ -334,6 +335,8 @@ fn pairing_writes(conn: &Connection, writes: &Writes) -> Result<()> {
             .bind(&note.chat_id)
             .bind(&note.text)
             .bind(note.at)
+            .bind(&note.session_id)
+            .bind(i64::from(note.reply))
             .execute(conn)?;
     }
     Ok(())
