@@ -20,13 +20,16 @@ pub struct ChatSession {
 }
 
 /// What a chat's message reads: the chat, its open sessions in the order
-/// they were linked, and the session the message replies to (the one the
-/// broker sent its parent, or its thread's root, for), if any.
+/// they were linked, the session the message replies to (the one the broker
+/// sent its parent, or its thread's root, for), if any, and the session of
+/// the chat whose permission request its `yes <id>` / `no <id>` names (a
+/// pending one first), if any.
 #[derive(Debug, Clone, Default)]
 pub struct ChatRows {
     pub chat: Option<ChatRow>,
     pub sessions: Vec<ChatSession>,
     pub replied: Option<String>,
+    pub asked: Option<String>,
 }
 
 impl ChatRows {
@@ -41,9 +44,11 @@ impl ChatRows {
     }
 
     /// Where a plain message goes: to the session it replies to, if that is
-    /// one of the chat's, whichever is current; else to the current one.
+    /// one of the chat's, whichever is current; else, for an answer to a
+    /// permission request, to the session that asked; else to the current one.
     pub fn target(&self) -> Option<&ChatSession> {
         self.find(self.replied.as_deref())
+            .or_else(|| self.find(self.asked.as_deref()))
             .or_else(|| self.current())
     }
 
@@ -231,6 +236,7 @@ mod tests {
                 named("ses_3", "docs", "claude2"),
             ],
             replied: None,
+            asked: None,
         }
     }
 
@@ -253,11 +259,15 @@ mod tests {
         });
         assert_eq!(id(rows.current()), Some("ses_2".into()));
         assert_eq!(id(rows.target()), Some("ses_2".into()));
+        // An answer to session 3's request goes there.
+        rows.asked = Some("ses_3".into());
+        assert_eq!(id(rows.target()), Some("ses_3".into()));
         // A reply to session 1's message goes there, whichever is current.
         rows.replied = Some("ses_1".into());
         assert_eq!(id(rows.target()), Some("ses_1".into()));
         // A reply to a session no longer in the chat goes to the current one.
         rows.replied = Some("ses_9".into());
+        rows.asked = None;
         assert_eq!(id(rows.target()), Some("ses_2".into()));
         // A chosen session unlinked since: the last linked is current.
         rows.sessions.remove(1);

@@ -194,6 +194,13 @@ pub const CHAT_SESSIONS: &str = "select l.session_id, l.approvers from lark_link
      join sessions s on s.session_id = l.session_id \
      where l.chat_id = $1 and s.state = 'open' order by l.linked_at, l.session_id";
 
+/// The session of a chat (`$1`) whose permission request has the id `$2`:
+/// a pending one first, else the newest.
+pub const ASKED_IN_CHAT: &str = "select p.session_id from permission_requests p \
+     join lark_links l on l.session_id = p.session_id \
+     where l.chat_id = $1 and p.request_id = $2 \
+     order by case when p.state = 'pending' then 0 else 1 end, p.created_at desc limit 1";
+
 /// A session's link (`$1`: the session): chat, approvers, when linked.
 pub const SESSION_LINK: &str =
     "select chat_id, approvers, linked_at from lark_links where session_id = $1";

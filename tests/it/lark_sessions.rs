@@ -2,9 +2,10 @@
 //! sessions paired into one chat, `/list` numbering them with presence,
 //! `/use N` switching, plain messages going to the current one, a reply to
 //! a session's answer going to that session whichever is current, answers
-//! and permission cards naming their session, a tap on a card answering its
-//! own session's request, commands taken once across redeliveries and a
-//! restart, and a close leaving the chat's list with one note.
+//! and permission cards naming their session, a tap on a card (or a typed
+//! `no <id>`) answering its own session's request, commands taken once
+//! across redeliveries and a restart, and a close leaving the chat's list
+//! with one note.
 
 use std::time::Duration;
 
@@ -202,6 +203,20 @@ async fn lark_sessions_cards_name_their_session_and_a_tap_answers_its_own() {
     );
     let read = c.permission(hosts[0].session_id(), &request_id).await;
     assert_eq!(read.unwrap().body.state, PermissionState::Allowed);
+    // `no <id>` typed in the chat (no reply) finds the session that asked.
+    let second = loopx::model::CreatePermissionRequest {
+        request_id: unique("perm"),
+        ..permission
+    };
+    c.create_permission(hosts[0].session_id(), &second)
+        .await
+        .unwrap();
+    let text = format!("no {}", second.request_id);
+    deliver(&fake, &said("ev_no", CHAT, "om_no", &text)).await;
+    let read = c
+        .permission(hosts[0].session_id(), &second.request_id)
+        .await;
+    assert_eq!(read.unwrap().body.state, PermissionState::Denied);
     // The current session got nothing of it.
     assert!(texts(&broker, &hosts[1]).await.is_empty());
 }

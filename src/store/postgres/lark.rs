@@ -15,7 +15,7 @@ use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::decide::pairing::{self, ChatRow, PairCodeRow, PairRows};
 use crate::ids::Minter;
 use crate::model::LarkLink;
-use crate::store::{CHAT, CHAT_SESSIONS, SENT_FOR, SESSION_LINK};
+use crate::store::{ASKED_IN_CHAT, CHAT, CHAT_SESSIONS, SENT_FOR, SESSION_LINK};
 use crate::time::now_ms;
 
 pub(super) async fn link(
@@ -88,10 +88,10 @@ async fn chat_sessions(conn: &mut PgConnection, chat_id: &str) -> sqlx::Result<V
 async fn chat_rows(
     conn: &mut PgConnection,
     chat_id: &str,
-    replies_to: &[String],
+    event: &LarkEvent,
 ) -> sqlx::Result<ChatRows> {
     let mut replied = None;
-    for message_id in replies_to.iter().filter(|id| !unstorable(id)) {
+    for message_id in event.replies_to.iter().filter(|id| !unstorable(id)) {
         replied = sqlx::query_scalar(SENT_FOR)
             .bind(message_id)
             .fetch_optional(&mut *conn)
@@ -100,10 +100,21 @@ async fn chat_rows(
             break;
         }
     }
+    let asked = match event.named_request().filter(|id| !unstorable(id)) {
+        Some(request_id) => {
+            sqlx::query_scalar(ASKED_IN_CHAT)
+                .bind(chat_id)
+                .bind(request_id)
+                .fetch_optional(&mut *conn)
+                .await?
+        }
+        None => None,
+    };
     let mut rows = ChatRows {
         chat: chat_row(conn, chat_id).await?,
         sessions: chat_sessions(conn, chat_id).await?,
         replied,
+        asked,
     };
     loop {
         let Some(target) = rows.target().map(|t| t.session.session_id.clone()) else {
@@ -150,7 +161,7 @@ async fn event_rows(conn: &mut PgConnection, event: &LarkEvent) -> sqlx::Result<
         _ => PairRows::default(),
     };
     let chat = match &event.chat_id {
-        Some(chat_id) => chat_rows(conn, chat_id, &event.replies_to).await?,
+        Some(chat_id) => chat_rows(conn, chat_id, event).await?,
         None => ChatRows::default(),
     };
     let Some(session_id) = chat.target().map(|t| t.session.session_id.clone()) else {

@@ -14,7 +14,7 @@ use crate::decide::pairing::{self, PairCodeRow, PairRows};
 use crate::error::Result;
 use crate::ids::Minter;
 use crate::model::LarkLink;
-use crate::store::{CHAT, CHAT_SESSIONS, SENT_FOR, SESSION_LINK};
+use crate::store::{ASKED_IN_CHAT, CHAT, CHAT_SESSIONS, SENT_FOR, SESSION_LINK};
 use crate::time::now_ms;
 
 pub(super) fn link(
@@ -38,8 +38,9 @@ pub(super) fn unlink(conn: &Connection, session_id: String) -> Result<LarkLink> 
     decided(conn, lark::unlink(load_session(conn, &session_id)?)?)
 }
 
-/// A chat's sessions, its row, and the session the message replies to.
-fn chat_rows(conn: &Connection, chat_id: &str, replies_to: &[String]) -> Result<ChatRows> {
+/// A chat's sessions, its row, the session the message replies to, and the
+/// one that asked what it answers.
+fn chat_rows(conn: &Connection, chat_id: &str, event: &LarkEvent) -> Result<ChatRows> {
     let links: Vec<(String, String)> =
         sql::query_as(CHAT_SESSIONS).bind(chat_id).fetch_all(conn)?;
     let mut sessions = Vec::with_capacity(links.len());
@@ -49,7 +50,7 @@ fn chat_rows(conn: &Connection, chat_id: &str, replies_to: &[String]) -> Result<
         }
     }
     let mut replied = None;
-    for message_id in replies_to {
+    for message_id in &event.replies_to {
         replied = sql::query_scalar(SENT_FOR)
             .bind(message_id)
             .fetch_optional(conn)?;
@@ -57,10 +58,18 @@ fn chat_rows(conn: &Connection, chat_id: &str, replies_to: &[String]) -> Result<
             break;
         }
     }
+    let asked = match event.named_request() {
+        Some(request_id) => sql::query_scalar(ASKED_IN_CHAT)
+            .bind(chat_id)
+            .bind(request_id)
+            .fetch_optional(conn)?,
+        None => None,
+    };
     Ok(ChatRows {
         chat: sql::query_as(CHAT).bind(chat_id).fetch_optional(conn)?,
         sessions,
         replied,
+        asked,
     })
 }
 
@@ -83,7 +92,7 @@ fn event_rows(conn: &Connection, event: &LarkEvent) -> Result<EventRows> {
         _ => PairRows::default(),
     };
     let chat = match &event.chat_id {
-        Some(chat_id) => chat_rows(conn, chat_id, &event.replies_to)?,
+        Some(chat_id) => chat_rows(conn, chat_id, event)?,
         None => ChatRows::default(),
     };
     let Some(session_id) = chat.target().map(|t| t.session.session_id.clone()) else {
