@@ -76,9 +76,11 @@ pub fn note(note: &Note) -> Value {
             &named("Linked · 已关联", name),
             "green",
             vec![markdown(&format!(
-                "This chat is linked to **{}** ({}). Messages here go to it, and you may \
+                "This chat is linked to **{}** ({}), now its current session: messages here \
+                 go to it (`/list` shows the chat's sessions, `/use N` switches), and you may \
                  answer its permission requests.\n\
-                 本会话已关联到 **{}**（{}）。此处的消息会发给它，你可以处理它的权限请求。",
+                 本会话已关联到 **{}**（{}），它现在是当前会话：此处的消息会发给它（`/list` 列出会话，\
+                 `/use N` 切换），你可以处理它的权限请求。",
                 escape_html(&title_of(name)),
                 escape_html(&name.host_surface),
                 escape_html(&title_of(name)),

@@ -28,6 +28,9 @@ pub fn escape_html(text: &str) -> String {
     text.replace('<', "&lt;").replace('>', "&gt;")
 }
 
+/// How much of a session's name an answer's header shows.
+const TITLE_CHARS: usize = 120;
+
 /// The card that carries one part of an answer, its header naming the
 /// session that answered (goal · agent), when known.
 pub fn card(markdown: &str, title: Option<&str>) -> Value {
@@ -36,6 +39,9 @@ pub fn card(markdown: &str, title: Option<&str>) -> Value {
         "body": {"elements": [{"tag": "markdown", "content": markdown}]},
     });
     if let Some(title) = title {
+        // Ids are up to 256 bytes each: a title cut this short stays well
+        // inside the room the parts leave for the rest of the card.
+        let title: String = title.chars().take(TITLE_CHARS).collect();
         card["header"] =
             json!({"title": {"tag": "plain_text", "content": title}, "template": "blue"});
     }
