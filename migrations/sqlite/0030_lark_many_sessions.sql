@@ -27,6 +27,8 @@ alter table lark_chats add column current_session_id text;
 alter table lark_notes add column session_id text;
 alter table lark_notes add column reply integer not null default 1;
 create index lark_notes_session on lark_notes (session_id) where session_id is not null;
+-- answers to commands that named no session are pruned by age (retention).
+create index lark_notes_old on lark_notes (created_at) where session_id is null;
 
 -- every message the broker sent in a chat for a session (an answer's part,
 -- a permission card, a note naming it): a person's reply to one (its

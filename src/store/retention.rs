@@ -50,10 +50,18 @@ pub const DELETE_CHILDREN: [&str; 10] = [
 /// The session itself (`$1`), once its rows are gone; only if still closed.
 pub const DELETE_SESSION: &str = "delete from sessions where session_id = $1 and state = 'closed'";
 
-/// Lark's redelivery guards received before the cutoff (`$1`): Lark stops
-/// redelivering after about 7 hours, so older ones guard nothing.
-pub const DELETE_LARK_EVENTS: &str = "delete from lark_events where (app_id, event_id) in \
-     (select app_id, event_id from lark_events where received_at < $1 limit 500)";
+/// What belongs to no session and is old (`$1`: the cutoff), each a chunk
+/// at a time: Lark's redelivery guards received before the cutoff (Lark
+/// stops redelivering after about 7 hours, so older ones guard nothing), and
+/// the broker's answers to commands that named no session, made before it
+/// and no longer waiting to be sent.
+pub const DELETE_OLD: [&str; 2] = [
+    "delete from lark_events where (app_id, event_id) in \
+     (select app_id, event_id from lark_events where received_at < $1 limit 500)",
+    "delete from lark_notes where message_id in \
+     (select message_id from lark_notes where session_id is null and created_at < $1 \
+      and state <> 'pending' limit 500)",
+];
 
 /// What one step removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

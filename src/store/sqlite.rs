@@ -181,13 +181,13 @@ fn prune_step(conn: &Connection, cutoff_ms: i64) -> Result<PruneStep> {
         .query_row([cutoff_ms], |row| row.get(0))
         .optional()?;
     let Some(session_id) = oldest else {
-        let rows = conn
-            .prepare_cached(retention::DELETE_LARK_EVENTS)?
-            .execute([cutoff_ms])?;
-        return Ok(match rows {
-            0 => PruneStep::Done,
-            rows => PruneStep::Rows(rows as u64),
-        });
+        for statement in retention::DELETE_OLD {
+            let rows = conn.prepare_cached(statement)?.execute([cutoff_ms])?;
+            if rows > 0 {
+                return Ok(PruneStep::Rows(rows as u64));
+            }
+        }
+        return Ok(PruneStep::Done);
     };
     for statement in retention::DELETE_CHILDREN {
         let rows = conn.prepare_cached(statement)?.execute([&session_id])?;
@@ -839,8 +839,8 @@ mod tests {
             QUEUE_STATS,
             retention::OLDEST_PRUNABLE,
             retention::DELETE_SESSION,
-            retention::DELETE_LARK_EVENTS,
         ];
+        statements.extend(retention::DELETE_OLD);
         statements.extend(retention::DELETE_CHILDREN);
         for statement in statements {
             let mut plan = conn
