@@ -108,6 +108,8 @@ pub struct Listed {
     pub number: usize,
     pub name: SessionName,
     pub presence: AgentState,
+    /// The tool a working agent runs, if it said.
+    pub tool: Option<String>,
     pub current: bool,
 }
 
@@ -139,6 +141,10 @@ pub fn command(
                 number: i + 1,
                 name: SessionName::of(s),
                 presence: s.agent_state,
+                tool: s
+                    .agent_tool
+                    .clone()
+                    .filter(|_| s.agent_state == AgentState::Working),
                 current: current.as_deref() == Some(s.session_id.as_str()),
             })
             .collect()

@@ -164,18 +164,22 @@ const HELP: &str = "`/list` this chat's sessions · 列出会话\n\
     `//text` sends `/text` to the agent · 发送以 / 开头的文字\n\
     Anything else goes to the current session · 其他消息发给当前会话";
 
-/// The chat's sessions, numbered: goal · agent, host surface, presence,
-/// and which is current.
+/// The chat's sessions, numbered: goal · agent, host surface, presence (and
+/// the tool a working agent runs), and which is current.
 fn listed(sessions: &[Listed]) -> String {
     sessions
         .iter()
         .map(|s| {
             format!(
-                "{}. **{}** ({}): {}{}",
+                "{}. **{}** ({}): {}{}{}",
                 s.number,
                 escape_html(&title_of(&s.name)),
                 escape_html(&s.name.host_surface),
                 s.presence.as_str(),
+                s.tool
+                    .as_deref()
+                    .map(|tool| format!(" ({})", escape_html(tool)))
+                    .unwrap_or_default(),
                 if s.current {
                     " · current · 当前"
                 } else {

@@ -100,9 +100,24 @@ async fn answered(
 async fn lark_sessions_a_chat_holds_three_and_replies_find_theirs() {
     let (fake, broker) = connected().await;
     let hosts = three(&fake, &broker).await;
+    // The third agent is at work, running a tool.
+    let working = loopx::model::ReportAgentState {
+        tool: Some("Bash".into()),
+        ..crate::presence::report(&hosts[2], loopx::model::AgentState::Working)
+    };
+    broker
+        .client
+        .report_agent(hosts[2].session_id(), &working)
+        .await
+        .unwrap();
     let lines = list(&fake, "ev_l1", "om_l1").await;
     assert_eq!(lines.len(), 3, "{lines:?}");
-    for (i, (line, host)) in lines.iter().zip(&hosts).enumerate() {
+    assert!(
+        lines[2].contains("): working (Bash) · current"),
+        "{}",
+        lines[2]
+    );
+    for (i, (line, host)) in lines.iter().zip(&hosts).enumerate().take(2) {
         assert!(
             line.starts_with(&format!(
                 "{}. **{}** ({HOST_SURFACE}): away",
@@ -111,7 +126,7 @@ async fn lark_sessions_a_chat_holds_three_and_replies_find_theirs() {
             )),
             "{line}"
         );
-        assert_eq!(line.contains("current"), i == 2, "{line}");
+        assert!(!line.contains("current"), "{line}");
     }
 
     // Session 1 asks and answers: its answer's card names it.
