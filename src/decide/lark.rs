@@ -11,8 +11,9 @@ use super::chat::{self, ChatCommand, ChatRows};
 use super::pairing::{ChatRow, Note, PairAt, PairRows, SessionName, pair};
 use super::permission::{AnswerRows, Decision, answer};
 use super::turn::enqueue;
-use super::{CardWrite, Decided, LinkChange, NewLink, SeenLarkEvent, Writes, existing, open};
+use super::{CardWrite, Decided, LinkChange, NewLink, SeenLarkEvent, SentMessage, Writes};
 use super::{SessionRow, TurnRow};
+use super::{existing, open};
 use crate::error::Result;
 use crate::ids::Minter;
 use crate::model::{
@@ -258,6 +259,14 @@ pub fn event(
             })
         }
         Verdict::Turn => {
+            // The person's message is the session's too: a reply to it, or
+            // a message in its thread, goes there.
+            let sent = SentMessage {
+                message_id: message_id.clone(),
+                session_id: session_id.clone(),
+                chat_id: chat_id.clone(),
+                at: now,
+            };
             let message = EnqueueRequest {
                 origin: Origin::Lark,
                 text,
@@ -270,7 +279,10 @@ pub fn event(
             };
             let enqueued = enqueue(Some(session), rows.earlier, message, minter, now)?;
             recorded(Decided {
-                writes: enqueued.writes,
+                writes: Writes {
+                    sent: Some(sent),
+                    ..enqueued.writes
+                },
                 answer: LarkIngest::Enqueued {
                     session_id,
                     turn: Box::new(enqueued.answer.turn),

@@ -165,6 +165,12 @@ async fn lark_sessions_a_chat_holds_three_and_replies_find_theirs() {
         texts(&broker, &hosts[0]).await,
         ["question one", "follow-up"]
     );
+    // So does a reply to the question session 1 took (in its thread).
+    deliver(&fake, &reply_to("ev_r2", "om_r2", "om_q1", "more on one")).await;
+    assert_eq!(
+        texts(&broker, &hosts[0]).await,
+        ["question one", "follow-up", "more on one"]
+    );
     // A reply to session 3's "Linked" note goes to session 3.
     let linked = fake.replies_to("om_link2").remove(0).posted_id;
     deliver(&fake, &reply_to("ev_r3", "om_r3", &linked, "to three")).await;
@@ -173,7 +179,7 @@ async fn lark_sessions_a_chat_holds_three_and_replies_find_theirs() {
     // `//clear` reaches the agent as `/clear`.
     deliver(&fake, &reply_to("ev_r4", "om_r4", "om_unknown", "//clear")).await;
     assert_eq!(texts(&broker, &hosts[1]).await, ["hello two", "/clear"]);
-    assert_eq!(texts(&broker, &hosts[0]).await.len(), 2);
+    assert_eq!(texts(&broker, &hosts[0]).await.len(), 3);
     assert_eq!(texts(&broker, &hosts[2]).await.len(), 1);
 }
 

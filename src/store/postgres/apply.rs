@@ -19,7 +19,7 @@ use super::rows::text;
 use crate::decide::pairing::PairCodeWrite;
 use crate::decide::{Change, Changed, ClaimRow, Decided, NewEvent, NewReply, Sweep, Writes};
 use crate::decide::{SessionRow, TurnRow};
-use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, SPEND_PAIR_CODE, UPSERT_CHAT};
+use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, INSERT_SENT, SPEND_PAIR_CODE, UPSERT_CHAT};
 
 type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
 
@@ -376,6 +376,15 @@ async fn pairing_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Resul
             .bind(chat.failed_codes)
             .bind(chat.failed_since)
             .bind(&chat.current_session_id)
+            .execute(&mut *conn)
+            .await?;
+    }
+    if let Some(sent) = &writes.sent {
+        sqlx::query(INSERT_SENT)
+            .bind(&sent.message_id)
+            .bind(&sent.session_id)
+            .bind(&sent.chat_id)
+            .bind(sent.at)
             .execute(&mut *conn)
             .await?;
     }

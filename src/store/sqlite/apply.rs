@@ -14,7 +14,7 @@ use crate::decide::{
 };
 use crate::error::Result;
 use crate::model::SessionState;
-use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, SPEND_PAIR_CODE, UPSERT_CHAT};
+use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, INSERT_SENT, SPEND_PAIR_CODE, UPSERT_CHAT};
 
 /// Applies a decision's writes and answers its answer; what they change is
 /// kept for [`take_changed`].
@@ -327,6 +327,14 @@ fn pairing_writes(conn: &Connection, writes: &Writes) -> Result<()> {
             .bind(chat.failed_codes)
             .bind(chat.failed_since)
             .bind(&chat.current_session_id)
+            .execute(conn)?;
+    }
+    if let Some(sent) = &writes.sent {
+        sql::query(INSERT_SENT)
+            .bind(&sent.message_id)
+            .bind(&sent.session_id)
+            .bind(&sent.chat_id)
+            .bind(sent.at)
             .execute(conn)?;
     }
     if let Some(note) = &writes.note {
