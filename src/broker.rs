@@ -558,10 +558,9 @@ impl Broker {
             .await?;
         self.metrics.turn("cancelled", closed.cancelled);
         self.metrics.permission("expired", closed.expired);
-        if closed.expired > 0 {
-            // Their cards in a linked Lark chat show them expired.
-            self.outbox.notify_one();
-        }
+        // A linked Lark chat is told the session left it, and the expired
+        // requests' cards show them expired.
+        self.outbox.notify_one();
         Ok(closed.session.projection())
     }
 

@@ -36,7 +36,9 @@ pub enum ErrorCode {
     LiveSteeringUnavailable,
     /// 409: another claim is active on the session.
     ClaimActive,
-    /// 409: the Lark chat is linked to another open session.
+    /// 409: the Lark chat is linked to another open session. No longer
+    /// answered (a chat holds several sessions); kept in the list of codes
+    /// so that clients which know it still read it.
     ChatLinked,
     /// 409: the claim id was used on another session.
     ClaimIdReused,

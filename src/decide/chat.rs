@@ -4,13 +4,61 @@
 //! (numbered, goal · agent, host surface, presence, the current one);
 //! `/use N` makes one current; `/unlink N` unlinks one; `/help` and any
 //! other `/word` say what there is. `//text` is no command: the agent gets
-//! `/text`. A chat holds one session today, so it is always session 1 and
-//! the current one; `N` may also be a unique prefix of its goal or agent.
+//! `/text`. A chat's sessions are numbered from 1 in the order they were
+//! linked to it; `N` may also be a unique prefix of a goal or an agent.
 
 use super::lark::LarkIngest;
-use super::pairing::{Note, PairAt, SessionName, noted};
+use super::pairing::{ChatRow, Note, PairAt, SessionName, noted};
 use super::{LinkChange, SessionRow, Writes};
 use crate::model::AgentState;
+
+/// One of a chat's sessions: the session, its link's approvers (as stored).
+#[derive(Debug, Clone)]
+pub struct ChatSession {
+    pub session: SessionRow,
+    pub approvers: String,
+}
+
+/// What a chat's message reads: the chat, its open sessions in the order
+/// they were linked, the session the message replies to (the one the broker
+/// sent its parent, or its thread's root, for), if any, and the session of
+/// the chat whose permission request its `yes <id>` / `no <id>` names (a
+/// pending one first), if any.
+#[derive(Debug, Clone, Default)]
+pub struct ChatRows {
+    pub chat: Option<ChatRow>,
+    pub sessions: Vec<ChatSession>,
+    pub replied: Option<String>,
+    pub asked: Option<String>,
+}
+
+impl ChatRows {
+    /// The chat's current session: the one last chosen (`/use N`, a link)
+    /// while it is among the chat's sessions, else the last linked.
+    pub fn current(&self) -> Option<&ChatSession> {
+        let chosen = self
+            .chat
+            .as_ref()
+            .and_then(|c| c.current_session_id.as_deref());
+        self.find(chosen).or_else(|| self.sessions.last())
+    }
+
+    /// Where a plain message goes: to the session it replies to, if that is
+    /// one of the chat's, whichever is current; else, for an answer to a
+    /// permission request, to the session that asked; else to the current one.
+    pub fn target(&self) -> Option<&ChatSession> {
+        self.find(self.replied.as_deref())
+            .or_else(|| self.find(self.asked.as_deref()))
+            .or_else(|| self.current())
+    }
+
+    fn find(&self, session_id: Option<&str>) -> Option<&ChatSession> {
+        let session_id = session_id?;
+        self.sessions
+            .iter()
+            .find(|s| s.session.session_id == session_id)
+    }
+}
 
 /// A command, read from a text with its @mentions removed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,16 +108,18 @@ pub struct Listed {
     pub number: usize,
     pub name: SessionName,
     pub presence: AgentState,
+    /// The tool a working agent runs, if it said.
+    pub tool: Option<String>,
     pub current: bool,
 }
 
-/// A command other than `/link`, given the session the chat is linked to
-/// (if any): help for `/help` (and unknown words) whatever the chat; a chat
-/// with no session is told how to pair one; `/list`, `/status`, `/use N`
-/// answer from its session; `/unlink N` unlinks it. A number or prefix
-/// naming no session is said so, nothing changed.
+/// A command other than `/link`, given the chat's sessions: help for
+/// `/help` (and unknown words) whatever the chat; a chat with no session is
+/// told how to pair one; `/list` and `/status` number its sessions, the
+/// current one marked; `/use N` makes N current; `/unlink N` unlinks N. A
+/// number or prefix naming no session is said so, nothing changed.
 pub fn command(
-    linked: Option<SessionRow>,
+    rows: ChatRows,
     command: ChatCommand,
     at: &PairAt,
     now: i64,
@@ -78,37 +128,57 @@ pub fn command(
     if matches!(command, ChatCommand::Help | ChatCommand::Link(_)) {
         return noted(nothing, at, Note::Help, now);
     }
-    let Some(session) = linked else {
+    if rows.sessions.is_empty() {
         return noted(nothing, at, Note::NoSession, now);
+    }
+    let current = rows.current().map(|s| s.session.session_id.clone());
+    let sessions: Vec<SessionRow> = rows.sessions.into_iter().map(|s| s.session).collect();
+    let listed = || {
+        sessions
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Listed {
+                number: i + 1,
+                name: SessionName::of(s),
+                presence: s.agent_state,
+                tool: s
+                    .agent_tool
+                    .clone()
+                    .filter(|_| s.agent_state == AgentState::Working),
+                current: current.as_deref() == Some(s.session_id.as_str()),
+            })
+            .collect()
     };
-    let sessions = [session];
-    let listed = |current: &SessionRow| Listed {
-        number: 1,
-        name: SessionName::of(current),
-        presence: current.agent_state,
-        current: true,
+    let Some(named) = (match &command {
+        ChatCommand::List => return noted(nothing, at, Note::List(listed()), now),
+        ChatCommand::Status => return noted(nothing, at, Note::Status(listed()), now),
+        ChatCommand::Use(arg) | ChatCommand::Unlink(arg) => pick(arg, &sessions),
+        ChatCommand::Help | ChatCommand::Link(_) => return noted(nothing, at, Note::Help, now),
+    }) else {
+        return noted(nothing, at, Note::NoSuchSession, now);
     };
+    let name = SessionName::of(named);
     match command {
-        ChatCommand::List => noted(nothing, at, Note::List(vec![listed(&sessions[0])]), now),
-        ChatCommand::Status => noted(nothing, at, Note::Status(vec![listed(&sessions[0])]), now),
-        ChatCommand::Use(arg) => match pick(&arg, &sessions) {
-            Some(session) => noted(nothing, at, Note::Current(SessionName::of(session)), now),
-            None => noted(nothing, at, Note::NoSuchSession, now),
-        },
-        ChatCommand::Unlink(arg) => match pick(&arg, &sessions) {
-            Some(session) => {
-                let writes = Writes {
-                    link: Some(LinkChange {
-                        session_id: session.session_id.clone(),
-                        link: None,
-                    }),
-                    ..Writes::default()
-                };
-                noted(writes, at, Note::Unlinked(SessionName::of(session)), now)
-            }
-            None => noted(nothing, at, Note::NoSuchSession, now),
-        },
-        ChatCommand::Help | ChatCommand::Link(_) => noted(nothing, at, Note::Help, now),
+        ChatCommand::Unlink(_) => {
+            let writes = Writes {
+                link: Some(LinkChange {
+                    session_id: named.session_id.clone(),
+                    link: None,
+                }),
+                ..Writes::default()
+            };
+            noted(writes, at, Note::Unlinked(name), now)
+        }
+        _ => {
+            let writes = Writes {
+                chat: Some(ChatRow {
+                    current_session_id: Some(named.session_id.clone()),
+                    ..ChatRow::or_new(rows.chat, &at.chat_id)
+                }),
+                ..Writes::default()
+            };
+            noted(writes, at, Note::Current(name), now)
+        }
     }
 }
 
@@ -152,6 +222,96 @@ mod tests {
         assert_eq!(parse("hello /list"), None);
         assert_eq!(unescaped("//clear now").as_deref(), Some("/clear now"));
         assert_eq!(unescaped("/clear"), None);
+    }
+
+    fn three() -> ChatRows {
+        let named = |id: &str, goal: &str, agent: &str| ChatSession {
+            session: SessionRow {
+                session_id: id.into(),
+                goal_id: goal.into(),
+                agent_id: agent.into(),
+                ..session(SessionState::Open)
+            },
+            approvers: "[]".into(),
+        };
+        ChatRows {
+            chat: None,
+            sessions: vec![
+                named("ses_1", "web", "claude"),
+                named("ses_2", "api", "codex"),
+                named("ses_3", "docs", "claude2"),
+            ],
+            replied: None,
+            asked: None,
+        }
+    }
+
+    fn at() -> PairAt {
+        PairAt {
+            chat_id: "oc_1".into(),
+            message_id: "om_1".into(),
+            sender: None,
+        }
+    }
+
+    #[test]
+    fn the_current_session_is_the_chosen_one_else_the_last_linked() {
+        let mut rows = three();
+        let id = |s: Option<&ChatSession>| s.map(|s| s.session.session_id.clone());
+        assert_eq!(id(rows.current()), Some("ses_3".into()));
+        rows.chat = Some(ChatRow {
+            current_session_id: Some("ses_2".into()),
+            ..ChatRow::default()
+        });
+        assert_eq!(id(rows.current()), Some("ses_2".into()));
+        assert_eq!(id(rows.target()), Some("ses_2".into()));
+        // An answer to session 3's request goes there.
+        rows.asked = Some("ses_3".into());
+        assert_eq!(id(rows.target()), Some("ses_3".into()));
+        // A reply to session 1's message goes there, whichever is current.
+        rows.replied = Some("ses_1".into());
+        assert_eq!(id(rows.target()), Some("ses_1".into()));
+        // A reply to a session no longer in the chat goes to the current one.
+        rows.replied = Some("ses_9".into());
+        rows.asked = None;
+        assert_eq!(id(rows.target()), Some("ses_2".into()));
+        // A chosen session unlinked since: the last linked is current.
+        rows.sessions.remove(1);
+        assert_eq!(id(rows.current()), Some("ses_3".into()));
+    }
+
+    #[test]
+    fn use_switches_and_unlink_unlinks_the_named_session() {
+        let used = command(three(), ChatCommand::Use("2".into()), &at(), 5);
+        let chat = used.writes.chat.expect("the chat");
+        assert_eq!(chat.current_session_id.as_deref(), Some("ses_2"));
+        assert!(matches!(used.answer, LarkIngest::Command(Note::Current(_))));
+        let used = command(three(), ChatCommand::Use("cod".into()), &at(), 5);
+        assert_eq!(
+            used.writes
+                .chat
+                .and_then(|c| c.current_session_id)
+                .as_deref(),
+            Some("ses_2")
+        );
+        let gone = command(three(), ChatCommand::Unlink("docs".into()), &at(), 5);
+        assert!(matches!(
+            gone.writes.link,
+            Some(LinkChange { ref session_id, link: None }) if session_id == "ses_3"
+        ));
+        let none = command(three(), ChatCommand::Use("claude".into()), &at(), 5);
+        assert!(matches!(
+            none.answer,
+            LarkIngest::Command(Note::NoSuchSession)
+        ));
+        assert!(none.writes.chat.is_none() && none.writes.link.is_none());
+        let LarkIngest::Command(Note::List(listed)) =
+            command(three(), ChatCommand::List, &at(), 5).answer
+        else {
+            panic!("a list")
+        };
+        let marks: Vec<(usize, bool)> = listed.iter().map(|l| (l.number, l.current)).collect();
+        assert_eq!(marks, vec![(1, false), (2, false), (3, true)]);
     }
 
     #[test]

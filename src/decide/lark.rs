@@ -1,16 +1,20 @@
-//! The Lark rules: a chat is linked to at most one open session, and a
-//! session to at most one chat; an event is taken once (by event id and by
-//! message id); a linked chat's text is an ordinary turn, or an approver's
-//! `yes <id>` / `no <id>` answer to a permission request, or ignored; a
-//! click on a request's card answers it as an approver's `yes`/`no` would.
+//! The Lark rules: a chat holds several open sessions, one of them current,
+//! and a session is linked to at most one chat (linking it elsewhere moves
+//! it); an event is taken once (by event id and by message id); a linked
+//! chat's text goes to the session whose message it replies to, else to the
+//! current one ([`super::chat::ChatRows::target`]), as an ordinary turn, or
+//! an approver's `yes <id>` / `no <id>` answer to a permission request, or
+//! ignored; a click on a request's card answers it as an approver's
+//! `yes`/`no` would.
 
-use super::chat::{self, ChatCommand};
-use super::pairing::{Note, PairAt, PairRows, pair};
+use super::chat::{self, ChatCommand, ChatRows};
+use super::pairing::{ChatRow, Note, PairAt, PairRows, SessionName, pair};
 use super::permission::{AnswerRows, Decision, answer};
 use super::turn::enqueue;
-use super::{CardWrite, Decided, LinkChange, NewLink, SeenLarkEvent, Writes, existing, open};
+use super::{CardWrite, Decided, LinkChange, NewLink, SeenLarkEvent, SentMessage, Writes};
 use super::{SessionRow, TurnRow};
-use crate::error::{Error, ErrorCode, Result};
+use super::{existing, open};
+use crate::error::Result;
 use crate::ids::Minter;
 use crate::model::{
     AnsweredVia, Behavior, EnqueueRequest, Ingress, LarkLink, LarkRef, Origin, PermissionState,
@@ -32,6 +36,8 @@ pub struct LarkEvent {
     pub command: Option<crate::permission::LarkCommand>,
     /// The command the text is (its @mentions removed), if one.
     pub chat_command: Option<ChatCommand>,
+    /// The messages it replies to: its parent, and its thread's root.
+    pub replies_to: Vec<String>,
 }
 
 impl LarkEvent {
@@ -77,27 +83,44 @@ pub enum LarkIngest {
     Command(Note),
 }
 
-/// A link of a chat to the session, given the session the chat is linked to
-/// now (`holder`), in this order: unknown session 404; closed 409
-/// `session_closed`; the chat linked to another session 409 `chat_linked`.
-/// Linking the session's own chat again, or another chat (which replaces
-/// the session's link), is fine. `approvers` are checked already
-/// ([`crate::permission::approvers`]).
+/// A session's link, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkRow {
+    pub chat_id: String,
+    pub approvers: String,
+    pub linked_at: i64,
+}
+
+/// What a link reads: the session (locked), its link now, and the chat it
+/// is to be linked to.
+#[derive(Debug, Default)]
+pub struct LinkRows {
+    pub session: Option<SessionRow>,
+    pub link: Option<LinkRow>,
+    pub chat: Option<ChatRow>,
+}
+
+/// A link of a chat to the session, in this order: unknown session 404;
+/// closed 409 `session_closed`; else the session joins the chat's sessions
+/// (it keeps its place when it was this chat's already; linked to another
+/// chat, it moves) and becomes the chat's current one. `approvers` are
+/// checked already ([`crate::permission::approvers`]).
 pub fn link(
-    session: Option<SessionRow>,
-    holder: Option<&str>,
+    rows: LinkRows,
     chat_id: String,
     approvers: Vec<String>,
     now: i64,
 ) -> Result<Decided<LarkLink>> {
-    let session = existing(session)?;
+    let session = existing(rows.session)?;
     open(&session)?;
-    if holder.is_some_and(|holder| holder != session.session_id) {
-        return Err(Error::new(
-            ErrorCode::ChatLinked,
-            "This Lark chat is linked to another open session; unlink it there first.",
-        ));
-    }
+    let linked_at = match rows.link {
+        Some(link) if link.chat_id == chat_id => link.linked_at,
+        _ => now,
+    };
+    let chat = ChatRow {
+        current_session_id: Some(session.session_id.clone()),
+        ..ChatRow::or_new(rows.chat, &chat_id)
+    };
     Ok(Decided {
         writes: Writes {
             link: Some(LinkChange {
@@ -105,9 +128,10 @@ pub fn link(
                 link: Some(NewLink {
                     chat_id: chat_id.clone(),
                     approvers: approvers_to_stored(&approvers),
-                    at: now,
+                    at: linked_at,
                 }),
             }),
+            chat: Some(chat),
             ..Writes::default()
         },
         answer: LarkLink {
@@ -141,13 +165,13 @@ pub struct EventRows {
     /// Whether an event with the same event id, or the same message id, was
     /// taken before.
     pub seen: bool,
-    /// The session the event's chat is linked to (locked), and the link's
-    /// approvers as stored.
-    pub linked: Option<(SessionRow, String)>,
-    /// The linked session's request that the event's `yes <id>` / `no <id>`
+    /// The event's chat: its sessions, the session its message replies to.
+    /// The target among them ([`ChatRows::target`]) is locked.
+    pub chat: ChatRows,
+    /// The target session's request that the event's `yes <id>` / `no <id>`
     /// names ([`LarkEvent::named_request`]), if any.
     pub request: Option<PermissionRow>,
-    /// The linked session's turn enqueued with the event id as its
+    /// The target session's turn enqueued with the event id as its
     /// `client_message_id`, if any.
     pub earlier: Option<TurnRow>,
     /// What a `/link <code>` reads (loaded for one only).
@@ -157,11 +181,12 @@ pub struct EventRows {
 /// An event from Lark, in this order: seen before (its event id or its
 /// message id) a duplicate, nothing written; else it is recorded once, and:
 /// not a text message, unsupported; a `/link <code>`, [`pair`]ed, and any
-/// other command answered ([`chat::command`]); a chat
-/// linked to no session, unlinked;
-/// then [`verdict`] on its text: an answer written (or replayed), ignored,
-/// or enqueued as a Lark turn (with the enqueue's refusals, which record
-/// nothing, so Lark's redelivery is taken again).
+/// other command answered ([`chat::command`]); a chat linked to no session,
+/// unlinked; then, for the session its message replies to or else the
+/// chat's current one ([`ChatRows::target`]), [`verdict`] on its text: an
+/// answer written (or replayed), ignored, or enqueued as a Lark turn (with
+/// the enqueue's refusals, which record nothing, so Lark's redelivery is
+/// taken again).
 pub fn event(
     rows: EventRows,
     event: LarkEvent,
@@ -194,12 +219,13 @@ pub fn event(
         };
         return recorded(match command {
             ChatCommand::Link(_) => pair(rows.pairing, at, now),
-            command => chat::command(rows.linked.map(|(s, _)| s), command, &at, now),
+            command => chat::command(rows.chat, command, &at, now),
         });
     }
-    let Some((session, approvers)) = rows.linked else {
+    let Some(target) = rows.chat.target() else {
         return recorded(Decided::nothing(LarkIngest::Unlinked));
     };
+    let (session, approvers) = (target.session.clone(), target.approvers.clone());
     let session_id = session.session_id.clone();
     let approvers = approvers_from_stored(&approvers);
     let sender = event.sender.as_deref();
@@ -233,6 +259,14 @@ pub fn event(
             })
         }
         Verdict::Turn => {
+            // The person's message is the session's too: a reply to it, or
+            // a message in its thread, goes there.
+            let sent = SentMessage {
+                message_id: message_id.clone(),
+                session_id: session_id.clone(),
+                chat_id: chat_id.clone(),
+                at: now,
+            };
             let message = EnqueueRequest {
                 origin: Origin::Lark,
                 text,
@@ -245,7 +279,10 @@ pub fn event(
             };
             let enqueued = enqueue(Some(session), rows.earlier, message, minter, now)?;
             recorded(Decided {
-                writes: enqueued.writes,
+                writes: Writes {
+                    sent: Some(sent),
+                    ..enqueued.writes
+                },
                 answer: LarkIngest::Enqueued {
                     session_id,
                     turn: Box::new(enqueued.answer.turn),
@@ -301,11 +338,13 @@ pub enum Clicked {
     Answered {
         session_id: String,
         row: PermissionRow,
+        name: SessionName,
         by: Option<String>,
     },
     /// The request was settled before (answered, expired): its final state.
     Settled {
         row: PermissionRow,
+        name: SessionName,
         by: Option<String>,
     },
 }
@@ -340,7 +379,11 @@ fn click_decision(rows: ClickRows, click: &LarkClick, now: i64) -> Result<Decide
         if !own_chat {
             return Ok(Decided::nothing(Clicked::Refused));
         }
-        return Ok(settled(request, rows.answered_by));
+        return Ok(settled(
+            request,
+            SessionName::of(&session),
+            rows.answered_by,
+        ));
     }
     let approvers = match &rows.link {
         Some((chat_id, stored)) if click.chat_id.as_deref() == Some(chat_id) => {
@@ -356,13 +399,14 @@ fn click_decision(rows: ClickRows, click: &LarkClick, now: i64) -> Result<Decide
         return Ok(Decided::nothing(Clicked::Refused));
     }
     let answered_by = rows.answered_by;
+    let name = SessionName::of(&session);
     let rows = AnswerRows {
         session: Some(session),
         existing: Some(request),
     };
     let answered = answer(rows, click.behavior, AnsweredVia::Lark, now)?;
     let Decision::Write(row) = answered.answer else {
-        return Ok(settled(answered.answer.into_row(), answered_by));
+        return Ok(settled(answered.answer.into_row(), name, answered_by));
     };
     let mut writes = answered.writes;
     writes.card = Some(card_write(&row, click.operator.clone(), true));
@@ -371,6 +415,7 @@ fn click_decision(rows: ClickRows, click: &LarkClick, now: i64) -> Result<Decide
         answer: Clicked::Answered {
             session_id: row.session_id.clone(),
             by: click.operator.clone(),
+            name,
             row,
         },
     })
@@ -378,13 +423,13 @@ fn click_decision(rows: ClickRows, click: &LarkClick, now: i64) -> Result<Decide
 
 /// A click on a settled request: the answer to it shows the card's final
 /// form, so no update of the card need follow.
-fn settled(row: PermissionRow, by: Option<String>) -> Decided<Clicked> {
+fn settled(row: PermissionRow, name: SessionName, by: Option<String>) -> Decided<Clicked> {
     Decided {
         writes: Writes {
             card: Some(card_write(&row, None, true)),
             ..Writes::default()
         },
-        answer: Clicked::Settled { row, by },
+        answer: Clicked::Settled { row, name, by },
     }
 }
 
@@ -449,29 +494,58 @@ mod tests {
     use crate::decide::permission::tests::created;
     use crate::decide::permission::{Decision, EXPIRED_ON_CLOSE};
     use crate::decide::tests::session;
+    use crate::error::ErrorCode;
     use crate::model::{PermissionState, SessionState};
     use crate::permission::lark_command;
 
     #[test]
-    fn a_chat_links_to_one_open_session() {
-        let open = || Some(session(SessionState::Open));
-        let linked = |s, holder| link(s, holder, "oc_1".into(), vec!["ou_a".into()], 7);
-        let first = linked(open(), None).expect("linked");
+    fn a_link_joins_the_chat_as_its_current_session() {
+        let rows = |state, link: Option<LinkRow>| LinkRows {
+            session: Some(session(state)),
+            link,
+            chat: Some(ChatRow {
+                chat_id: "oc_1".into(),
+                failed_codes: 2,
+                failed_since: 3,
+                current_session_id: Some("ses_2".into()),
+            }),
+        };
+        let linked = |rows| link(rows, "oc_1".into(), vec!["ou_a".into()], 7);
+        let first = linked(rows(SessionState::Open, None)).expect("linked");
         assert_eq!(first.answer.chat_id.as_deref(), Some("oc_1"));
         let written = first.writes.link.and_then(|change| change.link);
         assert!(matches!(
             written,
             Some(NewLink { ref approvers, at: 7, .. }) if approvers == "[\"ou_a\"]"
         ));
-        assert!(linked(open(), Some("ses_1")).is_ok());
-        let taken = linked(open(), Some("ses_2")).expect_err("a refusal");
-        assert_eq!(taken.code, ErrorCode::ChatLinked);
-        let closed = linked(Some(session(SessionState::Closed)), Some("ses_2"));
+        let chat = first.writes.chat.expect("the chat");
+        assert_eq!(
+            (chat.current_session_id.as_deref(), chat.failed_codes),
+            (Some("ses_1"), 2)
+        );
+        // Linked to this chat already: it keeps its place in the list.
+        let again = LinkRow {
+            chat_id: "oc_1".into(),
+            approvers: "[]".into(),
+            linked_at: 4,
+        };
+        let kept = linked(rows(SessionState::Open, Some(again.clone()))).expect("linked");
+        assert_eq!(kept.writes.link.and_then(|l| l.link).map(|l| l.at), Some(4));
+        let moved = LinkRow {
+            chat_id: "oc_2".into(),
+            ..again
+        };
+        let moved = linked(rows(SessionState::Open, Some(moved))).expect("linked");
+        assert_eq!(
+            moved.writes.link.and_then(|l| l.link).map(|l| l.at),
+            Some(7)
+        );
+        let closed = linked(rows(SessionState::Closed, None));
         assert_eq!(
             closed.expect_err("a refusal").code,
             ErrorCode::SessionClosed
         );
-        let unknown = linked(None, None).expect_err("a refusal");
+        let unknown = linked(LinkRows::default()).expect_err("a refusal");
         assert_eq!(unknown.code, ErrorCode::NotFound);
     }
 
@@ -496,6 +570,7 @@ mod tests {
             sender: Some(sender.into()),
             command: text.and_then(lark_command),
             chat_command: None,
+            replies_to: Vec::new(),
         }
     }
 
@@ -509,7 +584,13 @@ mod tests {
     ) -> Decided<LarkIngest> {
         let approvers: Vec<String> = approvers.iter().map(|a| a.to_string()).collect();
         let rows = EventRows {
-            linked: Some((session(SessionState::Open), approvers_to_stored(&approvers))),
+            chat: ChatRows {
+                sessions: vec![chat::ChatSession {
+                    session: session(SessionState::Open),
+                    approvers: approvers_to_stored(&approvers),
+                }],
+                ..ChatRows::default()
+            },
             request,
             ..EventRows::default()
         };
@@ -753,7 +834,7 @@ mod tests {
             ..created()
         };
         let decided = tapped(Some(expired.clone()), "ou_x", "oc_1");
-        let Clicked::Settled { row, by } = &decided.answer else {
+        let Clicked::Settled { row, by, .. } = &decided.answer else {
             panic!("{:?}", decided.answer)
         };
         assert_eq!((row.state, by.as_deref()), (EXPIRED_ON_CLOSE, Some("ou_b")));

@@ -200,6 +200,17 @@ pub struct SeenLarkEvent {
     pub at: i64,
 }
 
+/// A Lark message of a session's (a person's message it took as a turn):
+/// a reply to it, or a message in its thread, goes to that session
+/// (`lark_sent`, which also remembers what the broker sent for it).
+#[derive(Debug, Clone)]
+pub struct SentMessage {
+    pub message_id: String,
+    pub session_id: String,
+    pub chat_id: String,
+    pub at: i64,
+}
+
 /// A close's sweep of its session: every queued turn, and the open
 /// terminal turn (`terminal`, if any), becomes `cancelled`
 /// (with `cancel_reason`), one `turn` event each, numbered from
@@ -256,6 +267,9 @@ pub struct Writes {
     /// The broker's answer to a command in a chat.
     #[serde(skip)]
     pub note: Option<pairing::NewNote>,
+    /// A Lark message remembered as the session's.
+    #[serde(skip)]
+    pub sent: Option<SentMessage>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn: Option<Change<TurnRow>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -295,6 +309,7 @@ impl Writes {
             && self.pair_code.is_none()
             && self.chat.is_none()
             && self.note.is_none()
+            && self.sent.is_none()
     }
 
     /// What these writes change, once committed: `None` when they log no

@@ -12,9 +12,8 @@
 use sha2::{Digest, Sha256};
 
 use super::chat::Listed;
-use super::lark::{LarkIngest, link};
+use super::lark::{LarkIngest, LinkRow, LinkRows, link};
 use super::{Decided, SessionRow, Writes, existing, open};
-use crate::error::ErrorCode;
 use crate::error::Result;
 use crate::permission::{MAX_APPROVERS, approvers_from_stored};
 
@@ -81,23 +80,41 @@ pub enum PairCodeWrite {
     },
 }
 
-/// A chat's count of wrong codes, as stored (`lark_chats`; a chat never
-/// seen counts none).
+/// A chat, as stored (`lark_chats`; a chat never seen counts no wrong
+/// codes and has no current session): its count of wrong codes, and the
+/// session its plain messages go to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChatRow {
     pub chat_id: String,
     pub failed_codes: i64,
     pub failed_since: i64,
+    /// As last chosen (`/use N`, a link); [`super::chat::ChatRows::current`]
+    /// says which session is current now.
+    pub current_session_id: Option<String>,
+}
+
+impl ChatRow {
+    /// The chat as stored, or as a chat never seen.
+    pub fn or_new(row: Option<ChatRow>, chat_id: &str) -> ChatRow {
+        row.unwrap_or_else(|| ChatRow {
+            chat_id: chat_id.to_owned(),
+            ..ChatRow::default()
+        })
+    }
 }
 
 /// The broker's answer to a command, a card replying to its message
-/// (`lark_notes`: one per message).
+/// (`lark_notes`: one per message), or a card the broker sends on its own
+/// (a session's close: `reply` false, `message_id` only its key).
 #[derive(Debug, Clone)]
 pub struct NewNote {
     pub message_id: String,
     pub chat_id: String,
     /// The card's JSON.
     pub text: String,
+    /// The session it names, if one: a reply to it goes there.
+    pub session_id: Option<String>,
+    pub reply: bool,
     pub at: i64,
 }
 
@@ -110,8 +127,8 @@ pub enum Note {
     BadCode,
     /// Too many wrong codes from this chat: try again later.
     Throttled,
-    /// The chat is linked to another open session already.
-    ChatTaken,
+    /// The session closed: it left this chat's list.
+    Closed(SessionName),
     /// What the commands are.
     Help,
     /// The chat is linked to no open session: how to pair one.
@@ -131,14 +148,29 @@ pub enum Note {
 /// How a session is named in a chat: goal · agent, and its host surface.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionName {
+    pub session_id: String,
     pub goal_id: String,
     pub agent_id: String,
     pub host_surface: String,
 }
 
+impl Note {
+    /// The session the note names, if one.
+    pub fn session_id(&self) -> Option<&str> {
+        match self {
+            Note::Linked(name)
+            | Note::Current(name)
+            | Note::Unlinked(name)
+            | Note::Closed(name) => Some(&name.session_id),
+            _ => None,
+        }
+    }
+}
+
 impl SessionName {
     pub fn of(session: &SessionRow) -> Self {
         Self {
+            session_id: session.session_id.clone(),
             goal_id: session.goal_id.clone(),
             agent_id: session.agent_id.clone(),
             host_surface: session.host_surface.clone(),
@@ -167,15 +199,12 @@ pub fn new_code(session: Option<SessionRow>, code_hash: String, now: i64) -> Res
 }
 
 /// What a `/link <code>` reads: the code (by its hash), the session it is
-/// for (locked), the session the chat is linked to now, the approvers of
-/// the session's link when it is this chat's (as stored), and the chat's
-/// wrong codes.
+/// for (locked), that session's link (if any), and the chat.
 #[derive(Debug, Default)]
 pub struct PairRows {
     pub code: Option<PairCodeRow>,
     pub session: Option<SessionRow>,
-    pub holder: Option<String>,
-    pub approvers: Option<String>,
+    pub link: Option<LinkRow>,
     pub chat: Option<ChatRow>,
 }
 
@@ -189,16 +218,13 @@ pub struct PairAt {
 
 /// A `/link <code>`, in this order: a throttled chat is told so, nothing
 /// else written; a code that is unknown, spent, expired, or for a closed
-/// session is a wrong code (counted, said without telling which); a chat
-/// linked to another open session is told so, the code kept; else the chat
-/// is linked, the sender added to the link's approvers (kept when the
-/// session's link was this chat's), the code spent and the chat's count
-/// cleared. Every outcome is answered with a note in the chat.
+/// session is a wrong code (counted, said without telling which); else the
+/// session joins the chat's sessions as its current one ([`link`]), the
+/// sender added to the link's approvers (kept when the session's link was
+/// this chat's), the code spent and the chat's count cleared. Every outcome
+/// is answered with a note in the chat.
 pub fn pair(rows: PairRows, at: PairAt, now: i64) -> Decided<LarkIngest> {
-    let chat = rows.chat.clone().unwrap_or_else(|| ChatRow {
-        chat_id: at.chat_id.clone(),
-        ..ChatRow::default()
-    });
+    let chat = ChatRow::or_new(rows.chat.clone(), &at.chat_id);
     // A chat with no wrong codes has no window open: the next one opens it.
     let in_window = chat.failed_codes > 0 && now < chat.failed_since + WRONG_CODES_WINDOW_MS;
     if in_window && chat.failed_codes >= MAX_WRONG_CODES {
@@ -209,9 +235,10 @@ pub fn pair(rows: PairRows, at: PairAt, now: i64) -> Decided<LarkIngest> {
         return wrong_code(chat, in_window, &at, now);
     };
     let mut approvers = rows
-        .approvers
-        .as_deref()
-        .map(approvers_from_stored)
+        .link
+        .as_ref()
+        .filter(|link| link.chat_id == at.chat_id)
+        .map(|link| approvers_from_stored(&link.approvers))
         .unwrap_or_default();
     if let Some(sender) = &at.sender
         && !approvers.contains(sender)
@@ -220,30 +247,25 @@ pub fn pair(rows: PairRows, at: PairAt, now: i64) -> Decided<LarkIngest> {
         approvers.push(sender.clone());
     }
     let name = SessionName::of(&session);
-    match link(
-        Some(session),
-        rows.holder.as_deref(),
-        at.chat_id.clone(),
-        approvers,
-        now,
-    ) {
+    let rows = LinkRows {
+        session: Some(session),
+        link: rows.link,
+        chat: Some(ChatRow {
+            failed_codes: 0,
+            failed_since: 0,
+            ..chat.clone()
+        }),
+    };
+    match link(rows, at.chat_id.clone(), approvers, now) {
         Ok(linked) => {
             let writes = Writes {
                 pair_code: Some(PairCodeWrite::Used {
                     code_hash: code.code_hash.clone(),
                     at: now,
                 }),
-                chat: Some(ChatRow {
-                    failed_codes: 0,
-                    failed_since: 0,
-                    ..chat
-                }),
                 ..linked.writes
             };
             noted(writes, &at, Note::Linked(name), now)
-        }
-        Err(e) if e.code == ErrorCode::ChatLinked => {
-            noted(Writes::default(), &at, Note::ChatTaken, now)
         }
         Err(_) => wrong_code(chat, in_window, &at, now),
     }
@@ -276,6 +298,8 @@ pub(crate) fn noted(mut writes: Writes, at: &PairAt, note: Note, now: i64) -> De
         message_id: at.message_id.clone(),
         chat_id: at.chat_id.clone(),
         text: crate::lark::card::note(&note).to_string(),
+        session_id: note.session_id().map(str::to_owned),
+        reply: true,
         at: now,
     });
     Decided {
@@ -361,6 +385,7 @@ mod tests {
             chat_id: "oc_1".into(),
             failed_codes: MAX_WRONG_CODES,
             failed_since: 10,
+            current_session_id: None,
         };
         let throttled = pair(rows(Some(code(None, 100)), Some(full.clone())), at(), 50);
         assert!(matches!(
@@ -375,14 +400,21 @@ mod tests {
     }
 
     #[test]
-    fn a_chat_linked_elsewhere_keeps_the_code() {
-        let mut rows = rows(Some(code(None, 100)), None);
-        rows.holder = Some("ses_2".into());
-        let decided = pair(rows, at(), 50);
+    fn a_chat_with_a_session_adds_the_next_and_makes_it_current() {
+        let chat = ChatRow {
+            chat_id: "oc_1".into(),
+            current_session_id: Some("ses_0".into()),
+            ..ChatRow::default()
+        };
+        let decided = pair(rows(Some(code(None, 100)), Some(chat)), at(), 50);
         assert!(matches!(
             decided.answer,
-            LarkIngest::Command(Note::ChatTaken)
+            LarkIngest::Command(Note::Linked(_))
         ));
-        assert!(decided.writes.pair_code.is_none() && decided.writes.link.is_none());
+        let chat = decided.writes.chat.expect("the chat");
+        assert_eq!(chat.current_session_id.as_deref(), Some("ses_1"));
+        assert!(decided.writes.pair_code.is_some());
+        let note = decided.writes.note.expect("noted");
+        assert_eq!(note.session_id.as_deref(), Some("ses_1"));
     }
 }

@@ -103,7 +103,7 @@ pub fn create(
         chat_id,
         // The message a linked chat receives: the request's interactive
         // card, as the JSON string Lark's `content` takes.
-        text: crate::lark::card::open(&row).to_string(),
+        text: crate::lark::card::open(&row, &super::pairing::SessionName::of(&session)).to_string(),
         at: now,
     });
     Ok(Decided {

@@ -2,6 +2,7 @@
 //! tuple, same executor answered again) and close (refused while a claim is
 //! active; what it cancels and expires).
 
+use super::pairing::{NewNote, Note, SessionName};
 use super::{
     ClaimRow, Decided, LinkChange, Subject, Sweep, Writes, existing, log, no_active_claim,
 };
@@ -100,6 +101,9 @@ pub struct CloseRows {
     pub queued: i64,
     /// How many of its permission requests are pending.
     pub pending: i64,
+    /// The Lark chat it is linked to, if any: told once that it left the
+    /// chat's list.
+    pub lark_chat: Option<String>,
 }
 
 /// A close, in this order: unknown session 404; closed already answers
@@ -167,12 +171,29 @@ pub fn close(rows: CloseRows, release_active_claim: bool, now: i64) -> Result<De
                 session_id: session.session_id.clone(),
                 link: None,
             }),
+            note: rows
+                .lark_chat
+                .map(|chat_id| closed_note(&session, chat_id, now)),
             sweep: Some(sweep),
             session: Some(session),
             event: Some(event),
             ..Writes::default()
         },
     })
+}
+
+/// What the chat a closed session was linked to is told, once (the note's
+/// key is the session's): it left the chat's list.
+fn closed_note(session: &SessionRow, chat_id: String, now: i64) -> NewNote {
+    let note = Note::Closed(SessionName::of(session));
+    NewNote {
+        message_id: format!("closed-{}", session.session_id),
+        chat_id,
+        text: crate::lark::card::note(&note).to_string(),
+        session_id: Some(session.session_id.clone()),
+        reply: false,
+        at: now,
+    }
 }
 
 #[cfg(test)]

@@ -48,10 +48,15 @@ pub async fn pair_code(
 
 /// Link a Lark chat.
 ///
-/// Messages from this Lark chat go to this session from now on. One open
-/// session per chat: a chat linked to another open session is 409
-/// `chat_linked` (unlink it there first); a session has at most one chat, so
-/// linking another chat replaces its link. Closing the session removes the link.
+/// The session joins the chat's sessions and becomes the chat's current one:
+/// plain messages from the chat go to it from now on, until `/use N` (or
+/// another link) picks another. A chat holds several open sessions (this
+/// replaces the earlier contract of one open session per chat: no
+/// `chat_linked` any more), numbered in the order they were linked; a
+/// message that replies to a session's answer or card goes to that session
+/// whichever is current. A session has at most one chat: linking it to
+/// another chat moves it, linking the same chat again keeps its place.
+/// Closing the session removes the link, and the chat is told once.
 ///
 /// `approvers` lists the Lark open ids (`ou_…`, at most 50, each at most 64
 /// bytes) who may answer the session's permission requests from the chat with
@@ -67,7 +72,7 @@ pub async fn pair_code(
         (status = 400, description = "`invalid_request`.", body = ErrorBody),
         (status = 401, description = "`unauthorized`.", body = ErrorBody),
         (status = 404, description = "`not_found`.", body = ErrorBody),
-        (status = 409, description = "`session_closed` or `chat_linked`.", body = ErrorBody),
+        (status = 409, description = "`session_closed`.", body = ErrorBody),
         (status = 413, description = "`payload_too_large`.", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
     ))]

@@ -29,8 +29,9 @@ pub struct ButtonValue {
     pub behavior: Behavior,
 }
 
-/// The card a linked chat receives for a new request.
-pub fn open(row: &PermissionRow) -> Value {
+/// The card a linked chat receives for a new request, its header naming
+/// the session.
+pub fn open(row: &PermissionRow, name: &SessionName) -> Value {
     let id = escape_html(&row.request_id);
     let mut elements = about(row);
     elements.push(json!({"tag": "column_set", "columns": [
@@ -41,34 +42,45 @@ pub fn open(row: &PermissionRow) -> Value {
         "Approvers of this chat only. Or reply \"yes {id}\" to allow, \"no {id}\" to deny.\n\
          仅本群审批人可操作。也可回复 \"yes {id}\" 允许，\"no {id}\" 拒绝。"
     )));
-    card("Permission request · 权限请求", "orange", elements)
+    card(
+        &named("Permission request · 权限请求", name),
+        "orange",
+        elements,
+    )
 }
 
 /// The card once the request is settled: what was answered, by whom (the
 /// approver's open id, when a click or `yes <id>` in Lark answered), no
-/// buttons.
-pub fn settled(row: &PermissionRow, by: Option<&str>) -> Value {
+/// buttons; its header naming the session.
+pub fn settled(row: &PermissionRow, name: &SessionName, by: Option<&str>) -> Value {
     let (title, template) = match row.state {
         PermissionState::Allowed => ("Allowed · 已允许", "green"),
         PermissionState::Denied => ("Denied · 已拒绝", "red"),
         PermissionState::Expired => ("No longer open · 已失效", "grey"),
-        PermissionState::Pending => return open(row),
+        PermissionState::Pending => return open(row, name),
     };
     let mut elements = about(row);
     elements.push(markdown(&outcome(row, by)));
-    card(title, template, elements)
+    card(&named(title, name), template, elements)
+}
+
+/// A card's title followed by the session it is about: `title: goal · agent`.
+pub fn named(title: &str, name: &SessionName) -> String {
+    format!("{title}: {}", title_of(name))
 }
 
 /// The broker's answer to a command in a chat.
 pub fn note(note: &Note) -> Value {
     match note {
         Note::Linked(name) => card(
-            &format!("Linked · 已关联: {}", title_of(name)),
+            &named("Linked · 已关联", name),
             "green",
             vec![markdown(&format!(
-                "This chat is linked to **{}** ({}). Messages here go to it, and you may \
+                "This chat is linked to **{}** ({}), now its current session: messages here \
+                 go to it (`/list` shows the chat's sessions, `/use N` switches), and you may \
                  answer its permission requests.\n\
-                 本会话已关联到 **{}**（{}）。此处的消息会发给它，你可以处理它的权限请求。",
+                 本会话已关联到 **{}**（{}），它现在是当前会话：此处的消息会发给它（`/list` 列出会话，\
+                 `/use N` 切换），你可以处理它的权限请求。",
                 escape_html(&title_of(name)),
                 escape_html(&name.host_surface),
                 escape_html(&title_of(name)),
@@ -104,23 +116,17 @@ pub fn note(note: &Note) -> Value {
         ),
         Note::List(sessions) => card("Sessions · 会话", "blue", vec![markdown(&listed(sessions))]),
         Note::Status(sessions) => card("Status · 状态", "blue", vec![markdown(&listed(sessions))]),
-        Note::Current(name) => card(
-            &format!("Current · 当前: {}", title_of(name)),
+        Note::Current(name) => about_session(
+            "Current · 当前",
             "blue",
-            vec![markdown(&format!(
-                "Messages here go to **{}** now.\n此处的消息现在发给 **{}**。",
-                escape_html(&title_of(name)),
-                escape_html(&title_of(name)),
-            ))],
+            name,
+            "Messages here go to {} now.\n此处的消息现在发给 {}。",
         ),
-        Note::Unlinked(name) => card(
-            &format!("Unlinked · 已取消关联: {}", title_of(name)),
+        Note::Unlinked(name) => about_session(
+            "Unlinked · 已取消关联",
             "grey",
-            vec![markdown(&format!(
-                "**{}** no longer gets this chat's messages.\n**{}** 不再接收此处的消息。",
-                escape_html(&title_of(name)),
-                escape_html(&title_of(name)),
-            ))],
+            name,
+            "{} no longer gets this chat's messages.\n{} 不再接收此处的消息。",
         ),
         Note::NoSuchSession => card(
             "No such session · 没有这个会话",
@@ -129,15 +135,24 @@ pub fn note(note: &Note) -> Value {
                 "That names none of this chat's sessions: see `/list`.\n没有对应的会话，请查看 `/list`。",
             )],
         ),
-        Note::ChatTaken => card(
-            "Not linked · 未关联",
-            "orange",
-            vec![markdown(
-                "This chat is linked to another open session: unlink it there first.\n\
-                 本会话已关联到另一个进行中的会话，请先在那里取消关联。",
-            )],
+        Note::Closed(name) => about_session(
+            "Closed · 已关闭",
+            "grey",
+            name,
+            "{} was closed: it left this chat's list.\n{} 已关闭，已从此处的会话列表中移除。",
         ),
     }
+}
+
+/// A note about one session: its title names it, and each `{}` of `text`
+/// is its name in bold.
+fn about_session(title: &str, template: &str, name: &SessionName, text: &str) -> Value {
+    let bold = format!("**{}**", escape_html(&title_of(name)));
+    card(
+        &named(title, name),
+        template,
+        vec![markdown(&text.replace("{}", &bold))],
+    )
 }
 
 /// What `/help` says.
@@ -149,18 +164,22 @@ const HELP: &str = "`/list` this chat's sessions · 列出会话\n\
     `//text` sends `/text` to the agent · 发送以 / 开头的文字\n\
     Anything else goes to the current session · 其他消息发给当前会话";
 
-/// The chat's sessions, numbered: goal · agent, host surface, presence,
-/// and which is current.
+/// The chat's sessions, numbered: goal · agent, host surface, presence (and
+/// the tool a working agent runs), and which is current.
 fn listed(sessions: &[Listed]) -> String {
     sessions
         .iter()
         .map(|s| {
             format!(
-                "{}. **{}** ({}): {}{}",
+                "{}. **{}** ({}): {}{}{}",
                 s.number,
                 escape_html(&title_of(&s.name)),
                 escape_html(&s.name.host_surface),
                 s.presence.as_str(),
+                s.tool
+                    .as_deref()
+                    .map(|tool| format!(" ({})", escape_html(tool)))
+                    .unwrap_or_default(),
                 if s.current {
                     " · current · 当前"
                 } else {
@@ -310,6 +329,12 @@ fn cut(text: &str, chars: usize) -> String {
 mod tests {
     use super::*;
     use crate::decide::permission::tests::created;
+    use crate::decide::tests::session;
+    use crate::model::SessionState;
+
+    fn name() -> SessionName {
+        SessionName::of(&session(SessionState::Open))
+    }
 
     fn buttons(card: &Value) -> Vec<Value> {
         card["body"]["elements"]
@@ -324,7 +349,11 @@ mod tests {
 
     #[test]
     fn an_open_card_has_two_buttons_naming_the_request_and_the_answer() {
-        let card = open(&created());
+        let card = open(&created(), &name());
+        assert_eq!(
+            card["header"]["title"]["content"],
+            "Permission request · 权限请求: g · a"
+        );
         let buttons = buttons(&card);
         assert_eq!(buttons.len(), 2);
         let values: Vec<ButtonValue> = buttons
@@ -343,7 +372,7 @@ mod tests {
             input_preview: "echo ```\n</script>".into(),
             ..created()
         };
-        let text = open(&row).to_string();
+        let text = open(&row, &name()).to_string();
         assert!(
             text.contains("````\\necho ```\\n&lt;/script&gt;\\n````"),
             "{text}"
@@ -358,16 +387,26 @@ mod tests {
             answered_via: Some(AnsweredVia::Lark),
             ..created()
         };
-        let card = settled(&row, Some("ou_ann"));
+        let card = settled(&row, &name(), Some("ou_ann"));
+        assert!(
+            card["header"]["title"]["content"]
+                .as_str()
+                .unwrap()
+                .ends_with(": g · a")
+        );
         assert!(buttons(&card).is_empty());
         assert!(card.to_string().contains("<at id=ou_ann></at>"));
         assert!(card.to_string().contains("Denied"));
-        let odd = settled(&row, Some("ou_<b>"));
+        let odd = settled(&row, &name(), Some("ou_<b>"));
         assert!(!odd.to_string().contains("<b>"));
         let web = PermissionRow {
             answered_via: Some(AnsweredVia::Owner),
             ..row
         };
-        assert!(settled(&web, None).to_string().contains("Web page"));
+        assert!(
+            settled(&web, &name(), None)
+                .to_string()
+                .contains("Web page")
+        );
     }
 }

@@ -24,6 +24,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{LarkConfig, card, markdown};
+use crate::decide::pairing::SessionName;
 use crate::metrics::Metrics;
 use crate::model::ReplyState;
 use crate::store::{CardUpdateJob, Outbound, ReplyJob, ReplyUpdate, Store};
@@ -172,6 +173,7 @@ impl Dispatcher {
                 Ok(data) => {
                     update.parts_sent += 1;
                     self.sent_card(&job, &data).await;
+                    self.sent(&job, &data).await;
                 }
                 Err(failure) => {
                     self.failed(failure, &mut update, "lark reply");
@@ -243,6 +245,28 @@ impl Dispatcher {
         }
     }
 
+    /// A message went out for a session: remembered, so a reply to it finds
+    /// the session.
+    async fn sent(&self, job: &ReplyJob, data: &Value) {
+        let (Some(session_id), Some(message_id)) = (
+            &job.session_id,
+            data.get("message_id").and_then(Value::as_str),
+        ) else {
+            return;
+        };
+        let recorded = self
+            .store
+            .lark_message_sent(
+                message_id.to_owned(),
+                session_id.clone(),
+                job.chat_id.clone(),
+            )
+            .await;
+        if let Err(e) = recorded {
+            tracing::error!(error = %e.message, "could not record a sent lark message");
+        }
+    }
+
     /// Shows a settled request's card in its final form (one PATCH, retried
     /// like a reply); records what happened.
     async fn update_card(&mut self, job: CardUpdateJob) {
@@ -254,13 +278,18 @@ impl Dispatcher {
             error: None,
             next_attempt_at: now_ms(),
         };
-        let patched = match self
-            .store
-            .permission(&job.session_id, &job.request_id)
-            .await
-        {
-            Ok(row) => {
-                let content = card::settled(&row, job.answered_by.as_deref()).to_string();
+        let read = async {
+            let row = self
+                .store
+                .permission(&job.session_id, &job.request_id)
+                .await?;
+            let session = self.store.session(&job.session_id).await?;
+            let session = session.ok_or_else(|| crate::error::Error::not_found("session"))?;
+            Ok::<_, crate::error::Error>((row, SessionName::of(&session)))
+        };
+        let patched = match read.await {
+            Ok((row, name)) => {
+                let content = card::settled(&row, &name, job.answered_by.as_deref()).to_string();
                 let url = format!(
                     "{}/open-apis/im/v1/messages/{}",
                     self.config.base_url, job.message_id
@@ -434,19 +463,35 @@ fn request(base_url: &str, job: &ReplyJob, index: usize, text: &str) -> (String,
         } => (
             format!("{base_url}/open-apis/im/v1/messages/{message_id}/reply"),
             json!({
-                "content": markdown::card(text).to_string(),
+                "content": markdown::card(text, job.title.as_deref()).to_string(),
                 "msg_type": "interactive",
                 "reply_in_thread": false,
                 // Deterministic: the same turn and part always send the same uuid.
                 "uuid": format!("lx-{turn_id}-{index}"),
             }),
         ),
-        Outbound::Note { message_id } => (
+        Outbound::Note {
+            message_id,
+            reply: true,
+        } => (
             format!("{base_url}/open-apis/im/v1/messages/{message_id}/reply"),
             json!({
                 "content": text,
                 "msg_type": "interactive",
                 "reply_in_thread": false,
+                "uuid": note_uuid(message_id),
+            }),
+        ),
+        // A note of the broker's own (a close): a new card in the chat.
+        Outbound::Note {
+            message_id,
+            reply: false,
+        } => (
+            format!("{base_url}/open-apis/im/v1/messages?receive_id_type=chat_id"),
+            json!({
+                "receive_id": job.chat_id,
+                "content": text,
+                "msg_type": "interactive",
                 "uuid": note_uuid(message_id),
             }),
         ),

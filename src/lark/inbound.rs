@@ -103,16 +103,16 @@ async fn clicked(broker: &Broker, click: LarkClick) -> Result<Value> {
             tracing::debug!("lark card click by someone not an approver, nothing changed");
             card::callback(card::refused_toast(), None)
         }
-        Clicked::Answered { row, by, .. } => {
+        Clicked::Answered { row, name, by, .. } => {
             tracing::debug!("lark card click answered a permission request");
             card::callback(
                 card::answered_toast(row.state),
-                Some(card::settled(&row, by.as_deref())),
+                Some(card::settled(&row, &name, by.as_deref())),
             )
         }
-        Clicked::Settled { row, by } => card::callback(
+        Clicked::Settled { row, name, by } => card::callback(
             card::settled_toast(row.state),
-            Some(card::settled(&row, by.as_deref())),
+            Some(card::settled(&row, &name, by.as_deref())),
         ),
     })
 }
@@ -128,6 +128,7 @@ fn bare_event(app_id: &str, event_id: String) -> LarkEvent {
         sender: None,
         command: None,
         chat_command: None,
+        replies_to: Vec::new(),
     }
 }
 
@@ -140,6 +141,12 @@ struct Message {
     content: String,
     #[serde(default)]
     mentions: Vec<Mention>,
+    /// The message this one replies to, and its thread's root (absent for
+    /// a message that replies to none).
+    #[serde(default)]
+    parent_id: Option<String>,
+    #[serde(default)]
+    root_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -158,6 +165,12 @@ fn message_event(app_id: &str, envelope: Envelope) -> LarkEvent {
     };
     event.message_id = Some(message.message_id);
     event.chat_id = Some(message.chat_id);
+    event.replies_to = [message.parent_id, message.root_id]
+        .into_iter()
+        .flatten()
+        .filter(|id| !id.is_empty())
+        .collect();
+    event.replies_to.dedup();
     // Only people answer: an app's messages carry no approver's open id.
     let sender = &envelope.event["sender"];
     if sender["sender_type"].as_str() == Some("user") {

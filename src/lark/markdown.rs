@@ -28,12 +28,24 @@ pub fn escape_html(text: &str) -> String {
     text.replace('<', "&lt;").replace('>', "&gt;")
 }
 
-/// The card that carries one part of an answer.
-pub fn card(markdown: &str) -> Value {
-    json!({
+/// How much of a session's name an answer's header shows.
+const TITLE_CHARS: usize = 120;
+
+/// The card that carries one part of an answer, its header naming the
+/// session that answered (goal · agent), when known.
+pub fn card(markdown: &str, title: Option<&str>) -> Value {
+    let mut card = json!({
         "schema": "2.0",
         "body": {"elements": [{"tag": "markdown", "content": markdown}]},
-    })
+    });
+    if let Some(title) = title {
+        // Ids are up to 256 bytes each: a title cut this short stays well
+        // inside the room the parts leave for the rest of the card.
+        let title: String = title.chars().take(TITLE_CHARS).collect();
+        card["header"] =
+            json!({"title": {"tag": "plain_text", "content": title}, "template": "blue"});
+    }
+    card
 }
 
 /// A code fence: its char and length (a closing fence uses at least as many).
@@ -267,7 +279,7 @@ mod tests {
         // The whole card body stays under the limit.
         for part in &parts {
             let body = serde_json::json!({
-                "content": card(part).to_string(),
+                "content": card(part, Some("g · a")).to_string(),
                 "msg_type": "interactive",
                 "reply_in_thread": false,
                 "uuid": format!("lx-{}-{}", "t".repeat(60), 99),

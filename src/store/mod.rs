@@ -111,8 +111,9 @@ pub enum Outbound {
         session_id: String,
         request_id: String,
     },
-    /// The broker's answer to a command, a reply to its message (`lark_notes`).
-    Note { message_id: String },
+    /// The broker's answer to a command, a reply to its message; or, not
+    /// `reply`, a card of its own in the chat (`lark_notes`).
+    Note { message_id: String, reply: bool },
 }
 
 /// A reply (or permission-request message) due for sending.
@@ -125,24 +126,41 @@ pub struct ReplyJob {
     pub attempts: i64,
     /// Failed attempts, not counting rate-limit waits.
     pub failures: i64,
+    /// The session it is sent for, if one: what it sends is remembered
+    /// ([`Store::lark_message_sent`]), so a reply to it finds the session.
+    pub session_id: Option<String>,
+    /// An answer's session, as its card's header names it (goal · agent).
+    pub title: Option<String>,
 }
 
 /// The outbox row all three tables read as: `kind` is `reply` (`key` the
 /// turn id, `target` the message id), `permission` (`key` the session id,
 /// `target` the request id) or `note` (`key` and `target` the message
-/// answered).
+/// answered); the session it is for, an answer's title, and whether it
+/// replies to a message.
 pub const DUE_OUTBOX: &str = "select 'reply' as kind, turn_id as key, message_id as target, \
-         chat_id, text, parts_sent, attempts, failures, next_attempt_at from lark_replies \
+         chat_id, text, parts_sent, attempts, failures, next_attempt_at, session_id, \
+         1 as reply, (select s.goal_id || ' · ' || s.agent_id from sessions s \
+             where s.session_id = r.session_id) as title \
+         from lark_replies r \
          where state = 'pending' and next_attempt_at <= $1 \
      union all \
      select 'permission', session_id, request_id, chat_id, text, parts_sent, attempts, failures, \
-         next_attempt_at from lark_permission_messages \
+         next_attempt_at, session_id, 1, null from lark_permission_messages \
          where state = 'pending' and next_attempt_at <= $1 \
      union all \
      select 'note', message_id, message_id, chat_id, text, parts_sent, attempts, failures, \
-         next_attempt_at from lark_notes \
+         next_attempt_at, session_id, reply, null from lark_notes \
          where state = 'pending' and next_attempt_at <= $1 \
      order by next_attempt_at limit $2";
+
+/// Remembers a message the broker sent for a session (`$1`..`$4`: message,
+/// session, chat, now); once.
+pub const INSERT_SENT: &str = "insert into lark_sent (message_id, session_id, chat_id, sent_at) \
+     values ($1, $2, $3, $4) on conflict (message_id) do nothing";
+
+/// The session a message the broker sent was for (`$1`: its message id).
+pub const SENT_FOR: &str = "select session_id from lark_sent where message_id = $1";
 
 /// When the next pending outbox message of either table falls due.
 pub const NEXT_OUTBOX_DUE: &str = "select min(at) from ( \
@@ -164,10 +182,36 @@ pub const NEXT_OUTBOX_DUE: &str = "select min(at) from ( \
 pub const INSERT_PAIR_CODE: &str = "insert into lark_pair_codes \
      (code_hash, session_id, created_at, expires_at) values ($1, $2, $3, $4)";
 pub const SPEND_PAIR_CODE: &str = "update lark_pair_codes set used_at = $1 where code_hash = $2";
-pub const UPSERT_CHAT: &str = "insert into lark_chats (chat_id, failed_codes, failed_since) \
-     values ($1, $2, $3) on conflict (chat_id) do update set failed_codes = $2, failed_since = $3";
+pub const UPSERT_CHAT: &str = "insert into lark_chats (chat_id, failed_codes, failed_since, \
+     current_session_id) values ($1, $2, $3, $4) on conflict (chat_id) do update \
+     set failed_codes = $2, failed_since = $3, current_session_id = $4";
+/// A note (`$1`..`$6`: message, chat, card, now, session, reply); a note
+/// with the same key (a redelivered command, a close told already) is
+/// written once.
 pub const INSERT_NOTE: &str = "insert into lark_notes (message_id, chat_id, text, state, \
-     next_attempt_at, created_at, updated_at) values ($1, $2, $3, 'pending', $4, $4, $4)";
+     next_attempt_at, created_at, updated_at, session_id, reply) \
+     values ($1, $2, $3, 'pending', $4, $4, $4, $5, $6) on conflict (message_id) do nothing";
+
+/// A chat's open sessions in the order they were linked (`$1`: the chat):
+/// each one's id and its link's approvers.
+pub const CHAT_SESSIONS: &str = "select l.session_id, l.approvers from lark_links l \
+     join sessions s on s.session_id = l.session_id \
+     where l.chat_id = $1 and s.state = 'open' order by l.linked_at, l.session_id";
+
+/// The session of a chat (`$1`) whose permission request has the id `$2`:
+/// a pending one first, else the newest.
+pub const ASKED_IN_CHAT: &str = "select p.session_id from permission_requests p \
+     join lark_links l on l.session_id = p.session_id \
+     where l.chat_id = $1 and p.request_id = $2 \
+     order by case when p.state = 'pending' then 0 else 1 end, p.created_at desc limit 1";
+
+/// A session's link (`$1`: the session): chat, approvers, when linked.
+pub const SESSION_LINK: &str =
+    "select chat_id, approvers, linked_at from lark_links where session_id = $1";
+
+/// A chat (`$1`), as [`crate::decide::pairing::ChatRow`] reads it.
+pub const CHAT: &str = "select chat_id, failed_codes, failed_since, current_session_id \
+     from lark_chats where chat_id = $1";
 
 /// A permission card due for its final form: the request it shows was
 /// settled after it was sent (`lark_permission_messages`, its `update_`
@@ -203,7 +247,7 @@ pub fn record_outbox(outbound: Outbound) -> (&'static str, Vec<String>) {
              where session_id = $8 and request_id = $9",
             vec![session_id, request_id],
         ),
-        Outbound::Note { message_id } => (
+        Outbound::Note { message_id, .. } => (
             "update lark_notes set parts_sent = $1, state = $2, attempts = $3, failures = $4, \
              error = $5, next_attempt_at = $6, updated_at = $7 where message_id = $8",
             vec![message_id],
@@ -211,35 +255,49 @@ pub fn record_outbox(outbound: Outbound) -> (&'static str, Vec<String>) {
     }
 }
 
-impl ReplyJob {
-    /// A job from the columns of [`DUE_OUTBOX`].
-    pub fn from_outbox(
-        kind: &str,
-        key: String,
-        target: String,
-        chat_id: String,
-        text: String,
-        counts: (i64, i64, i64),
-    ) -> Self {
-        let outbound = match kind {
+/// An outbox row's columns, as [`DUE_OUTBOX`] (and PostgreSQL's leases)
+/// read them.
+#[derive(sqlx::FromRow)]
+pub struct OutboxRow {
+    pub kind: String,
+    pub key: String,
+    pub target: String,
+    pub chat_id: String,
+    pub text: String,
+    pub parts_sent: i64,
+    pub attempts: i64,
+    pub failures: i64,
+    pub session_id: Option<String>,
+    pub title: Option<String>,
+    pub reply: i64,
+}
+
+impl OutboxRow {
+    /// The job the row is.
+    pub fn job(self) -> ReplyJob {
+        let outbound = match self.kind.as_str() {
             "permission" => Outbound::Permission {
-                session_id: key,
-                request_id: target,
+                session_id: self.key,
+                request_id: self.target,
             },
-            "note" => Outbound::Note { message_id: target },
+            "note" => Outbound::Note {
+                message_id: self.target,
+                reply: self.reply != 0,
+            },
             _ => Outbound::Reply {
-                turn_id: key,
-                message_id: target,
+                turn_id: self.key,
+                message_id: self.target,
             },
         };
-        let (parts_sent, attempts, failures) = counts;
-        Self {
+        ReplyJob {
             outbound,
-            chat_id,
-            text,
-            parts_sent,
-            attempts,
-            failures,
+            chat_id: self.chat_id,
+            text: self.text,
+            parts_sent: self.parts_sent,
+            attempts: self.attempts,
+            failures: self.failures,
+            session_id: self.session_id,
+            title: self.title,
         }
     }
 }
@@ -483,6 +541,13 @@ pub trait Store: Send + Sync + 'static {
     /// When the next pending reply or permission-request message falls due.
     async fn next_reply_due(&self) -> Result<Option<i64>>;
     async fn record_reply(&self, outbound: Outbound, update: ReplyUpdate) -> Result<()>;
+    /// Remembers a message sent for a session: a reply to it goes there.
+    async fn lark_message_sent(
+        &self,
+        message_id: String,
+        session_id: String,
+        chat_id: String,
+    ) -> Result<()>;
     /// Takes a click on a permission card once ([`crate::decide::lark::click`]).
     async fn lark_click(&self, click: LarkClick) -> Result<Clicked>;
     /// Records the Lark message a permission card was sent as.

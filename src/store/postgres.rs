@@ -515,6 +515,22 @@ impl Store for PgStore {
         Ok(outbox::record(&self.pool, outbound, update).await?)
     }
 
+    async fn lark_message_sent(
+        &self,
+        message_id: String,
+        session_id: String,
+        chat_id: String,
+    ) -> Result<()> {
+        sqlx::query(super::INSERT_SENT)
+            .bind(message_id)
+            .bind(session_id)
+            .bind(chat_id)
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     async fn queue_stats(&self) -> Result<(i64, Option<i64>)> {
         Ok(sqlx::query_as(
             // Only the sessions with queued turns (an index), and each one's

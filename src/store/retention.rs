@@ -26,7 +26,7 @@ pub const OLDEST_PRUNABLE: &str = "select session_id from sessions \
 
 /// A session's (`$1`) rows, children first; each removes at most 500 rows
 /// (a step stays a few milliseconds), and a step runs them in order until one removes something.
-pub const DELETE_CHILDREN: [&str; 8] = [
+pub const DELETE_CHILDREN: [&str; 10] = [
     "delete from claims where turn_id in \
      (select turn_id from turns where session_id = $1 order by seq limit 500)",
     "delete from lark_replies where turn_id in \
@@ -37,6 +37,10 @@ pub const DELETE_CHILDREN: [&str; 8] = [
      (select turn_id from turns where session_id = $1 order by seq limit 500)",
     "delete from lark_links where session_id = $1",
     "delete from lark_pair_codes where session_id = $1",
+    "delete from lark_sent where message_id in \
+     (select message_id from lark_sent where session_id = $1 limit 500)",
+    "delete from lark_notes where message_id in \
+     (select message_id from lark_notes where session_id = $1 limit 500)",
     "delete from lark_permission_messages where session_id = $1 and request_id in \
      (select request_id from lark_permission_messages where session_id = $1 limit 500)",
     "delete from permission_requests where session_id = $1 and request_id in \
@@ -46,10 +50,18 @@ pub const DELETE_CHILDREN: [&str; 8] = [
 /// The session itself (`$1`), once its rows are gone; only if still closed.
 pub const DELETE_SESSION: &str = "delete from sessions where session_id = $1 and state = 'closed'";
 
-/// Lark's redelivery guards received before the cutoff (`$1`): Lark stops
-/// redelivering after about 7 hours, so older ones guard nothing.
-pub const DELETE_LARK_EVENTS: &str = "delete from lark_events where (app_id, event_id) in \
-     (select app_id, event_id from lark_events where received_at < $1 limit 500)";
+/// What belongs to no session and is old (`$1`: the cutoff), each a chunk
+/// at a time: Lark's redelivery guards received before the cutoff (Lark
+/// stops redelivering after about 7 hours, so older ones guard nothing), and
+/// the broker's answers to commands that named no session, made before it
+/// and no longer waiting to be sent.
+pub const DELETE_OLD: [&str; 2] = [
+    "delete from lark_events where (app_id, event_id) in \
+     (select app_id, event_id from lark_events where received_at < $1 limit 500)",
+    "delete from lark_notes where message_id in \
+     (select message_id from lark_notes where session_id is null and created_at < $1 \
+      and state <> 'pending' limit 500)",
+];
 
 /// What one step removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -55,32 +55,6 @@ use crate::permission;
 use crate::permission::PermissionRow;
 use crate::time::now_ms;
 
-/// A row of [`super::DUE_OUTBOX`].
-#[derive(sqlx::FromRow)]
-struct OutboxRow {
-    kind: String,
-    key: String,
-    target: String,
-    chat_id: String,
-    text: String,
-    parts_sent: i64,
-    attempts: i64,
-    failures: i64,
-}
-
-impl OutboxRow {
-    fn job(self) -> ReplyJob {
-        ReplyJob::from_outbox(
-            &self.kind,
-            self.key,
-            self.target,
-            self.chat_id,
-            self.text,
-            (self.parts_sent, self.attempts, self.failures),
-        )
-    }
-}
-
 /// How much a power loss may take: `Full` nothing acknowledged (every commit
 /// is synced to disk before it is answered), `Relaxed` the last commits
 /// (SQLite `synchronous=NORMAL`, answered at the commit and synced right
@@ -207,13 +181,13 @@ fn prune_step(conn: &Connection, cutoff_ms: i64) -> Result<PruneStep> {
         .query_row([cutoff_ms], |row| row.get(0))
         .optional()?;
     let Some(session_id) = oldest else {
-        let rows = conn
-            .prepare_cached(retention::DELETE_LARK_EVENTS)?
-            .execute([cutoff_ms])?;
-        return Ok(match rows {
-            0 => PruneStep::Done,
-            rows => PruneStep::Rows(rows as u64),
-        });
+        for statement in retention::DELETE_OLD {
+            let rows = conn.prepare_cached(statement)?.execute([cutoff_ms])?;
+            if rows > 0 {
+                return Ok(PruneStep::Rows(rows as u64));
+            }
+        }
+        return Ok(PruneStep::Done);
     };
     for statement in retention::DELETE_CHILDREN {
         let rows = conn.prepare_cached(statement)?.execute([&session_id])?;
@@ -672,18 +646,36 @@ impl Store for SqliteStore {
     }
 
     async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {
-        let rows: Vec<OutboxRow> = sqlx::query_as(super::DUE_OUTBOX)
+        let rows: Vec<super::OutboxRow> = sqlx::query_as(super::DUE_OUTBOX)
             .bind(now_ms)
             .bind(limit)
             .fetch_all(self.reads().await?)
             .await?;
-        Ok(rows.into_iter().map(OutboxRow::job).collect())
+        Ok(rows.into_iter().map(super::OutboxRow::job).collect())
     }
 
     async fn next_reply_due(&self) -> Result<Option<i64>> {
         Ok(sqlx::query_scalar(super::NEXT_OUTBOX_DUE)
             .fetch_one(self.reads().await?)
             .await?)
+    }
+
+    async fn lark_message_sent(
+        &self,
+        message_id: String,
+        session_id: String,
+        chat_id: String,
+    ) -> Result<()> {
+        self.write(move |conn| {
+            sql::query(super::INSERT_SENT)
+                .bind(&message_id)
+                .bind(&session_id)
+                .bind(&chat_id)
+                .bind(now_ms())
+                .execute(conn)?;
+            Ok(())
+        })
+        .await
     }
 
     async fn record_reply(&self, outbound: Outbound, update: ReplyUpdate) -> Result<()> {
@@ -856,8 +848,8 @@ mod tests {
             QUEUE_STATS,
             retention::OLDEST_PRUNABLE,
             retention::DELETE_SESSION,
-            retention::DELETE_LARK_EVENTS,
         ];
+        statements.extend(retention::DELETE_OLD);
         statements.extend(retention::DELETE_CHILDREN);
         for statement in statements {
             let mut plan = conn

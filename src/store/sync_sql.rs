@@ -10,6 +10,7 @@ use std::marker::PhantomData;
 use rusqlite::types::{FromSql, Value};
 use rusqlite::{Connection, OptionalExtension, Row, params_from_iter};
 
+use crate::decide::lark::LinkRow;
 use crate::decide::pairing::{ChatRow, PairCodeRow};
 use crate::decide::{ClaimRow, ClaimState};
 use crate::decide::{SessionRow, TurnRow};
@@ -220,6 +221,17 @@ impl FromRow for ChatRow {
             chat_id: r.get(0)?,
             failed_codes: r.get(1)?,
             failed_since: r.get(2)?,
+            current_session_id: r.get(3)?,
+        })
+    }
+}
+
+impl FromRow for LinkRow {
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(LinkRow {
+            chat_id: r.get(0)?,
+            approvers: r.get(1)?,
+            linked_at: r.get(2)?,
         })
     }
 }
@@ -295,6 +307,12 @@ impl<T: FromRow> Query<'_, T> {
     pub fn fetch_one(self, conn: &Connection) -> Result<T> {
         let mut statement = conn.prepare_cached(self.sql)?;
         Ok(statement.query_row(params_from_iter(self.params), T::from_row)?)
+    }
+
+    pub fn fetch_all(self, conn: &Connection) -> Result<Vec<T>> {
+        let mut statement = conn.prepare_cached(self.sql)?;
+        let rows = statement.query_map(params_from_iter(self.params), T::from_row)?;
+        Ok(rows.collect::<rusqlite::Result<Vec<T>>>()?)
     }
 }
 

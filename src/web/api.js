@@ -170,3 +170,9 @@ export async function answerPermission(sessionId, requestId, behavior) {
   const path = `/v1/sessions/${enc(sessionId)}/permission-requests/${enc(requestId)}/answer`;
   return (await request('POST', path, { behavior })).data;
 }
+
+/** A one-time code that pairs a Lark chat with the session (valid 10 minutes,
+ * once): {code, command (the `/link <code>` line to send the bot), expires_at}. */
+export async function larkPairCode(sessionId) {
+  return (await request('POST', `/v1/sessions/${enc(sessionId)}/lark-link/codes`)).data;
+}

@@ -43,6 +43,13 @@ const ui = {
   closeRelease: $('close-release'),
   closeCancel: $('close-cancel'),
   closeError: $('close-error'),
+  larkPair: $('lark-pair'),
+  pairPanel: $('pair-panel'),
+  pairCommand: $('pair-command'),
+  pairExpiry: $('pair-expiry'),
+  pairAgain: $('pair-again'),
+  pairDone: $('pair-done'),
+  pairError: $('pair-error'),
   composer: $('composer'),
   text: $('composer-text'),
   send: $('send'),
@@ -301,6 +308,9 @@ function openChat(sessionId) {
   show(ui.closedNote, false);
   show(ui.closeSession, false);
   show(ui.closePanel, false);
+  show(ui.larkPair, false);
+  show(ui.pairPanel, false);
+  showError(ui.pairError, '');
   ui.text.disabled = true;
   ui.send.disabled = true;
   ui.composer.classList.remove('composer-closed');
@@ -373,6 +383,8 @@ function applySession(c, session) {
   show(ui.closedNote, closed);
   show(ui.closeSession, !closed && ui.closePanel.hidden);
   if (closed) show(ui.closePanel, false);
+  show(ui.larkPair, !closed && ui.pairPanel.hidden);
+  if (closed) show(ui.pairPanel, false);
   ui.text.disabled = closed;
   ui.send.disabled = closed || c.sending;
   ui.composer.classList.toggle('composer-closed', closed);
@@ -443,6 +455,45 @@ ui.closeSession.addEventListener('click', openClosePanel);
 ui.closeCancel.addEventListener('click', hideClosePanel);
 ui.closeConfirm.addEventListener('click', () => closeSession(false));
 ui.closeRelease.addEventListener('click', () => closeSession(true));
+
+// --- pairing a Lark chat ---
+
+/** Asks the broker for a pairing code and shows the `/link <code>` line to
+ * send the bot; the code is good once, for ten minutes. */
+async function pairLark() {
+  const c = chat;
+  if (!c) return;
+  ui.larkPair.disabled = true;
+  ui.pairAgain.disabled = true;
+  showError(ui.pairError, '');
+  try {
+    const made = await api.larkPairCode(c.id);
+    if (c.disposed) return;
+    ui.pairCommand.textContent = made.command;
+    ui.pairExpiry.textContent =
+      `Good for one link until ${new Date(made.expires_at).toLocaleTimeString()}. ` +
+      'A chat may hold several sessions: /list shows them, /use N picks the one plain messages go to.';
+    show(ui.larkPair, false);
+    show(ui.pairPanel, true);
+    announce(`Pairing code ready: ${made.command}`);
+  } catch (error) {
+    if (c.disposed || error.status === 401) return;
+    showError(ui.pairError, `Could not make a pairing code: ${error.message}`);
+  } finally {
+    ui.larkPair.disabled = false;
+    ui.pairAgain.disabled = false;
+  }
+}
+
+function hidePairPanel() {
+  show(ui.pairPanel, false);
+  show(ui.larkPair, chat?.session?.state === 'open');
+  ui.larkPair.focus();
+}
+
+ui.larkPair.addEventListener('click', pairLark);
+ui.pairAgain.addEventListener('click', pairLark);
+ui.pairDone.addEventListener('click', hidePairPanel);
 
 // --- the transcript ---
 

@@ -959,7 +959,7 @@ async fn lark_link_status_and_unlink_through_the_cli() {
     assert_eq!(bad.code, 1, "{bad:?}");
     assert!(bad.stderr.contains("invalid_request"), "{bad:?}");
     let other = support::bound_host(&broker.client).await;
-    let taken = loopx(
+    let joined = loopx(
         &broker,
         &[
             "lark",
@@ -971,8 +971,8 @@ async fn lark_link_status_and_unlink_through_the_cli() {
         ],
     )
     .await;
-    assert_eq!(taken.code, 1);
-    assert!(taken.stderr.contains("chat_linked"), "{taken:?}");
+    // A chat holds several sessions: the other one joins it.
+    assert_eq!(joined.code, 0, "{joined:?}");
     loopx(&broker, &["lark", "unlink", "--session-id", sid])
         .await
         .ok();

@@ -23,7 +23,7 @@ const BOB: &str = "ou_7d8a6e6df7621556ce0d21922b676706";
 const WITHIN: Duration = Duration::from_secs(10);
 
 /// The card the bot sent to `chat` for request `id` (waits for it).
-async fn card_for(fake: &FakeLark, chat: &str, id: &str) -> ReplyRequest {
+pub async fn card_for(fake: &FakeLark, chat: &str, id: &str) -> ReplyRequest {
     let deadline = std::time::Instant::now() + WITHIN;
     loop {
         let found = fake
@@ -56,7 +56,7 @@ fn buttons(card: &Value) -> Vec<Value> {
 
 /// The `card.action.trigger` Lark sends when `operator` clicks the card's
 /// button for `behavior` (`allow` or `deny`) in `chat`.
-fn click(card: &ReplyRequest, behavior: &str, operator: &str, chat: &str) -> Value {
+pub fn click(card: &ReplyRequest, behavior: &str, operator: &str, chat: &str) -> Value {
     let value = buttons(&card.content)
         .into_iter()
         .find(|v| v["behavior"] == behavior)

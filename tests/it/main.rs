@@ -20,6 +20,7 @@ mod lark;
 mod lark_cards;
 mod lark_pairing;
 mod lark_permissions;
+mod lark_sessions;
 mod lark_ws;
 mod metrics;
 mod openapi_drift;

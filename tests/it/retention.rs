@@ -12,7 +12,7 @@ use crate::support::*;
 const DAY_MS: i64 = 86_400_000;
 
 /// The tables that hold a session's rows.
-const OWNED: [&str; 7] = [
+const OWNED: [&str; 10] = [
     "turns",
     "claims",
     "session_events",
@@ -20,6 +20,9 @@ const OWNED: [&str; 7] = [
     "lark_links",
     "permission_requests",
     "lark_permission_messages",
+    "lark_pair_codes",
+    "lark_notes",
+    "lark_sent",
 ];
 
 /// A direct connection to the broker's database, for what the API cannot do
@@ -86,14 +89,16 @@ impl Db {
 }
 
 /// A session with a completed turn (a claim, events), a queued one (cancelled
-/// at close), a Lark link, a permission request (expired at close) and its
-/// message to the chat, closed unless `open`.
+/// at close), a Lark link, a pairing code, a permission request (expired at
+/// close) and its message to the chat, closed unless `open` (then its chat
+/// has a note saying so).
 async fn history(client: &loopx::client::Client, open: bool) -> Host {
     let host = bound_host(client).await;
     client
         .lark_link(host.session_id(), &unique("oc"))
         .await
         .unwrap();
+    client.lark_pair_code(host.session_id()).await.unwrap();
     let turn = enqueue(client, &host, "answered").await;
     let claim_id = unique("claim");
     claim(client, &host, &claim_id, 0).await;

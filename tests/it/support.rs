@@ -179,6 +179,29 @@ impl TestBroker {
         Client::new(&self.url, token.map(str::to_owned))
     }
 
+    /// Stops the broker and starts it again on the same store (data dir or
+    /// database), with the Lark connector configured as `lark`.
+    pub async fn restart(&mut self, lark: Option<LarkConfig>) {
+        self.stop().await;
+        let database_url = self.database.as_ref().map(|database| database.url.as_str());
+        let store = serve::open_store(self.dir.path(), database_url, Durability::Relaxed)
+            .await
+            .unwrap();
+        self.shutdown = CancellationToken::new();
+        let app = serve::App::new(
+            serve::AppConfig {
+                lark,
+                ..serve::AppConfig::new(store, TOKEN.into())
+            },
+            self.shutdown.clone(),
+        );
+        self.broker = app.broker().clone();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        self.url = format!("http://{}", listener.local_addr().unwrap());
+        self.client = Client::new(&self.url, Some(TOKEN.into()));
+        self.server = Some(tokio::spawn(app.serve(listener)));
+    }
+
     /// Stops the server and waits until it has finished.
     pub async fn stop(&mut self) {
         self.shutdown.cancel();

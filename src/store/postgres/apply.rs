@@ -19,7 +19,7 @@ use super::rows::text;
 use crate::decide::pairing::PairCodeWrite;
 use crate::decide::{Change, Changed, ClaimRow, Decided, NewEvent, NewReply, Sweep, Writes};
 use crate::decide::{SessionRow, TurnRow};
-use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, SPEND_PAIR_CODE, UPSERT_CHAT};
+use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, INSERT_SENT, SPEND_PAIR_CODE, UPSERT_CHAT};
 
 type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
 
@@ -343,9 +343,6 @@ async fn lark_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<(
         .execute(&mut *conn)
         .await?;
     if let Some(link) = &change.link {
-        // The same chat linked to another session at this very moment: this
-        // insert waits for that transaction, fails if it committed, and the
-        // decision taken again answers chat_linked.
         sqlx::query(
             "insert into lark_links (chat_id, session_id, linked_at, approvers)
              values ($1, $2, $3, $4)",
@@ -391,6 +388,16 @@ async fn pairing_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Resul
             .bind(&chat.chat_id)
             .bind(chat.failed_codes)
             .bind(chat.failed_since)
+            .bind(&chat.current_session_id)
+            .execute(&mut *conn)
+            .await?;
+    }
+    if let Some(sent) = &writes.sent {
+        sqlx::query(INSERT_SENT)
+            .bind(&sent.message_id)
+            .bind(&sent.session_id)
+            .bind(&sent.chat_id)
+            .bind(sent.at)
             .execute(&mut *conn)
             .await?;
     }
@@ -400,6 +407,8 @@ async fn pairing_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Resul
             .bind(&note.chat_id)
             .bind(note.text.as_bytes())
             .bind(note.at)
+            .bind(&note.session_id)
+            .bind(i64::from(note.reply))
             .execute(&mut *conn)
             .await?;
     }

@@ -8,13 +8,14 @@ use sqlx::postgres::PgConnection;
 use super::apply::decided;
 use super::decisions::earlier_turn;
 use super::permissions::load_permission;
-use super::{Step, lock_session};
-use crate::decide::SessionRow;
-use crate::decide::lark::{self, EventRows};
+use super::{Step, load_session, lock_session, unstorable};
+use crate::decide::chat::{ChatRows, ChatSession};
+use crate::decide::lark::{self, EventRows, LinkRow, LinkRows};
 use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::decide::pairing::{self, ChatRow, PairCodeRow, PairRows};
 use crate::ids::Minter;
 use crate::model::LarkLink;
+use crate::store::{ASKED_IN_CHAT, CHAT, CHAT_SESSIONS, SENT_FOR, SESSION_LINK};
 use crate::time::now_ms;
 
 pub(super) async fn link(
@@ -24,18 +25,12 @@ pub(super) async fn link(
     approvers: &[String],
 ) -> Step<LarkLink> {
     let session = lock_session(conn, session_id).await?;
-    let holder: Option<String> =
-        sqlx::query_scalar("select session_id from lark_links where chat_id = $1")
-            .bind(chat_id)
-            .fetch_optional(&mut *conn)
-            .await?;
-    let decision = lark::link(
+    let rows = LinkRows {
         session,
-        holder.as_deref(),
-        chat_id.to_owned(),
-        approvers.to_vec(),
-        now_ms(),
-    )?;
+        link: session_link(conn, session_id).await?,
+        chat: chat_row(conn, chat_id).await?,
+    };
+    let decision = lark::link(rows, chat_id.to_owned(), approvers.to_vec(), now_ms())?;
     decided(conn, decision).await
 }
 
@@ -44,31 +39,101 @@ pub(super) async fn unlink(conn: &mut PgConnection, session_id: &str) -> Step<La
     decided(conn, lark::unlink(session)?).await
 }
 
-/// The session `chat_id` is linked to, locked, with the link's approvers as
-/// stored. The link is read again once the row is locked: a close, an unlink
-/// or a relink committed in between (on any replica) is then seen.
-async fn linked_session(
-    conn: &mut PgConnection,
-    chat_id: &str,
-) -> sqlx::Result<Option<(SessionRow, String)>> {
-    let link = "select session_id, approvers from lark_links where chat_id = $1";
-    let mut linked: Option<(String, String)> = sqlx::query_as(link)
+async fn session_link(conn: &mut PgConnection, session_id: &str) -> sqlx::Result<Option<LinkRow>> {
+    let link: Option<(String, String, i64)> = sqlx::query_as(SESSION_LINK)
+        .bind(session_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(link.map(|(chat_id, approvers, linked_at)| LinkRow {
+        chat_id,
+        approvers,
+        linked_at,
+    }))
+}
+
+async fn chat_row(conn: &mut PgConnection, chat_id: &str) -> sqlx::Result<Option<ChatRow>> {
+    let chat: Option<(String, i64, i64, Option<String>)> = sqlx::query_as(CHAT)
         .bind(chat_id)
         .fetch_optional(&mut *conn)
         .await?;
-    loop {
-        let Some((candidate, _)) = linked else {
-            return Ok(None);
-        };
-        let session = lock_session(conn, &candidate).await?;
-        linked = sqlx::query_as(link)
-            .bind(chat_id)
+    Ok(chat.map(
+        |(chat_id, failed_codes, failed_since, current_session_id)| ChatRow {
+            chat_id,
+            failed_codes,
+            failed_since,
+            current_session_id,
+        },
+    ))
+}
+
+/// The chat's sessions as linked now, each read (not locked).
+async fn chat_sessions(conn: &mut PgConnection, chat_id: &str) -> sqlx::Result<Vec<ChatSession>> {
+    let links: Vec<(String, String)> = sqlx::query_as(CHAT_SESSIONS)
+        .bind(chat_id)
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut sessions = Vec::with_capacity(links.len());
+    for (session_id, approvers) in links {
+        if let Some(session) = load_session(&mut *conn, &session_id).await? {
+            sessions.push(ChatSession { session, approvers });
+        }
+    }
+    Ok(sessions)
+}
+
+/// What a message in `chat_id` reads ([`ChatRows`]), its target session
+/// locked. The chat's list is read again once the row is locked: a close,
+/// an unlink or a relink committed in between (on any replica) is then
+/// seen, and the target chosen again.
+async fn chat_rows(
+    conn: &mut PgConnection,
+    chat_id: &str,
+    event: &LarkEvent,
+) -> sqlx::Result<ChatRows> {
+    let mut replied = None;
+    for message_id in event.replies_to.iter().filter(|id| !unstorable(id)) {
+        replied = sqlx::query_scalar(SENT_FOR)
+            .bind(message_id)
             .fetch_optional(&mut *conn)
             .await?;
-        if let Some((session_id, approvers)) = &linked
-            && *session_id == candidate
-        {
-            return Ok(session.map(|session| (session, approvers.clone())));
+        if replied.is_some() {
+            break;
+        }
+    }
+    let asked = match event.named_request().filter(|id| !unstorable(id)) {
+        Some(request_id) => {
+            sqlx::query_scalar(ASKED_IN_CHAT)
+                .bind(chat_id)
+                .bind(request_id)
+                .fetch_optional(&mut *conn)
+                .await?
+        }
+        None => None,
+    };
+    let mut rows = ChatRows {
+        chat: chat_row(conn, chat_id).await?,
+        sessions: chat_sessions(conn, chat_id).await?,
+        replied,
+        asked,
+    };
+    loop {
+        let Some(target) = rows.target().map(|t| t.session.session_id.clone()) else {
+            return Ok(rows);
+        };
+        let locked = lock_session(conn, &target).await?;
+        rows.sessions = chat_sessions(conn, chat_id).await?;
+        let still = rows.target().map(|t| t.session.session_id.clone());
+        if still.as_deref() == Some(target.as_str()) {
+            // The locked row is the one the decision takes.
+            if let (Some(locked), Some(slot)) = (
+                locked,
+                rows.sessions
+                    .iter_mut()
+                    .find(|s| s.session.session_id == target),
+            ) {
+                slot.session = locked;
+            }
+            return Ok(rows);
         }
     }
 }
@@ -95,17 +160,17 @@ async fn event_rows(conn: &mut PgConnection, event: &LarkEvent) -> sqlx::Result<
         (Some(code), Some(chat_id)) => pair_rows(conn, chat_id, code).await?,
         _ => PairRows::default(),
     };
-    let linked = match &event.chat_id {
-        Some(chat_id) => linked_session(conn, chat_id).await?,
-        None => None,
+    let chat = match &event.chat_id {
+        Some(chat_id) => chat_rows(conn, chat_id, event).await?,
+        None => ChatRows::default(),
     };
-    let Some((session, approvers)) = linked else {
+    let Some(session_id) = chat.target().map(|t| t.session.session_id.clone()) else {
         return Ok(EventRows {
             pairing,
+            chat,
             ..EventRows::default()
         });
     };
-    let session_id = session.session_id.clone();
     let request = match event.named_request() {
         Some(request_id) => load_permission(&mut *conn, &session_id, request_id).await?,
         None => None,
@@ -113,7 +178,7 @@ async fn event_rows(conn: &mut PgConnection, event: &LarkEvent) -> sqlx::Result<
     Ok(EventRows {
         seen: false,
         earlier: earlier_turn(conn, &session_id, &event.event_id).await?,
-        linked: Some((session, approvers)),
+        chat,
         request,
         pairing,
     })
@@ -130,8 +195,12 @@ async fn pair_rows(conn: &mut PgConnection, chat_id: &str, code: &str) -> sqlx::
         .bind(&hash)
         .fetch_optional(&mut *conn)
         .await?;
+    let chat = chat_row(conn, chat_id).await?;
     let Some((_, session_id, ..)) = found else {
-        return chat_rows(conn, chat_id, PairRows::default()).await;
+        return Ok(PairRows {
+            chat,
+            ..PairRows::default()
+        });
     };
     let session = lock_session(conn, &session_id).await?;
     let code = sqlx::query_as(select)
@@ -144,46 +213,11 @@ async fn pair_rows(conn: &mut PgConnection, chat_id: &str, code: &str) -> sqlx::
             expires_at,
             used_at,
         });
-    let approvers = sqlx::query_scalar(
-        "select approvers from lark_links where session_id = $1 and chat_id = $2",
-    )
-    .bind(&session_id)
-    .bind(chat_id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let rows = PairRows {
+    Ok(PairRows {
         code,
         session,
-        approvers,
-        ..PairRows::default()
-    };
-    chat_rows(conn, chat_id, rows).await
-}
-
-/// The chat's side of [`PairRows`]: who holds it, its wrong codes.
-async fn chat_rows(
-    conn: &mut PgConnection,
-    chat_id: &str,
-    rows: PairRows,
-) -> sqlx::Result<PairRows> {
-    let holder = sqlx::query_scalar("select session_id from lark_links where chat_id = $1")
-        .bind(chat_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-    let chat: Option<(String, i64, i64)> = sqlx::query_as(
-        "select chat_id, failed_codes, failed_since from lark_chats where chat_id = $1",
-    )
-    .bind(chat_id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    Ok(PairRows {
-        holder,
-        chat: chat.map(|(chat_id, failed_codes, failed_since)| ChatRow {
-            chat_id,
-            failed_codes,
-            failed_since,
-        }),
-        ..rows
+        link: session_link(conn, &session_id).await?,
+        chat,
     })
 }
 

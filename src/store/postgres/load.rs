@@ -219,11 +219,16 @@ pub(super) async fn close_rows(
     let Some(row) = locked(conn, &CLOSE, session_id, &[]).await? else {
         return Ok(CloseRows::default());
     };
+    let lark_chat = sqlx::query_scalar("select chat_id from lark_links where session_id = $1")
+        .bind(session_id)
+        .fetch_optional(&mut *conn)
+        .await?;
     Ok(CloseRows {
         session: session(&row)?,
         active: optional_claim(Cols::new(&row, "ac_"))?,
         active_turn: optional_turn(Cols::new(&row, "act_"))?,
         queued: row.try_get("queued")?,
         pending: row.try_get("pending")?,
+        lark_chat,
     })
 }

@@ -7,7 +7,7 @@ use sqlx::Row;
 use sqlx::postgres::PgPool;
 
 use super::rows::{text, utf8};
-use crate::store::{Outbound, ReplyJob, ReplyUpdate};
+use crate::store::{Outbound, OutboxRow, ReplyJob, ReplyUpdate};
 use crate::time::now_ms;
 
 /// How long a dispatcher holds the replies it took before another may.
@@ -22,7 +22,10 @@ const LEASE_REPLIES: &str = "with due as (
      update lark_replies r set next_attempt_at = $1 + $3
      from due where r.turn_id = due.turn_id
      returning r.turn_id as key, r.message_id as target, r.chat_id, r.text, r.parts_sent,
-               r.attempts, r.failures, due.next_attempt_at as due_at";
+               r.attempts, r.failures, due.next_attempt_at as due_at, r.session_id,
+               1::bigint as reply,
+               (select s.goal_id || ' · ' || s.agent_id from sessions s
+                where s.session_id = r.session_id) as title";
 /// The same for permission-request messages.
 const LEASE_PERMISSION_MESSAGES: &str = "with due as (
          select session_id, request_id, next_attempt_at from lark_permission_messages
@@ -33,7 +36,8 @@ const LEASE_PERMISSION_MESSAGES: &str = "with due as (
      update lark_permission_messages m set next_attempt_at = $1 + $3
      from due where m.session_id = due.session_id and m.request_id = due.request_id
      returning m.session_id as key, m.request_id as target, m.chat_id, m.text, m.parts_sent,
-               m.attempts, m.failures, due.next_attempt_at as due_at";
+               m.attempts, m.failures, due.next_attempt_at as due_at, m.session_id,
+               1::bigint as reply, null::text as title";
 
 /// The same for the broker's answers to commands.
 const LEASE_NOTES: &str = "with due as (
@@ -45,7 +49,8 @@ const LEASE_NOTES: &str = "with due as (
      update lark_notes n set next_attempt_at = $1 + $3
      from due where n.message_id = due.message_id
      returning n.message_id as key, n.message_id as target, n.chat_id, n.text, n.parts_sent,
-               n.attempts, n.failures, due.next_attempt_at as due_at";
+               n.attempts, n.failures, due.next_attempt_at as due_at, n.session_id, n.reply,
+               null::text as title";
 
 /// Due replies, permission messages and notes, oldest first, each leased to this
 /// dispatcher for [`REPLY_LEASE_MS`].
@@ -68,18 +73,20 @@ pub(super) async fn due(pool: &PgPool, now_ms: i64, limit: u32) -> sqlx::Result<
         for row in rows {
             jobs.push((
                 row.try_get::<i64, _>("due_at")?,
-                ReplyJob::from_outbox(
-                    kind,
-                    row.try_get("key")?,
-                    row.try_get("target")?,
-                    row.try_get("chat_id")?,
-                    utf8(&row, "text")?,
-                    (
-                        row.try_get("parts_sent")?,
-                        row.try_get("attempts")?,
-                        row.try_get("failures")?,
-                    ),
-                ),
+                OutboxRow {
+                    kind: kind.to_owned(),
+                    key: row.try_get("key")?,
+                    target: row.try_get("target")?,
+                    chat_id: row.try_get("chat_id")?,
+                    text: utf8(&row, "text")?,
+                    parts_sent: row.try_get("parts_sent")?,
+                    attempts: row.try_get("attempts")?,
+                    failures: row.try_get("failures")?,
+                    session_id: row.try_get("session_id")?,
+                    title: row.try_get("title")?,
+                    reply: row.try_get("reply")?,
+                }
+                .job(),
             ));
         }
     }

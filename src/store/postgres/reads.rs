@@ -81,15 +81,17 @@ pub(super) async fn prune_step(conn: &mut PgConnection, cutoff_ms: i64) -> Step<
     .fetch_optional(&mut *conn)
     .await?;
     let Some(session_id) = oldest else {
-        let rows = sqlx::query(retention::DELETE_LARK_EVENTS)
-            .bind(cutoff_ms)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
-        return Ok(match rows {
-            0 => PruneStep::Done,
-            rows => PruneStep::Rows(rows),
-        });
+        for statement in retention::DELETE_OLD {
+            let rows = sqlx::query(statement)
+                .bind(cutoff_ms)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+            if rows > 0 {
+                return Ok(PruneStep::Rows(rows));
+            }
+        }
+        return Ok(PruneStep::Done);
     };
     for statement in retention::DELETE_CHILDREN {
         let rows = sqlx::query(statement)

@@ -10,7 +10,7 @@ use crate::decide::pairing::PairCodeWrite;
 use crate::decide::{Change, ClaimRow, NewEvent, NewReply, SessionRow, Sweep, TurnRow, Writes};
 use crate::error::Result;
 use crate::model::{SessionState, TurnState};
-use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, SPEND_PAIR_CODE, UPSERT_CHAT};
+use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, INSERT_SENT, SPEND_PAIR_CODE, UPSERT_CHAT};
 
 /// Applies a decision's writes, in their order, to the tables.
 pub(super) fn apply(conn: &Connection, mut writes: Writes) -> Result<()> {
@@ -319,6 +319,15 @@ fn pairing_writes(conn: &Connection, writes: &Writes) -> Result<()> {
             .bind(&chat.chat_id)
             .bind(chat.failed_codes)
             .bind(chat.failed_since)
+            .bind(&chat.current_session_id)
+            .execute(conn)?;
+    }
+    if let Some(sent) = &writes.sent {
+        sql::query(INSERT_SENT)
+            .bind(&sent.message_id)
+            .bind(&sent.session_id)
+            .bind(&sent.chat_id)
+            .bind(sent.at)
             .execute(conn)?;
     }
     if let Some(note) = &writes.note {
@@ -327,6 +336,8 @@ fn pairing_writes(conn: &Connection, writes: &Writes) -> Result<()> {
             .bind(&note.chat_id)
             .bind(&note.text)
             .bind(note.at)
+            .bind(&note.session_id)
+            .bind(i64::from(note.reply))
             .execute(conn)?;
     }
     Ok(())

@@ -244,6 +244,9 @@ fn close_rows(conn: &Connection, session_id: &str) -> Result<CloseRows> {
         session: Some(session),
         queued,
         pending,
+        lark_chat: sql::query_scalar("select chat_id from lark_links where session_id = ?")
+            .bind(session_id)
+            .fetch_optional(conn)?,
     })
 }
 

@@ -7,12 +7,14 @@ use rusqlite::Connection;
 
 use super::journal::decided;
 use super::{journal, load_permission, load_session, sql};
-use crate::decide::lark::{self, EventRows};
+use crate::decide::chat::{ChatRows, ChatSession};
+use crate::decide::lark::{self, EventRows, LinkRows};
 use crate::decide::lark::{LarkEvent, LarkIngest};
 use crate::decide::pairing::{self, PairCodeRow, PairRows};
 use crate::error::Result;
 use crate::ids::Minter;
 use crate::model::LarkLink;
+use crate::store::{ASKED_IN_CHAT, CHAT, CHAT_SESSIONS, SENT_FOR, SESSION_LINK};
 use crate::time::now_ms;
 
 pub(super) fn link(
@@ -21,17 +23,54 @@ pub(super) fn link(
     chat_id: String,
     approvers: Vec<String>,
 ) -> Result<LarkLink> {
-    let session = load_session(conn, &session_id)?;
-    let holder: Option<String> =
-        sql::query_scalar("select session_id from lark_links where chat_id = ?")
-            .bind(&chat_id)
-            .fetch_optional(conn)?;
-    let decision = lark::link(session, holder.as_deref(), chat_id, approvers, now_ms())?;
+    let rows = LinkRows {
+        session: load_session(conn, &session_id)?,
+        link: sql::query_as(SESSION_LINK)
+            .bind(&session_id)
+            .fetch_optional(conn)?,
+        chat: sql::query_as(CHAT).bind(&chat_id).fetch_optional(conn)?,
+    };
+    let decision = lark::link(rows, chat_id, approvers, now_ms())?;
     decided(conn, decision)
 }
 
 pub(super) fn unlink(conn: &Connection, session_id: String) -> Result<LarkLink> {
     decided(conn, lark::unlink(load_session(conn, &session_id)?)?)
+}
+
+/// A chat's sessions, its row, the session the message replies to, and the
+/// one that asked what it answers.
+fn chat_rows(conn: &Connection, chat_id: &str, event: &LarkEvent) -> Result<ChatRows> {
+    let links: Vec<(String, String)> =
+        sql::query_as(CHAT_SESSIONS).bind(chat_id).fetch_all(conn)?;
+    let mut sessions = Vec::with_capacity(links.len());
+    for (session_id, approvers) in links {
+        if let Some(session) = load_session(conn, &session_id)? {
+            sessions.push(ChatSession { session, approvers });
+        }
+    }
+    let mut replied = None;
+    for message_id in &event.replies_to {
+        replied = sql::query_scalar(SENT_FOR)
+            .bind(message_id)
+            .fetch_optional(conn)?;
+        if replied.is_some() {
+            break;
+        }
+    }
+    let asked = match event.named_request() {
+        Some(request_id) => sql::query_scalar(ASKED_IN_CHAT)
+            .bind(chat_id)
+            .bind(request_id)
+            .fetch_optional(conn)?,
+        None => None,
+    };
+    Ok(ChatRows {
+        chat: sql::query_as(CHAT).bind(chat_id).fetch_optional(conn)?,
+        sessions,
+        replied,
+        asked,
+    })
 }
 
 fn event_rows(conn: &Connection, event: &LarkEvent) -> Result<EventRows> {
@@ -52,17 +91,14 @@ fn event_rows(conn: &Connection, event: &LarkEvent) -> Result<EventRows> {
         (Some(code), Some(chat_id)) => pair_rows(conn, chat_id, code)?,
         _ => PairRows::default(),
     };
-    let linked: Option<(String, String)> = match &event.chat_id {
-        Some(chat_id) => {
-            sql::query_as("select session_id, approvers from lark_links where chat_id = ?")
-                .bind(chat_id)
-                .fetch_optional(conn)?
-        }
-        None => None,
+    let chat = match &event.chat_id {
+        Some(chat_id) => chat_rows(conn, chat_id, event)?,
+        None => ChatRows::default(),
     };
-    let Some((session_id, approvers)) = linked else {
+    let Some(session_id) = chat.target().map(|t| t.session.session_id.clone()) else {
         return Ok(EventRows {
             pairing,
+            chat,
             ..EventRows::default()
         });
     };
@@ -73,7 +109,7 @@ fn event_rows(conn: &Connection, event: &LarkEvent) -> Result<EventRows> {
     Ok(EventRows {
         seen: false,
         earlier: journal::turn_by_client_message_id(conn, &session_id, &event.event_id)?,
-        linked: load_session(conn, &session_id)?.map(|session| (session, approvers)),
+        chat,
         request,
         pairing,
     })
@@ -90,27 +126,17 @@ fn pair_rows(conn: &Connection, chat_id: &str, code: &str) -> Result<PairRows> {
         Some(code) => load_session(conn, &code.session_id)?,
         None => None,
     };
-    let approvers = match &session {
-        Some(session) => sql::query_scalar(
-            "select approvers from lark_links where session_id = ? and chat_id = ?",
-        )
-        .bind(&session.session_id)
-        .bind(chat_id)
-        .fetch_optional(conn)?,
+    let link = match &session {
+        Some(session) => sql::query_as(SESSION_LINK)
+            .bind(&session.session_id)
+            .fetch_optional(conn)?,
         None => None,
     };
     Ok(PairRows {
         code,
         session,
-        holder: sql::query_scalar("select session_id from lark_links where chat_id = ?")
-            .bind(chat_id)
-            .fetch_optional(conn)?,
-        approvers,
-        chat: sql::query_as(
-            "select chat_id, failed_codes, failed_since from lark_chats where chat_id = ?",
-        )
-        .bind(chat_id)
-        .fetch_optional(conn)?,
+        link,
+        chat: sql::query_as(CHAT).bind(chat_id).fetch_optional(conn)?,
     })
 }
 
