@@ -96,7 +96,11 @@ impl Broker {
                 .lapse_agent(session_id.clone(), stall_after, now)
                 .await
             {
-                Ok(reported) if reported.changed => announced += 1,
+                Ok(reported) if reported.changed => {
+                    announced += 1;
+                    // A stall may have a note for the linked Lark chat.
+                    self.outbox.notify_one();
+                }
                 Ok(_) => {}
                 Err(e) => {
                     tracing::debug!(%session_id, code = ?e.code, "a silent agent was not announced")

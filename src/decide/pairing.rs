@@ -129,6 +129,9 @@ pub enum Note {
     Throttled,
     /// The session closed: it left this chat's list.
     Closed(SessionName),
+    /// The session's working agent has said nothing for the broker's
+    /// `--stall-after` (HOOKS.md "Presence").
+    Stalled(SessionName),
     /// What the commands are.
     Help,
     /// The chat is linked to no open session: how to pair one.

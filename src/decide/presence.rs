@@ -11,6 +11,7 @@
 //! types into the idle agent (`typing_in`), at least every minute; the
 //! projection's `delivery` says from it how a message sent now arrives.
 
+use super::pairing::{NewNote, Note, SessionName};
 use super::terminal::{self, Said};
 use super::{Decided, Subject, Writes, existing, hosted, log, open};
 use super::{SessionRow, TurnRow};
@@ -327,9 +328,11 @@ pub fn stalls(session: &SessionRow, stall_after_ms: i64, now: i64) -> bool {
 /// stalled turn is never released by time. For `away`, `agent_since`
 /// becomes the moment it was shown away, which marks the change as
 /// announced; for `stalled`, `stalled_at`. The next report announces the
-/// agent back.
+/// agent back. A stall is also told, once, to the Lark chat the session is
+/// linked to (`lark_chat`), as a short note naming the session.
 pub fn lapse(
     session: Option<SessionRow>,
+    lark_chat: Option<String>,
     stall_after_ms: i64,
     now: i64,
 ) -> Result<Decided<Reported>> {
@@ -350,10 +353,22 @@ pub fn lapse(
         }));
     };
     let event = log(&mut session, Subject::Agent, state.as_str(), at);
+    let note = lark_chat
+        .filter(|_| state == AgentState::Stalled)
+        .map(|chat_id| NewNote {
+            // One per stall: the event's number keys it.
+            message_id: format!("stalled-{}-{}", session.session_id, event.event_no),
+            chat_id,
+            text: crate::lark::card::note(&Note::Stalled(SessionName::of(&session))).to_string(),
+            session_id: Some(session.session_id.clone()),
+            reply: false,
+            at: now,
+        });
     Ok(Decided {
         writes: Writes {
             session: Some(session.clone()),
             event: Some(event),
+            note,
             ..Writes::default()
         },
         answer: Reported {
@@ -476,14 +491,14 @@ mod tests {
             .answer
             .session;
         assert!(
-            lapse(Some(row.clone()), 0, 1_000 + AWAY_AFTER_MS - 1)
+            lapse(Some(row.clone()), None, 0, 1_000 + AWAY_AFTER_MS - 1)
                 .unwrap()
                 .writes
                 .event
                 .is_none()
         );
         let now = 5_000 + AWAY_AFTER_MS;
-        let gone = lapse(Some(row), 0, now).unwrap();
+        let gone = lapse(Some(row), None, 0, now).unwrap();
         let event = gone.writes.event.expect("an agent event");
         assert_eq!((event.state, event.at), ("away", 1_000 + AWAY_AFTER_MS));
         let row = gone.answer.session;
@@ -492,7 +507,7 @@ mod tests {
         assert_eq!(shown(&row, now), (AgentState::Away, 1_000 + AWAY_AFTER_MS));
         assert!(!lapsed(&row, now + 1));
         assert!(
-            lapse(Some(row.clone()), 0, now + 1)
+            lapse(Some(row.clone()), None, 0, now + 1)
                 .unwrap()
                 .writes
                 .event
@@ -508,10 +523,10 @@ mod tests {
         let row = reported(session(SessionState::Open), AgentState::Working, 1_000)
             .answer
             .session;
-        let early = lapse(Some(row.clone()), AFTER, 1_000 + AFTER - 1).unwrap();
+        let early = lapse(Some(row.clone()), None, AFTER, 1_000 + AFTER - 1).unwrap();
         assert!(early.writes.event.is_none(), "not silent long enough");
         assert!(
-            lapse(Some(row.clone()), 0, 1_000 + AWAY_AFTER_MS)
+            lapse(Some(row.clone()), None, 0, 1_000 + AWAY_AFTER_MS)
                 .unwrap()
                 .writes
                 .event
@@ -522,7 +537,13 @@ mod tests {
             shown(&row, 1_000 + AWAY_AFTER_MS * 3).0,
             AgentState::Working
         );
-        let stalled = lapse(Some(row), AFTER, 9_000).unwrap();
+        let stalled = lapse(Some(row), Some("oc_chat".into()), AFTER, 9_000).unwrap();
+        let note = stalled
+            .writes
+            .note
+            .as_ref()
+            .expect("the linked chat is told");
+        assert_eq!((note.chat_id.as_str(), note.reply), ("oc_chat", false));
         let event = stalled.writes.event.expect("an agent event");
         assert_eq!((event.state, event.at), ("stalled", 1_000 + AFTER));
         let row = stalled.answer.session;
@@ -533,7 +554,7 @@ mod tests {
         );
         assert_eq!(shown(&row, 9_000), (AgentState::Stalled, 1_000 + AFTER));
         assert_eq!(row.projection().agent.delivery, Delivery::Later);
-        let again = lapse(Some(row.clone()), AFTER, 9_000 + AWAY_AFTER_MS).unwrap();
+        let again = lapse(Some(row.clone()), None, AFTER, 9_000 + AWAY_AFTER_MS).unwrap();
         assert!(again.writes.event.is_none(), "announced once, and not away");
         let waker = Report {
             typing_in: Some(true),

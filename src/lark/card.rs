@@ -135,6 +135,13 @@ pub fn note(note: &Note) -> Value {
                 "That names none of this chat's sessions: see `/list`.\n没有对应的会话，请查看 `/list`。",
             )],
         ),
+        Note::Stalled(name) => about_session(
+            "Stalled · 停滞",
+            "orange",
+            name,
+            "{} is working but has said nothing for a while: it may be stuck, or running something long. \
+             The next thing it does clears this.\n{} 正在工作，但已有一段时间没有任何动静：可能卡住了，也可能在执行耗时的任务。",
+        ),
         Note::Closed(name) => about_session(
             "Closed · 已关闭",
             "grey",

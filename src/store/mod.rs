@@ -179,6 +179,8 @@ pub const NEXT_OUTBOX_DUE: &str = "select min(at) from ( \
 /// both backends: a new code (`$1`..`$4`: hash, session, made, expires),
 /// a code spent (`$1` when, `$2` hash), a chat's wrong codes (`$1`..`$3`),
 /// and a note (`$1`..`$4`: message, chat, card, now).
+/// The Lark chat a session is linked to, if any (`$1`: the session).
+pub const LINKED_CHAT: &str = "select chat_id from lark_links where session_id = $1";
 pub const INSERT_PAIR_CODE: &str = "insert into lark_pair_codes \
      (code_hash, session_id, created_at, expires_at) values ($1, $2, $3, $4)";
 pub const SPEND_PAIR_CODE: &str = "update lark_pair_codes set used_at = $1 where code_hash = $2";

@@ -230,3 +230,41 @@ async fn a_working_agent_silent_past_stall_after_is_stalled_until_its_next_event
     assert_eq!(session.agent.state, AgentState::Working);
     broker.terminate().await;
 }
+
+/// A stall is told once to the session's linked Lark chat (through the fake
+/// Lark), as a short card naming the session; its next event clears it and
+/// says nothing more; a second stall is told again. `loopx serve
+/// --stall-after 1s` with the Lark connector on.
+#[tokio::test]
+async fn a_stall_is_told_once_in_the_linked_lark_chat() {
+    let fake = crate::fake_lark::FakeLark::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut flags = fake.flags(None);
+    flags.extend(["--stall-after".to_owned(), "1s".to_owned()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let broker = Spawned::start(dir.path(), &flags).await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let sid = host.session_id();
+    let chat = unique("oc");
+    c.lark_link_approved(sid, &chat, &[]).await.unwrap();
+    let stalled =
+        || async { c.session(sid).await.unwrap().body.agent.state == AgentState::Stalled };
+    for round in 1..=2 {
+        c.report_agent(sid, &report(&host, AgentState::Working))
+            .await
+            .unwrap();
+        let told = fake
+            .wait_for_messages_in(&chat, round, Duration::from_secs(10))
+            .await;
+        assert!(stalled().await);
+        let text = &told[round - 1].text;
+        assert!(
+            text.contains("has said nothing for a while") && text.contains("goal-"),
+            "it names the session: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(fake.messages_in(&chat).len(), round, "once per stall");
+    }
+    broker.terminate().await;
+}

@@ -219,7 +219,9 @@ pub(super) async fn lapse_agent(
     now: i64,
 ) -> Step<Reported> {
     let session = super::reads::lock_session(conn, session_id).await?;
-    decided(conn, decide::presence::lapse(session, stall_after_ms, now)?).await
+    let lark_chat = super::load::linked_chat(conn, session_id).await?;
+    let decision = decide::presence::lapse(session, lark_chat, stall_after_ms, now)?;
+    decided(conn, decision).await
 }
 
 /// The host's agent waits at its terminal, under the session's row lock.

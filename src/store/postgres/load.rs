@@ -212,6 +212,17 @@ pub(super) async fn release_rows(
     })
 }
 
+/// The Lark chat the session is linked to, if any.
+pub(super) async fn linked_chat(
+    conn: &mut PgConnection,
+    session_id: &str,
+) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar(crate::store::LINKED_CHAT)
+        .bind(session_id)
+        .fetch_optional(conn)
+        .await
+}
+
 pub(super) async fn close_rows(
     conn: &mut PgConnection,
     session_id: &str,
@@ -219,10 +230,7 @@ pub(super) async fn close_rows(
     let Some(row) = locked(conn, &CLOSE, session_id, &[]).await? else {
         return Ok(CloseRows::default());
     };
-    let lark_chat = sqlx::query_scalar("select chat_id from lark_links where session_id = $1")
-        .bind(session_id)
-        .fetch_optional(&mut *conn)
-        .await?;
+    let lark_chat = linked_chat(&mut *conn, session_id).await?;
     Ok(CloseRows {
         session: session(&row)?,
         active: optional_claim(Cols::new(&row, "ac_"))?,

@@ -204,7 +204,18 @@ pub(super) fn lapse_agent(
     now: i64,
 ) -> Result<Reported> {
     let session = load_session(conn, session_id)?;
-    decided(conn, decide::presence::lapse(session, stall_after_ms, now)?)
+    let lark_chat = linked_chat(conn, session_id)?;
+    decided(
+        conn,
+        decide::presence::lapse(session, lark_chat, stall_after_ms, now)?,
+    )
+}
+
+/// The Lark chat the session is linked to, if any.
+fn linked_chat(conn: &Connection, session_id: &str) -> Result<Option<String>> {
+    sql::query_scalar(crate::store::LINKED_CHAT)
+        .bind(session_id)
+        .fetch_optional(conn)
 }
 
 pub(super) fn notify(
@@ -244,9 +255,7 @@ fn close_rows(conn: &Connection, session_id: &str) -> Result<CloseRows> {
         session: Some(session),
         queued,
         pending,
-        lark_chat: sql::query_scalar("select chat_id from lark_links where session_id = ?")
-            .bind(session_id)
-            .fetch_optional(conn)?,
+        lark_chat: linked_chat(conn, session_id)?,
     })
 }
 
