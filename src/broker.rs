@@ -572,10 +572,15 @@ impl Broker {
     ) -> Result<Session> {
         let said = crate::decide::presence::Report::checked(&report)?;
         let host = checked_host(report.host_surface, report.host_session_id)?;
+        let answered = matches!(said.said, Some(crate::decide::terminal::Said::Answer(_)));
         let reported = self
             .store
             .report_agent(session_id.to_owned(), host, said)
             .await?;
+        if answered {
+            // A terminal turn answered may have a card for a linked chat.
+            self.outbox.notify_one();
+        }
         // An agent that left may leave a turn behind: released now.
         self.release_if_left(&reported.session).await;
         Ok(reported.session.projection())
@@ -648,9 +653,12 @@ impl Broker {
 
     pub async fn lark_link(&self, session_id: &str, link: LarkLinkRequest) -> Result<LarkLink> {
         check("chat_id", &link.chat_id)?;
-        let approvers = crate::permission::approvers(link.approvers)?;
+        let options = crate::decide::lark::LinkOptions {
+            approvers: crate::permission::approvers(link.approvers)?,
+            terminal_turns: Some(link.terminal_turns),
+        };
         self.store
-            .lark_link(session_id.to_owned(), link.chat_id, approvers)
+            .lark_link(session_id.to_owned(), link.chat_id, options)
             .await
     }
 

@@ -393,7 +393,18 @@ impl Client {
         let body = LarkLinkRequest {
             chat_id: chat_id.to_owned(),
             approvers: approvers.to_vec(),
+            terminal_turns: false,
         };
+        self.lark_link_with(session_id, &body).await
+    }
+
+    /// Links a chat as `body` asks; replaces the link, its list and its
+    /// options.
+    pub async fn lark_link_with(
+        &self,
+        session_id: &str,
+        body: &LarkLinkRequest,
+    ) -> Result<TypedReply<LarkLink>, ClientError> {
         self.call(
             Method::PUT,
             &session_path(session_id, "/lark-link"),

@@ -845,12 +845,19 @@ pub struct LarkLinkRequest {
     #[serde(default)]
     #[schema(value_type = Vec<LarkOpenId>, max_items = 50)]
     pub approvers: Vec<String>,
+    /// `true`: each turn typed at the agent's terminal (`origin:
+    /// "terminal"`) is also sent to the chat once answered, as one card
+    /// (its prompt and the agent's answer, each cut to 2,000 characters),
+    /// so the chat reads the whole conversation. Default `false`; each link
+    /// replaces it (a `/link <code>` pairing keeps it for the same chat).
+    #[serde(default)]
+    pub terminal_turns: bool,
 }
 
 /// Which Lark chat feeds a session (`chat_id` null when none), and who on it
 /// may answer permission requests.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
-#[schema(example = json!({"session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "chat_id": "oc_5ce6d572455d361153b7xx51da133945", "approvers": ["ou_84aad35d084aa403a838cf73ee18467"]}))]
+#[schema(example = json!({"session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "chat_id": "oc_5ce6d572455d361153b7xx51da133945", "approvers": ["ou_84aad35d084aa403a838cf73ee18467"], "terminal_turns": false}))]
 pub struct LarkLink {
     pub session_id: String,
     /// Null when no chat is linked.
@@ -860,6 +867,10 @@ pub struct LarkLink {
     /// the order given; empty when none (or no chat is linked).
     #[schema(value_type = Vec<LarkOpenId>, max_items = 50)]
     pub approvers: Vec<String>,
+    /// Whether the chat gets the turns typed at the agent's terminal
+    /// (false when no chat is linked).
+    #[serde(default)]
+    pub terminal_turns: bool,
 }
 
 impl LarkLink {
@@ -869,6 +880,7 @@ impl LarkLink {
             session_id,
             chat_id: None,
             approvers: Vec::new(),
+            terminal_turns: false,
         }
     }
 }

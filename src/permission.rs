@@ -132,13 +132,15 @@ pub fn approvers_from_stored(stored: &str) -> Vec<String> {
 }
 
 impl LarkLink {
-    /// The link as stored: its chat and its approvers' stored form.
-    pub fn stored(session_id: &str, link: Option<(String, String)>) -> Self {
+    /// The link as stored ([`crate::store::LINK_STATUS`]): its chat, its
+    /// approvers' stored form and whether it gets terminal turns.
+    pub fn stored(session_id: &str, link: Option<(String, String, i64)>) -> Self {
         match link {
-            Some((chat_id, approvers)) => Self {
+            Some((chat_id, approvers, terminal_turns)) => Self {
                 session_id: session_id.to_owned(),
                 chat_id: Some(chat_id),
                 approvers: approvers_from_stored(&approvers),
+                terminal_turns: terminal_turns == 1,
             },
             None => Self::none(session_id.to_owned()),
         }

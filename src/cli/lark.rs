@@ -62,6 +62,11 @@ pub struct LarkLinkArgs {
     /// the list; without any, nobody on Lark can answer (the Web page still can).
     #[arg(long = "approver", value_name = "OPEN_ID")]
     pub approvers: Vec<String>,
+    /// Also send the chat each turn typed at the agent's terminal, with the
+    /// agent's answer, as one card (off unless given; linking again without
+    /// it turns it off).
+    #[arg(long)]
+    pub terminal_turns: bool,
     #[command(flatten)]
     pub options: ClientOptions,
 }
@@ -79,10 +84,12 @@ pub struct LarkSessionArgs {
 pub fn run(args: LarkArgs) -> ExitCode {
     match args.command {
         LarkCommand::Link(a) => with_client(a.options.clone(), |ctx| async move {
-            let answer = ctx
-                .client
-                .lark_link_approved(&a.session_id, &a.chat_id, &a.approvers)
-                .await?;
+            let body = crate::model::LarkLinkRequest {
+                chat_id: a.chat_id,
+                approvers: a.approvers,
+                terminal_turns: a.terminal_turns,
+            };
+            let answer = ctx.client.lark_link_with(&a.session_id, &body).await?;
             ctx.print(&answer.reply, || link_text(&answer.body));
             Ok(())
         }),
@@ -144,7 +151,7 @@ fn connector_text(connector: &LarkConnector) -> String {
 }
 
 fn link_text(link: &crate::model::LarkLink) -> String {
-    match &link.chat_id {
+    let text = match &link.chat_id {
         Some(chat_id) if link.approvers.is_empty() => format!(
             "session {} is fed by Lark chat {chat_id}; nobody there may answer permission requests",
             link.session_id
@@ -155,5 +162,10 @@ fn link_text(link: &crate::model::LarkLink) -> String {
             link.approvers.join(", ")
         ),
         None => format!("session {} has no Lark chat linked", link.session_id),
+    };
+    if link.terminal_turns {
+        format!("{text}; turns typed at its terminal are sent there too")
+    } else {
+        text
     }
 }

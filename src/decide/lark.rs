@@ -89,6 +89,17 @@ pub struct LinkRow {
     pub chat_id: String,
     pub approvers: String,
     pub linked_at: i64,
+    pub terminal_turns: bool,
+}
+
+/// What a link asks for besides its chat: its approvers (checked already,
+/// [`crate::permission::approvers`]), and whether the chat gets the turns
+/// typed at the agent's terminal (None: as the session's link to the same
+/// chat had it, else not).
+#[derive(Debug, Clone, Default)]
+pub struct LinkOptions {
+    pub approvers: Vec<String>,
+    pub terminal_turns: Option<bool>,
 }
 
 /// What a link reads: the session (locked), its link now, and the chat it
@@ -103,20 +114,21 @@ pub struct LinkRows {
 /// A link of a chat to the session, in this order: unknown session 404;
 /// closed 409 `session_closed`; else the session joins the chat's sessions
 /// (it keeps its place when it was this chat's already; linked to another
-/// chat, it moves) and becomes the chat's current one. `approvers` are
-/// checked already ([`crate::permission::approvers`]).
+/// chat, it moves) and becomes the chat's current one.
 pub fn link(
     rows: LinkRows,
     chat_id: String,
-    approvers: Vec<String>,
+    options: LinkOptions,
     now: i64,
 ) -> Result<Decided<LarkLink>> {
     let session = existing(rows.session)?;
     open(&session)?;
-    let linked_at = match rows.link {
-        Some(link) if link.chat_id == chat_id => link.linked_at,
-        _ => now,
-    };
+    let same = rows.link.filter(|link| link.chat_id == chat_id);
+    let linked_at = same.as_ref().map_or(now, |link| link.linked_at);
+    let terminal_turns = options
+        .terminal_turns
+        .unwrap_or_else(|| same.is_some_and(|link| link.terminal_turns));
+    let approvers = options.approvers;
     let chat = ChatRow {
         current_session_id: Some(session.session_id.clone()),
         ..ChatRow::or_new(rows.chat, &chat_id)
@@ -129,6 +141,7 @@ pub fn link(
                     chat_id: chat_id.clone(),
                     approvers: approvers_to_stored(&approvers),
                     at: linked_at,
+                    terminal_turns,
                 }),
             }),
             chat: Some(chat),
@@ -138,6 +151,7 @@ pub fn link(
             session_id: session.session_id,
             chat_id: Some(chat_id),
             approvers,
+            terminal_turns,
         },
     })
 }
@@ -510,7 +524,11 @@ mod tests {
                 current_session_id: Some("ses_2".into()),
             }),
         };
-        let linked = |rows| link(rows, "oc_1".into(), vec!["ou_a".into()], 7);
+        let options = LinkOptions {
+            approvers: vec!["ou_a".into()],
+            terminal_turns: None,
+        };
+        let linked = |rows| link(rows, "oc_1".into(), options.clone(), 7);
         let first = linked(rows(SessionState::Open, None)).expect("linked");
         assert_eq!(first.answer.chat_id.as_deref(), Some("oc_1"));
         let written = first.writes.link.and_then(|change| change.link);
@@ -528,8 +546,13 @@ mod tests {
             chat_id: "oc_1".into(),
             approvers: "[]".into(),
             linked_at: 4,
+            terminal_turns: true,
         };
         let kept = linked(rows(SessionState::Open, Some(again.clone()))).expect("linked");
+        assert!(
+            kept.answer.terminal_turns,
+            "a link that does not say keeps the option"
+        );
         assert_eq!(kept.writes.link.and_then(|l| l.link).map(|l| l.at), Some(4));
         let moved = LinkRow {
             chat_id: "oc_2".into(),

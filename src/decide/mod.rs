@@ -188,6 +188,8 @@ pub struct NewLink {
     pub chat_id: String,
     pub approvers: String,
     pub at: i64,
+    /// Whether the chat gets the turns typed at the agent's terminal.
+    pub terminal_turns: bool,
 }
 
 /// A Lark event recorded once, the guard against its redelivery

@@ -132,6 +132,13 @@ pub enum Note {
     /// The session's working agent has said nothing for the broker's
     /// `--stall-after` (HOOKS.md "Presence").
     Stalled(SessionName),
+    /// A turn typed at the session's terminal, and the agent's answer
+    /// (for a link that asks for them, HOOKS.md "Presence").
+    Terminal {
+        name: SessionName,
+        prompt: String,
+        answer: String,
+    },
     /// What the commands are.
     Help,
     /// The chat is linked to no open session: how to pair one.
@@ -164,7 +171,9 @@ impl Note {
             Note::Linked(name)
             | Note::Current(name)
             | Note::Unlinked(name)
-            | Note::Closed(name) => Some(&name.session_id),
+            | Note::Closed(name)
+            | Note::Stalled(name)
+            | Note::Terminal { name, .. } => Some(&name.session_id),
             _ => None,
         }
     }
@@ -259,7 +268,11 @@ pub fn pair(rows: PairRows, at: PairAt, now: i64) -> Decided<LarkIngest> {
             ..chat.clone()
         }),
     };
-    match link(rows, at.chat_id.clone(), approvers, now) {
+    let options = super::lark::LinkOptions {
+        approvers,
+        terminal_turns: None,
+    };
+    match link(rows, at.chat_id.clone(), options, now) {
         Ok(linked) => {
             let writes = Writes {
                 pair_code: Some(PairCodeWrite::Used {

@@ -214,8 +214,14 @@ pub fn report(
     let state = report.state;
     let (said, mut session) = match &report.said {
         Some(said) => {
-            let (session, writes) =
-                terminal::said(session, rows.terminal, said, || minter.mint("turn"), now);
+            let (session, writes) = terminal::said(
+                session,
+                rows.terminal,
+                said,
+                rows.terminal_feed,
+                || minter.mint("turn"),
+                now,
+            );
             (writes, session)
         }
         None => (None, session),
@@ -292,6 +298,19 @@ pub fn report(
 pub struct ReportRows {
     pub session: Option<SessionRow>,
     pub terminal: Option<TurnRow>,
+    /// The chat the session's link sends terminal turns to
+    /// ([`crate::store::TERMINAL_FEED`]), read only when the report may
+    /// answer one ([`ReportRows::feeds`]).
+    pub terminal_feed: Option<String>,
+}
+
+impl ReportRows {
+    /// Whether `report` may complete the session's open terminal turn, so
+    /// that a store reads the chat that gets it.
+    pub fn feeds(session: Option<&SessionRow>, report: &Report) -> bool {
+        matches!(report.said, Some(terminal::Said::Answer(_)))
+            && session.is_some_and(|s| s.terminal_turn_id.is_some())
+    }
 }
 
 /// Whether the session's agent fell silent for [`AWAY_AFTER_MS`] without
@@ -413,6 +432,7 @@ mod tests {
         ReportRows {
             session: Some(session),
             terminal: None,
+            terminal_feed: None,
         }
     }
 
@@ -669,6 +689,7 @@ mod tests {
             let rows = ReportRows {
                 session: row,
                 terminal: None,
+                terminal_feed: None,
             };
             report(rows, &host(id), &working(), &Minter::default(), 1)
                 .expect_err("a refusal")

@@ -10,6 +10,7 @@
 //! The session row names its one open terminal turn (`terminal_turn_id`);
 //! a store loads that turn with the session for a report.
 
+use super::pairing::{NewNote, Note, SessionName};
 use super::{Change, SessionRow, Subject, TurnRow, Writes, log};
 use crate::model::{CancelReason, Origin, TurnState};
 
@@ -22,13 +23,19 @@ pub enum Said {
     Answer(String),
 }
 
+/// How much of a prompt and of its answer a terminal turn's card shows.
+pub const FEED_CHARS: usize = 2_000;
+
 /// The writes of what the terminal `said`, given the session and its open
 /// terminal turn (if any): the session as it stands after them (numbering
 /// and the open turn updated), and the writes (None: nothing to record).
+/// A turn answered is sent as one card to `feed`, the chat whose link asks
+/// for terminal turns (if one), keyed by the turn so it is sent once.
 pub fn said(
     mut session: SessionRow,
     open: Option<TurnRow>,
     said: &Said,
+    feed: Option<String>,
     id: impl FnOnce() -> String,
     now: i64,
 ) -> (SessionRow, Option<Writes>) {
@@ -67,7 +74,23 @@ pub fn said(
         Said::Answer(text) => match open {
             Some(turn) => {
                 let answer = (!text.trim().is_empty()).then_some(text.as_str());
-                let writes = ended(&mut session, turn, answer, now);
+                let note = feed.zip(answer).map(|(chat_id, answer)| NewNote {
+                    message_id: format!("terminal-{}", turn.turn_id),
+                    chat_id,
+                    text: crate::lark::card::note(&Note::Terminal {
+                        name: SessionName::of(&session),
+                        prompt: turn.text.clone(),
+                        answer: answer.to_owned(),
+                    })
+                    .to_string(),
+                    session_id: Some(session.session_id.clone()),
+                    reply: false,
+                    at: now,
+                });
+                let writes = Writes {
+                    note,
+                    ..ended(&mut session, turn, answer, now)
+                };
                 (session, Some(writes))
             }
             None => (session, None),
@@ -113,7 +136,7 @@ mod tests {
 
     fn prompt(row: SessionRow, open: Option<TurnRow>, text: &str) -> (SessionRow, Writes) {
         let said = Said::Prompt(text.into());
-        let (row, writes) = super::said(row, open, &said, || format!("turn_{text}"), 10);
+        let (row, writes) = super::said(row, open, &said, None, || format!("turn_{text}"), 10);
         (row, writes.expect("a prompt is recorded"))
     }
 
@@ -141,6 +164,7 @@ mod tests {
             row.clone(),
             Some(turn.clone()),
             &Said::Prompt("fix the test".into()),
+            None,
             || unreachable!(),
             11,
         );
@@ -150,10 +174,19 @@ mod tests {
             row,
             Some(turn),
             &Said::Answer("Fixed.".into()),
+            Some("oc_feed".into()),
             || unreachable!(),
             12,
         );
-        let Some(Change::Update(done)) = writes.expect("an answer").turn else {
+        let writes = writes.expect("an answer");
+        let note = writes.note.as_ref().expect("the feed's chat gets a card");
+        assert_eq!(
+            (note.chat_id.as_str(), note.message_id.as_str(), note.reply),
+            ("oc_feed", "terminal-turn_fix the test", false),
+            "one card per turn, keyed by it"
+        );
+        assert!(note.text.contains("fix the test") && note.text.contains("Fixed."));
+        let Some(Change::Update(done)) = writes.turn else {
             panic!("the turn is updated")
         };
         assert_eq!(done.state, TurnState::Completed);
@@ -163,6 +196,7 @@ mod tests {
             row,
             Some(done),
             &Said::Answer("Fixed.".into()),
+            Some("oc_feed".into()),
             || unreachable!(),
             13,
         );
@@ -196,10 +230,13 @@ mod tests {
             row,
             Some(inserted(&second)),
             &Said::Answer(" \n".into()),
+            Some("oc_feed".into()),
             || unreachable!(),
             12,
         );
-        let Some(Change::Update(unanswered)) = blank.expect("a blank answer ends it").turn else {
+        let blank = blank.expect("a blank answer ends it");
+        assert!(blank.note.is_none(), "nothing answered, nothing sent");
+        let Some(Change::Update(unanswered)) = blank.turn else {
             panic!("the turn is updated")
         };
         assert_eq!(unanswered.cancel_reason, Some(CancelReason::Unanswered));

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use super::markdown::escape_html;
 use crate::decide::chat::Listed;
 use crate::decide::pairing::{Note, SessionName};
+use crate::decide::terminal::FEED_CHARS;
 use crate::model::{AnsweredVia, Behavior, PermissionState};
 use crate::permission::PermissionRow;
 
@@ -141,6 +142,24 @@ pub fn note(note: &Note) -> Value {
             name,
             "{} is working but has said nothing for a while: it may be stuck, or running something long. \
              The next thing it does clears this.\n{} 正在工作，但已有一段时间没有任何动静：可能卡住了，也可能在执行耗时的任务。",
+        ),
+        Note::Terminal {
+            name,
+            prompt,
+            answer,
+        } => card(
+            &named("At the terminal · 终端", name),
+            "wathet",
+            vec![
+                markdown(&format!(
+                    "**Typed at the terminal · 终端输入**\n{}",
+                    code_block(&cut(prompt, FEED_CHARS))
+                )),
+                markdown(&format!(
+                    "**Answer · 回答**\n{}",
+                    escape_html(&cut(answer, FEED_CHARS))
+                )),
+            ],
         ),
         Note::Closed(name) => about_session(
             "Closed · 已关闭",

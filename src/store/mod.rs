@@ -208,8 +208,17 @@ pub const ASKED_IN_CHAT: &str = "select p.session_id from permission_requests p 
      order by case when p.state = 'pending' then 0 else 1 end, p.created_at desc limit 1";
 
 /// A session's link (`$1`: the session): chat, approvers, when linked.
-pub const SESSION_LINK: &str =
-    "select chat_id, approvers, linked_at from lark_links where session_id = $1";
+pub const SESSION_LINK: &str = "select chat_id, approvers, linked_at, terminal_turns \
+     from lark_links where session_id = $1";
+
+/// A session's (`$1`) link as [`crate::model::LarkLink::stored`] reads it.
+pub const LINK_STATUS: &str =
+    "select chat_id, approvers, terminal_turns from lark_links where session_id = $1";
+
+/// The chat a session (`$1`) is linked to when the link asks for the turns
+/// typed at the agent's terminal.
+pub const TERMINAL_FEED: &str =
+    "select chat_id from lark_links where session_id = $1 and terminal_turns = 1";
 
 /// A chat (`$1`), as [`crate::decide::pairing::ChatRow`] reads it.
 pub const CHAT: &str = "select chat_id, failed_codes, failed_since, current_session_id \
@@ -525,7 +534,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         session_id: String,
         chat_id: String,
-        approvers: Vec<String>,
+        options: crate::decide::lark::LinkOptions,
     ) -> Result<LarkLink>;
     /// Records a new pairing code's hash for the session
     /// ([`crate::decide::pairing::new_code`]): when it expires.

@@ -432,13 +432,13 @@ impl Store for PgStore {
         &self,
         session_id: String,
         chat_id: String,
-        approvers: Vec<String>,
+        options: crate::decide::lark::LinkOptions,
     ) -> Result<LarkLink> {
         transaction!(self, "linking a Lark chat", |conn| lark::link(
             conn,
             &session_id,
             &chat_id,
-            &approvers
+            &options
         ))
     }
 
@@ -459,11 +459,10 @@ impl Store for PgStore {
 
     async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink> {
         decide::existing(load_session(&self.pool, session_id).await?)?;
-        let link: Option<(String, String)> =
-            sqlx::query_as("select chat_id, approvers from lark_links where session_id = $1")
-                .bind(session_id)
-                .fetch_optional(&self.pool)
-                .await?;
+        let link: Option<(String, String, i64)> = sqlx::query_as(super::LINK_STATUS)
+            .bind(session_id)
+            .fetch_optional(&self.pool)
+            .await?;
         Ok(LarkLink::stored(session_id, link))
     }
 

@@ -572,10 +572,10 @@ impl Store for SqliteStore {
         &self,
         session_id: String,
         chat_id: String,
-        approvers: Vec<String>,
+        options: crate::decide::lark::LinkOptions,
     ) -> Result<LarkLink> {
         self.write(move |conn| {
-            lark::link(conn, session_id.clone(), chat_id.clone(), approvers.clone())
+            lark::link(conn, session_id.clone(), chat_id.clone(), options.clone())
         })
         .await
     }
@@ -592,11 +592,10 @@ impl Store for SqliteStore {
 
     async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink> {
         decide::existing(read_session(self.reads().await?, session_id).await?)?;
-        let link: Option<(String, String)> =
-            sqlx::query_as("select chat_id, approvers from lark_links where session_id = ?")
-                .bind(session_id)
-                .fetch_optional(self.reads().await?)
-                .await?;
+        let link: Option<(String, String, i64)> = sqlx::query_as(super::LINK_STATUS)
+            .bind(session_id)
+            .fetch_optional(self.reads().await?)
+            .await?;
         Ok(LarkLink::stored(session_id, link))
     }
 

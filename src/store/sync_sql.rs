@@ -232,6 +232,7 @@ impl FromRow for LinkRow {
             chat_id: r.get(0)?,
             approvers: r.get(1)?,
             linked_at: r.get(2)?,
+            terminal_turns: r.get::<_, i64>(3)? == 1,
         })
     }
 }

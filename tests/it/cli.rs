@@ -910,7 +910,7 @@ async fn lark_link_status_and_unlink_through_the_cli() {
     .await;
     assert_eq!(
         status.ok().json(),
-        serde_json::json!({"session_id": sid, "chat_id": "oc_team", "approvers": []})
+        serde_json::json!({"session_id": sid, "chat_id": "oc_team", "approvers": [], "terminal_turns": false})
     );
     // The README's form: approvers repeat; linking again replaces them.
     let approved = loopx(

@@ -695,25 +695,25 @@ async fn link_put_get_delete() {
     assert_eq!(none.body.chat_id, None);
     assert_eq!(
         none.reply.json(),
-        json!({"session_id": sid, "chat_id": null, "approvers": []})
+        json!({"session_id": sid, "chat_id": null, "approvers": [], "terminal_turns": false})
     );
 
     let put = c.lark_link(sid, "oc_a").await.unwrap();
     assert_eq!(put.reply.status, 200);
     assert_eq!(
         put.reply.json(),
-        json!({"session_id": sid, "chat_id": "oc_a", "approvers": []})
+        json!({"session_id": sid, "chat_id": "oc_a", "approvers": [], "terminal_turns": false})
     );
     // Idempotent.
     let again = c.lark_link(sid, "oc_a").await.unwrap();
     assert_eq!(
         again.reply.json(),
-        json!({"session_id": sid, "chat_id": "oc_a", "approvers": []})
+        json!({"session_id": sid, "chat_id": "oc_a", "approvers": [], "terminal_turns": false})
     );
     let got = c.lark_link_status(sid).await.unwrap();
     assert_eq!(
         got.reply.json(),
-        json!({"session_id": sid, "chat_id": "oc_a", "approvers": []})
+        json!({"session_id": sid, "chat_id": "oc_a", "approvers": [], "terminal_turns": false})
     );
 
     // Linking another chat replaces the session's link and frees the first chat.
@@ -742,7 +742,7 @@ async fn link_put_get_delete() {
     assert_eq!(deleted.reply.status, 200);
     assert_eq!(
         deleted.reply.json(),
-        json!({"session_id": sid, "chat_id": null, "approvers": []})
+        json!({"session_id": sid, "chat_id": null, "approvers": [], "terminal_turns": false})
     );
     assert_eq!(c.lark_link_status(sid).await.unwrap().body.chat_id, None);
     // Unlinking an unlinked session is fine too.
@@ -849,7 +849,7 @@ async fn link_approvers_round_trip_and_relinking_replaces_them() {
         .await
         .unwrap();
     assert_eq!(put.reply.status, 200);
-    let expected = json!({"session_id": sid, "chat_id": "oc_a", "approvers": [ANN, BOB]});
+    let expected = json!({"session_id": sid, "chat_id": "oc_a", "approvers": [ANN, BOB], "terminal_turns": false});
     assert_eq!(put.reply.json(), expected, "a repeated id counts once");
     assert_eq!(
         c.lark_link_status(sid).await.unwrap().reply.json(),
@@ -880,7 +880,7 @@ async fn link_approvers_round_trip_and_relinking_replaces_them() {
         .unwrap();
     assert_eq!(
         c.lark_unlink(sid).await.unwrap().reply.json(),
-        json!({"session_id": sid, "chat_id": null, "approvers": []})
+        json!({"session_id": sid, "chat_id": null, "approvers": [], "terminal_turns": false})
     );
     c.lark_link_approved(sid, "oc_a", &ids(&[ANN]))
         .await
@@ -888,7 +888,7 @@ async fn link_approvers_round_trip_and_relinking_replaces_them() {
     c.close(sid).await.unwrap();
     assert_eq!(
         c.lark_link_status(sid).await.unwrap().reply.json(),
-        json!({"session_id": sid, "chat_id": null, "approvers": []})
+        json!({"session_id": sid, "chat_id": null, "approvers": [], "terminal_turns": false})
     );
 }
 
@@ -936,7 +936,7 @@ async fn link_approvers_have_limits_and_bad_ones_change_nothing() {
     }
     assert_eq!(
         c.lark_link_status(sid).await.unwrap().reply.json(),
-        json!({"session_id": sid, "chat_id": "oc_a", "approvers": [longest]}),
+        json!({"session_id": sid, "chat_id": "oc_a", "approvers": [longest], "terminal_turns": false}),
         "a refused link changes nothing"
     );
 

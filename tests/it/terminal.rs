@@ -26,6 +26,20 @@ fn answer(host: &Host, text: &str) -> ReportAgentState {
     }
 }
 
+/// A fake Lark, and a broker of its own (`loopx serve` with `extra` flags)
+/// whose connector talks to it.
+async fn with_fake_lark(
+    extra: &[&str],
+) -> (crate::fake_lark::FakeLark, tempfile::TempDir, Spawned) {
+    let fake = crate::fake_lark::FakeLark::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut flags = fake.flags(None);
+    flags.extend(extra.iter().map(|flag| (*flag).to_owned()));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let broker = Spawned::start(dir.path(), &flags).await;
+    (fake, dir, broker)
+}
+
 /// (seq, origin, state, answer) of every turn.
 async fn transcript(c: &loopx::client::Client, host: &Host) -> Vec<(i64, Value, TurnState, Value)> {
     all_turns(c, host)
@@ -237,12 +251,7 @@ async fn a_working_agent_silent_past_stall_after_is_stalled_until_its_next_event
 /// --stall-after 1s` with the Lark connector on.
 #[tokio::test]
 async fn a_stall_is_told_once_in_the_linked_lark_chat() {
-    let fake = crate::fake_lark::FakeLark::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut flags = fake.flags(None);
-    flags.extend(["--stall-after".to_owned(), "1s".to_owned()]);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let broker = Spawned::start(dir.path(), &flags).await;
+    let (fake, _dir, broker) = with_fake_lark(&["--stall-after", "1s"]).await;
     let c = &broker.client;
     let host = bound_host(c).await;
     let sid = host.session_id();
@@ -266,5 +275,60 @@ async fn a_stall_is_told_once_in_the_linked_lark_chat() {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(fake.messages_in(&chat).len(), round, "once per stall");
     }
+    broker.terminate().await;
+}
+
+/// A link with `terminal_turns` gets each turn typed at the terminal, once
+/// answered, as one card (prompt and answer, naming the session); a link
+/// without it gets none.
+#[tokio::test]
+async fn a_link_that_asks_gets_each_terminal_turn_once_as_a_card() {
+    let (fake, _dir, broker) = with_fake_lark(&[]).await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let sid = host.session_id();
+    let chat = unique("oc");
+    let link = |terminal_turns| loopx::model::LarkLinkRequest {
+        chat_id: chat.clone(),
+        approvers: vec![],
+        terminal_turns,
+    };
+    let off = c.lark_link_with(sid, &link(false)).await.unwrap().body;
+    assert!(!off.terminal_turns);
+    c.report_agent(sid, &prompt(&host, "first, unsent"))
+        .await
+        .unwrap();
+    c.report_agent(sid, &answer(&host, "kept at the terminal"))
+        .await
+        .unwrap();
+    let on = c.lark_link_with(sid, &link(true)).await.unwrap().body;
+    assert!(on.terminal_turns);
+    let status = c.lark_link_status(sid).await.unwrap().body;
+    assert!(status.terminal_turns, "the option is stored");
+    c.report_agent(sid, &prompt(&host, "run the <b>tests</b>"))
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        // The Stop hook's report repeated: still one card.
+        c.report_agent(sid, &answer(&host, "All 12 pass."))
+            .await
+            .unwrap();
+    }
+    let sent = fake
+        .wait_for_messages_in(&chat, 1, Duration::from_secs(10))
+        .await;
+    let text = &sent[0].text;
+    assert!(
+        text.contains("run the &lt;b&gt;tests&lt;/b&gt;") && text.contains("All 12 pass."),
+        "the prompt (escaped) and the answer: {text}"
+    );
+    let header = sent[0].content["header"]["title"]["content"].to_string();
+    assert!(header.contains("goal-"), "it names the session: {header}");
+    assert!(
+        !text.contains("unsent"),
+        "a turn before the option is not sent"
+    );
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(fake.messages_in(&chat).len(), 1, "once");
     broker.terminate().await;
 }

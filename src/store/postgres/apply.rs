@@ -344,13 +344,14 @@ async fn lark_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<(
         .await?;
     if let Some(link) = &change.link {
         sqlx::query(
-            "insert into lark_links (chat_id, session_id, linked_at, approvers)
-             values ($1, $2, $3, $4)",
+            "insert into lark_links (chat_id, session_id, linked_at, approvers, terminal_turns)
+             values ($1, $2, $3, $4, $5)",
         )
         .bind(&link.chat_id)
         .bind(&change.session_id)
         .bind(link.at)
         .bind(&link.approvers)
+        .bind(i64::from(link.terminal_turns))
         .execute(&mut *conn)
         .await?;
     }

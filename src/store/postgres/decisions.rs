@@ -252,7 +252,19 @@ pub(super) async fn report_agent(
         Some(turn_id) => super::reads::load_turn(&mut *conn, session_id, turn_id).await?,
         None => None,
     };
-    let rows = decide::presence::ReportRows { session, terminal };
+    let terminal_feed = if decide::presence::ReportRows::feeds(session.as_ref(), report) {
+        sqlx::query_scalar(crate::store::TERMINAL_FEED)
+            .bind(session_id)
+            .fetch_optional(&mut *conn)
+            .await?
+    } else {
+        None
+    };
+    let rows = decide::presence::ReportRows {
+        session,
+        terminal,
+        terminal_feed,
+    };
     let decision = decide::presence::report(rows, host, report, minter, now_ms())?;
     decided(conn, decision).await
 }

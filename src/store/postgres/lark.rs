@@ -22,7 +22,7 @@ pub(super) async fn link(
     conn: &mut PgConnection,
     session_id: &str,
     chat_id: &str,
-    approvers: &[String],
+    options: &lark::LinkOptions,
 ) -> Step<LarkLink> {
     let session = lock_session(conn, session_id).await?;
     let rows = LinkRows {
@@ -30,7 +30,7 @@ pub(super) async fn link(
         link: session_link(conn, session_id).await?,
         chat: chat_row(conn, chat_id).await?,
     };
-    let decision = lark::link(rows, chat_id.to_owned(), approvers.to_vec(), now_ms())?;
+    let decision = lark::link(rows, chat_id.to_owned(), options.clone(), now_ms())?;
     decided(conn, decision).await
 }
 
@@ -40,15 +40,18 @@ pub(super) async fn unlink(conn: &mut PgConnection, session_id: &str) -> Step<La
 }
 
 async fn session_link(conn: &mut PgConnection, session_id: &str) -> sqlx::Result<Option<LinkRow>> {
-    let link: Option<(String, String, i64)> = sqlx::query_as(SESSION_LINK)
+    let link: Option<(String, String, i64, i64)> = sqlx::query_as(SESSION_LINK)
         .bind(session_id)
         .fetch_optional(&mut *conn)
         .await?;
-    Ok(link.map(|(chat_id, approvers, linked_at)| LinkRow {
-        chat_id,
-        approvers,
-        linked_at,
-    }))
+    Ok(
+        link.map(|(chat_id, approvers, linked_at, terminal_turns)| LinkRow {
+            chat_id,
+            approvers,
+            linked_at,
+            terminal_turns: terminal_turns == 1,
+        }),
+    )
 }
 
 async fn chat_row(conn: &mut PgConnection, chat_id: &str) -> sqlx::Result<Option<ChatRow>> {

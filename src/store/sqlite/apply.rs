@@ -278,13 +278,14 @@ fn lark_writes(conn: &Connection, writes: &Writes) -> Result<()> {
         .execute(conn)?;
     if let Some(link) = &change.link {
         sql::query(
-            "insert into lark_links (chat_id, session_id, linked_at, approvers)
-             values (?, ?, ?, ?)",
+            "insert into lark_links (chat_id, session_id, linked_at, approvers, terminal_turns)
+             values (?, ?, ?, ?, ?)",
         )
         .bind(&link.chat_id)
         .bind(&change.session_id)
         .bind(link.at)
         .bind(&link.approvers)
+        .bind(i64::from(link.terminal_turns))
         .execute(conn)?;
     }
     Ok(())

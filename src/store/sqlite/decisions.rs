@@ -190,7 +190,18 @@ pub(super) fn report_agent(
         Some(turn_id) => load_turn(conn, &session_id, turn_id)?,
         None => None,
     };
-    let rows = decide::presence::ReportRows { session, terminal };
+    let terminal_feed = if decide::presence::ReportRows::feeds(session.as_ref(), report) {
+        sql::query_scalar(crate::store::TERMINAL_FEED)
+            .bind(&session_id)
+            .fetch_optional(conn)?
+    } else {
+        None
+    };
+    let rows = decide::presence::ReportRows {
+        session,
+        terminal,
+        terminal_feed,
+    };
     decided(
         conn,
         decide::presence::report(rows, &host, report, minter, now_ms())?,

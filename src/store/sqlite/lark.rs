@@ -21,7 +21,7 @@ pub(super) fn link(
     conn: &Connection,
     session_id: String,
     chat_id: String,
-    approvers: Vec<String>,
+    options: lark::LinkOptions,
 ) -> Result<LarkLink> {
     let rows = LinkRows {
         session: load_session(conn, &session_id)?,
@@ -30,7 +30,7 @@ pub(super) fn link(
             .fetch_optional(conn)?,
         chat: sql::query_as(CHAT).bind(&chat_id).fetch_optional(conn)?,
     };
-    let decision = lark::link(rows, chat_id, approvers, now_ms())?;
+    let decision = lark::link(rows, chat_id, options, now_ms())?;
     decided(conn, decision)
 }
 
