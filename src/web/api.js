@@ -176,3 +176,14 @@ export async function answerPermission(sessionId, requestId, behavior) {
 export async function larkPairCode(sessionId) {
   return (await request('POST', `/v1/sessions/${enc(sessionId)}/lark-link/codes`)).data;
 }
+
+/** Which Lark chat feeds the session: {session_id, chat_id (null when none),
+ * approvers, terminal_turns}. */
+export async function getLarkLink(sessionId) {
+  return (await request('GET', `/v1/sessions/${enc(sessionId)}/lark-link`)).data;
+}
+
+/** Links (again) a chat: replaces its approvers and its terminal_turns. */
+export async function putLarkLink(sessionId, link) {
+  return (await request('PUT', `/v1/sessions/${enc(sessionId)}/lark-link`, link)).data;
+}

@@ -43,6 +43,12 @@ const ui = {
   closeRelease: $('close-release'),
   closeCancel: $('close-cancel'),
   closeError: $('close-error'),
+  larkLink: $('lark-link'),
+  larkLinkChat: $('lark-link-chat'),
+  larkApprovers: $('lark-approvers'),
+  larkApproversNone: $('lark-approvers-none'),
+  larkTerminal: $('lark-terminal'),
+  larkLinkError: $('lark-link-error'),
   larkPair: $('lark-pair'),
   pairPanel: $('pair-panel'),
   pairCommand: $('pair-command'),
@@ -311,6 +317,8 @@ function openChat(sessionId) {
   show(ui.larkPair, false);
   show(ui.pairPanel, false);
   showError(ui.pairError, '');
+  show(ui.larkLink, false);
+  showError(ui.larkLinkError, '');
   ui.text.disabled = true;
   ui.send.disabled = true;
   ui.composer.classList.remove('composer-closed');
@@ -328,6 +336,7 @@ async function loadChat(c) {
     for (const turn of page.turns) upsertTurn(c, turn, { quiet: true });
     await c.permissions.load();
     if (c.disposed) return;
+    loadLarkLink(c);
     renderPaging(c);
     scrollToBottom();
     if (session.state === 'open') {
@@ -385,6 +394,7 @@ function applySession(c, session) {
   if (closed) show(ui.closePanel, false);
   show(ui.larkPair, !closed && ui.pairPanel.hidden);
   if (closed) show(ui.pairPanel, false);
+  if (closed) show(ui.larkLink, false);
   ui.text.disabled = closed;
   ui.send.disabled = closed || c.sending;
   ui.composer.classList.toggle('composer-closed', closed);
@@ -489,7 +499,77 @@ function hidePairPanel() {
   show(ui.pairPanel, false);
   show(ui.larkPair, chat?.session?.state === 'open');
   ui.larkPair.focus();
+  // The code may have been used meanwhile: show the chat it linked.
+  if (chat) loadLarkLink(chat);
 }
+
+// --- the linked Lark chat: its approvers, and whether it gets terminal turns ---
+
+/** Reads the session's Lark link and shows it (nothing when none). */
+async function loadLarkLink(c) {
+  try {
+    const link = await api.getLarkLink(c.id);
+    if (c.disposed) return;
+    renderLarkLink(c, link);
+  } catch (error) {
+    if (c.disposed || error.status === 401) return;
+    showError(ui.larkLinkError, `Could not read the Lark link: ${error.message}`);
+  }
+}
+
+function renderLarkLink(c, link) {
+  c.larkLink = link;
+  const linked = Boolean(link.chat_id) && c.session?.state === 'open';
+  show(ui.larkLink, linked);
+  if (!linked) return;
+  ui.larkLinkChat.replaceChildren(
+    'Linked to the Lark chat ',
+    el('code', { text: link.chat_id }),
+    link.approvers.length ? '. Who may answer permission requests there:' : '.',
+  );
+  show(ui.larkApproversNone, link.approvers.length === 0);
+  ui.larkApprovers.replaceChildren(
+    ...link.approvers.map((approver) => {
+      const remove = el('button', {
+        type: 'button',
+        class: 'quiet',
+        text: 'Remove',
+        'aria-label': `Remove approver ${approver}`,
+      });
+      remove.addEventListener('click', () =>
+        relinkLark(c, { approvers: link.approvers.filter((a) => a !== approver) }),
+      );
+      return el('li', {}, el('code', { text: approver }), ' ', remove);
+    }),
+  );
+  ui.larkTerminal.checked = link.terminal_turns;
+}
+
+/** Links the same chat again with `change` applied (the whole approver list
+ * and the terminal option, as the link route replaces both). */
+async function relinkLark(c, change) {
+  const link = c.larkLink;
+  if (!link?.chat_id) return;
+  showError(ui.larkLinkError, '');
+  ui.larkTerminal.disabled = true;
+  try {
+    const body = { chat_id: link.chat_id, approvers: link.approvers, terminal_turns: link.terminal_turns, ...change };
+    const saved = await api.putLarkLink(c.id, body);
+    if (c.disposed) return;
+    renderLarkLink(c, saved);
+    announce('Lark link saved.');
+  } catch (error) {
+    if (c.disposed || error.status === 401) return;
+    showError(ui.larkLinkError, `Could not change the Lark link: ${error.message}`);
+    renderLarkLink(c, link);
+  } finally {
+    ui.larkTerminal.disabled = false;
+  }
+}
+
+ui.larkTerminal.addEventListener('change', () => {
+  if (chat) relinkLark(chat, { terminal_turns: ui.larkTerminal.checked });
+});
 
 ui.larkPair.addEventListener('click', pairLark);
 ui.pairAgain.addEventListener('click', pairLark);

@@ -62,10 +62,39 @@ describe('pairing a Lark chat from the Web chat page', () => {
     assert.equal(await page.getByRole('button', { name: 'Pair a Lark chat…' }).isVisible(), true);
   });
 
+  step('a linked chat shows its approvers; removing one and asking for terminal turns relink it', async () => {
+    const sid = session.session_id;
+    await broker.ok('PUT', `/v1/sessions/${sid}/lark-link`, {
+      chat_id: 'oc_team',
+      approvers: ['ou_ann', 'ou_bob'],
+    });
+    // Done re-reads the link (a code may have been used meanwhile).
+    await page.getByRole('button', { name: 'Pair a Lark chat…' }).click();
+    await page.getByRole('button', { name: 'Done' }).click();
+    const panel = page.locator('#lark-link');
+    await eventually('the linked chat', async () => (await panel.isVisible()) && /oc_team/.test(await panel.innerText()));
+    assert.deepEqual(await page.locator('#lark-approvers code').allInnerTexts(), ['ou_ann', 'ou_bob']);
+    await page.getByRole('button', { name: 'Remove approver ou_ann' }).click();
+    await eventually('ou_ann removed', async () => {
+      const link = await broker.ok('GET', `/v1/sessions/${sid}/lark-link`);
+      return JSON.stringify(link.approvers) === '["ou_bob"]';
+    });
+    await eventually('the list redrawn', async () =>
+      (await page.locator('#lark-approvers code').allInnerTexts()).join() === 'ou_bob');
+    await page.getByLabel("Also send it the turns typed at the agent's terminal").check();
+    await eventually('terminal turns on, approvers kept', async () => {
+      const link = await broker.ok('GET', `/v1/sessions/${sid}/lark-link`);
+      return link.terminal_turns === true && JSON.stringify(link.approvers) === '["ou_bob"]';
+    });
+    assert.deepEqual(await seriousAxeProblems(page), []);
+    await shot('lark-link');
+  });
+
   step('a closed session offers no pairing', async () => {
     await broker.ok('POST', `/v1/sessions/${session.session_id}/close`, {});
     await eventually('the page to show the session closed', async () => !(await page.locator('#closed-note').isHidden()));
     assert.equal(await page.locator('#lark-pair').isHidden(), true);
+    assert.equal(await page.locator('#lark-link').isHidden(), true);
   });
 
   step('no page errors', async () => {
