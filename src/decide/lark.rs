@@ -268,6 +268,7 @@ pub fn event(
                 at: now,
             };
             let message = EnqueueRequest {
+                attachments: Vec::new(),
                 origin: Origin::Lark,
                 text,
                 client_message_id: Some(seen.event_id.clone()),

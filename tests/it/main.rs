@@ -4,6 +4,7 @@
 
 mod support;
 
+mod attachments;
 mod auth_and_errors;
 mod claims;
 mod cli;
