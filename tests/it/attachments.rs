@@ -469,3 +469,142 @@ impl Db {
         .await
     }
 }
+
+/// `loopx hook stop` delivers a turn with files: it saves each in a private
+/// folder under the data dir and names it, with its type and size, in the
+/// text the agent reads; the saved bytes are the uploaded ones, and a
+/// hostile name lands as a plain file in that folder.
+#[tokio::test]
+async fn hook_stop_saves_a_turns_files_privately_and_names_them() {
+    use std::os::unix::fs::PermissionsExt;
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let image = png(12 * 1024 - 8);
+    c.enqueue_with_attachments(
+        host.session_id(),
+        &web("what does this show?"),
+        &[
+            file("shot.png", "image/png", image.clone()),
+            file("../../.bashrc", "text/plain", b"echo hi".to_vec()),
+        ],
+    )
+    .await
+    .unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let transcript = tempfile::NamedTempFile::new().unwrap();
+    let input = serde_json::json!({
+        "session_id": host.host_session_id,
+        "cwd": "/work/project",
+        "hook_event_name": "Stop",
+        "transcript_path": transcript.path(),
+        "stop_hook_active": false,
+    });
+    let output = run_with_stdin(
+        loopx()
+            .args(["hook", "stop", "--agent", "claude-code", "--session-id"])
+            .arg(host.session_id())
+            .args(["--host-surface", HOST_SURFACE, "--broker-url", &broker.url])
+            .env("LOOPX_DATA_DIR", data.path())
+            .env("LOOPX_TOKEN", TOKEN),
+        &input.to_string(),
+    )
+    .await;
+    let out: serde_json::Value = serde_json::from_str(output.trim()).unwrap();
+    assert_eq!(out["decision"], "block");
+    let reason = out["reason"].as_str().unwrap();
+    assert!(reason.contains("what does this show?"), "{reason}");
+
+    let turn = all_turns(c, &host).await.remove(0);
+    let folder = data
+        .path()
+        .join("attachments")
+        .join(host.session_id())
+        .join(&turn.turn_id);
+    let shot = folder.join("shot.png");
+    assert!(
+        reason.contains(&format!("Attached: {} (image/png, 12 KB)", shot.display())),
+        "{reason}"
+    );
+    assert_eq!(std::fs::read(&shot).unwrap(), image);
+    let bashrc = folder.join("bashrc");
+    assert!(reason.contains(&format!("Attached: {}", bashrc.display())));
+    assert_eq!(std::fs::read(&bashrc).unwrap(), b"echo hi");
+    for dir in [&folder, &data.path().join("attachments")] {
+        let mode = std::fs::metadata(dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{}", dir.display());
+    }
+    let mode = std::fs::metadata(&shot).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    // Nothing landed outside the folder.
+    let entries = std::fs::read_dir(&folder).unwrap().count();
+    assert_eq!(entries, 2);
+    assert!(!data.path().join(".bashrc").exists());
+}
+
+/// `worker-bridge attached-session-claim --save-attachments DIR` saves the
+/// claimed turn's files beside its answer.
+#[tokio::test]
+async fn worker_bridge_claim_saves_attachments_into_the_given_folder() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let bytes = b"%PDF-1.7 not really".to_vec();
+    let sent = c
+        .enqueue_with_attachments(
+            host.session_id(),
+            &web("the report"),
+            &[file("report.pdf", "application/pdf", bytes.clone())],
+        )
+        .await
+        .unwrap()
+        .body;
+    let dir = tempfile::tempdir().unwrap();
+    let output = run_with_stdin(
+        loopx()
+            .args(["worker-bridge", "attached-session-claim", "--session-id"])
+            .arg(host.session_id())
+            .args(["--host-surface", HOST_SURFACE, "--host-session-id"])
+            .arg(&host.host_session_id)
+            .args(["--claim-id", "wb-1", "--broker-url", &broker.url])
+            .arg("--save-attachments")
+            .arg(dir.path())
+            .env("LOOPX_TOKEN", TOKEN),
+        "",
+    )
+    .await;
+    let saved = dir
+        .path()
+        .join(host.session_id())
+        .join(&sent.turn_id)
+        .join("report.pdf");
+    assert_eq!(std::fs::read(&saved).unwrap(), bytes);
+    assert!(output.contains(&format!(
+        "Attached: {} (application/octet-stream, 19 B)",
+        saved.display()
+    )));
+}
+
+/// Runs a command with `stdin`; its stdout (it must succeed).
+async fn run_with_stdin(command: &mut tokio::process::Command, stdin: &str) -> String {
+    use std::process::Stdio;
+    use tokio::io::AsyncWriteExt;
+    let mut child = command
+        .env_remove("LOOPX_SESSION_ID")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    let output = child.wait_with_output().await.unwrap();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        output.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}

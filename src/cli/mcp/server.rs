@@ -192,7 +192,10 @@ impl Server {
                         .into());
                     }
                 }
-                let held = self.host.claim(wait).await?;
+                let mut held = self.host.claim(wait).await?;
+                if let Some(held) = &mut held {
+                    held.turn.text = self.host.delivered_text(held).await;
+                }
                 let session_id = self.host.session_id().await?;
                 Ok(CallToolResult::structured(message_json(
                     &session_id,
@@ -228,7 +231,10 @@ impl Server {
                     return;
                 }
             };
-            if let Err(e) = peer.send_notification(channel_event(&held)).await {
+            let text = self.host.delivered_text(&held).await;
+            let mut delivered = held.clone();
+            delivered.turn.text = text;
+            if let Err(e) = peer.send_notification(channel_event(&delivered)).await {
                 tracing::info!("the MCP client is gone ({e}); stopping");
                 return;
             }
