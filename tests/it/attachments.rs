@@ -608,3 +608,85 @@ async fn run_with_stdin(command: &mut tokio::process::Command, stdin: &str) -> S
     );
     stdout
 }
+
+/// `loopx mcp` (tools only): `wait_for_message` answers a turn's text with
+/// a line naming each of its files, saved under the data dir.
+#[tokio::test]
+async fn mcp_wait_for_message_names_the_saved_files() {
+    use std::process::Stdio;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let bytes = b"col1,col2\n1,2\n".to_vec();
+    let sent = c
+        .enqueue_with_attachments(
+            host.session_id(),
+            &web("sum the columns"),
+            &[file("data.csv", "text/csv", bytes.clone())],
+        )
+        .await
+        .unwrap()
+        .body;
+    let data = tempfile::tempdir().unwrap();
+    let mut child = loopx()
+        .args(["mcp", "--tools-only", "--session-id"])
+        .arg(host.session_id())
+        .args(["--host-surface", HOST_SURFACE, "--host-session-id"])
+        .arg(&host.host_session_id)
+        .args(["--broker-url", &broker.url])
+        .env("LOOPX_DATA_DIR", data.path())
+        .env("LOOPX_TOKEN", TOKEN)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut answer = async |id: &str| loop {
+        let line = tokio::time::timeout(std::time::Duration::from_secs(15), lines.next_line())
+            .await
+            .expect("an answer in time")
+            .unwrap()
+            .expect("stdout open");
+        let message: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if message["id"] == id {
+            return message;
+        }
+    };
+    let send = |m: serde_json::Value| format!("{m}\n");
+    stdin
+        .write_all(send(serde_json::json!({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})).as_bytes())
+        .await
+        .unwrap();
+    answer("init").await;
+    let calls = [
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        serde_json::json!({"jsonrpc": "2.0", "id": "wait", "method": "tools/call",
+            "params": {"name": "wait_for_message", "arguments": {"wait_seconds": 0}}}),
+    ];
+    for call in calls {
+        stdin.write_all(send(call).as_bytes()).await.unwrap();
+    }
+    let result = answer("wait").await;
+    let content = &result["result"]["structuredContent"];
+    assert_eq!(content["claimed"], true, "{result}");
+    let saved = data
+        .path()
+        .join("attachments")
+        .join(host.session_id())
+        .join(&sent.turn_id)
+        .join("data.csv");
+    assert_eq!(
+        content["text"],
+        format!(
+            "sum the columns\n\nAttached: {} (application/octet-stream, 14 B)",
+            saved.display()
+        )
+    );
+    assert_eq!(std::fs::read(&saved).unwrap(), bytes);
+    drop(stdin);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), child.wait()).await;
+}
