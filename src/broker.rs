@@ -299,19 +299,28 @@ impl Broker {
         crate::decide::open(&session)?;
         let held = self.store.session_attachment_bytes(session_id).await?;
         attachments::check_session(held, total)?;
+        message.attachments = self.store_files(&uploads).await?;
+        self.enqueue(session_id, message).await
+    }
+
+    /// Stores files' bytes before the enqueue that names them (a Lark
+    /// message's, downloaded); what the turn lists.
+    pub async fn store_files(
+        &self,
+        uploads: &[crate::attachments::Upload],
+    ) -> Result<Vec<crate::attachments::Stored>> {
         let now = crate::time::now_ms();
-        for upload in &uploads {
+        for upload in uploads {
             self.store
                 .put_blob(crate::store::Blob {
                     sha256: upload.stored.sha256.clone(),
-                    sniffed_type: attachments::sniff_image(&upload.bytes),
+                    sniffed_type: crate::attachments::sniff_image(&upload.bytes),
                     bytes: upload.bytes.clone(),
                     at: now,
                 })
                 .await?;
         }
-        message.attachments = uploads.into_iter().map(|u| u.stored).collect();
-        self.enqueue(session_id, message).await
+        Ok(uploads.iter().map(|u| u.stored.clone()).collect())
     }
 
     /// A turn's file at `position`, for its download (404 when none).

@@ -580,6 +580,9 @@ pub trait Store: Send + Sync + 'static {
         page: ListTurns,
         limit: u32,
     ) -> Result<(Vec<TurnRow>, bool)>;
+    /// Whether a Lark message event's files are worth fetching: the event
+    /// is not one already taken, and its chat is linked to a session.
+    async fn lark_files_wanted(&self, app_id: &str, event_id: &str, chat_id: &str) -> Result<bool>;
     /// Stores a file's bytes under their sha256 ([`UPSERT_BLOB`]), before
     /// the enqueue that names them; one already stored is only touched.
     async fn put_blob(&self, blob: Blob) -> Result<()>;
@@ -594,6 +597,12 @@ pub trait Store: Send + Sync + 'static {
         position: u32,
     ) -> Result<Option<AttachmentBytes>>;
 }
+
+/// [`Store::lark_files_wanted`]: the event taken already (`$1` app, `$2` event).
+pub const LARK_EVENT_SEEN: &str =
+    "select count(*) from lark_events where app_id = $1 and event_id = $2";
+/// [`Store::lark_files_wanted`]: the chat's linked sessions (`$1`).
+pub const CHAT_LINKED: &str = "select count(*) from lark_links where chat_id = $1";
 
 /// A file's bytes to store ([`Store::put_blob`]).
 #[derive(Debug, Clone)]

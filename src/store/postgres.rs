@@ -630,4 +630,20 @@ impl Store for PgStore {
             .fetch_optional(&self.pool)
             .await?)
     }
+
+    async fn lark_files_wanted(&self, app_id: &str, event_id: &str, chat_id: &str) -> Result<bool> {
+        if unstorable(app_id) || unstorable(event_id) || unstorable(chat_id) {
+            return Ok(false);
+        }
+        let seen: i64 = sqlx::query_scalar(super::LARK_EVENT_SEEN)
+            .bind(app_id)
+            .bind(event_id)
+            .fetch_one(&self.pool)
+            .await?;
+        let linked: i64 = sqlx::query_scalar(super::CHAT_LINKED)
+            .bind(chat_id)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(seen == 0 && linked > 0)
+    }
 }

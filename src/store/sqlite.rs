@@ -795,6 +795,19 @@ impl Store for SqliteStore {
             .fetch_optional(self.reads().await?)
             .await?)
     }
+
+    async fn lark_files_wanted(&self, app_id: &str, event_id: &str, chat_id: &str) -> Result<bool> {
+        let seen: i64 = sqlx::query_scalar(super::LARK_EVENT_SEEN)
+            .bind(app_id)
+            .bind(event_id)
+            .fetch_one(self.reads().await?)
+            .await?;
+        let linked: i64 = sqlx::query_scalar(super::CHAT_LINKED)
+            .bind(chat_id)
+            .fetch_one(self.reads().await?)
+            .await?;
+        Ok(seen == 0 && linked > 0)
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ mod holders;
 mod hooks;
 mod journal;
 mod lark;
+mod lark_attachments;
 mod lark_cards;
 mod lark_pairing;
 mod lark_permissions;
