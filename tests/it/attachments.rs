@@ -619,11 +619,15 @@ async fn mcp_wait_for_message_names_the_saved_files() {
     let c = &broker.client;
     let host = bound_host(c).await;
     let bytes = b"col1,col2\n1,2\n".to_vec();
+    let image = png(64);
     let sent = c
         .enqueue_with_attachments(
             host.session_id(),
             &web("sum the columns"),
-            &[file("data.csv", "text/csv", bytes.clone())],
+            &[
+                file("data.csv", "text/csv", bytes.clone()),
+                file("chart.png", "image/png", image.clone()),
+            ],
         )
         .await
         .unwrap()
@@ -682,9 +686,24 @@ async fn mcp_wait_for_message_names_the_saved_files() {
     assert_eq!(
         content["text"],
         format!(
-            "sum the columns\n\nAttached: {} (application/octet-stream, 14 B)",
-            saved.display()
+            "sum the columns\n\nAttached: {} (application/octet-stream, 14 B)\nAttached: {} (image/png, 72 B)",
+            saved.display(),
+            saved.with_file_name("chart.png").display()
         )
+    );
+    // The image is given as MCP image content too.
+    use base64::Engine;
+    let blocks = result["result"]["content"].as_array().unwrap();
+    let shown = blocks
+        .iter()
+        .find(|b| b["type"] == "image")
+        .expect("an image block");
+    assert_eq!(shown["mimeType"], "image/png");
+    assert_eq!(
+        base64::engine::general_purpose::STANDARD
+            .decode(shown["data"].as_str().unwrap())
+            .unwrap(),
+        image
     );
     assert_eq!(std::fs::read(&saved).unwrap(), bytes);
     drop(stdin);

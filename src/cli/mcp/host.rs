@@ -165,8 +165,13 @@ impl Host {
     /// A held turn's text as delivered to the agent: with a line naming
     /// each of its files, saved on this host.
     pub async fn delivered_text(&self, held: &Held) -> String {
+        self.delivered(held).await.0
+    }
+
+    /// The delivered text, and the files saved for it.
+    pub async fn delivered(&self, held: &Held) -> (String, Vec<crate::cli::attachments::Saved>) {
         let Some(root) = &self.saves else {
-            return held.turn.text.clone();
+            return (held.turn.text.clone(), Vec::new());
         };
         let saved = crate::cli::attachments::save(
             &self.client,
@@ -176,7 +181,10 @@ impl Host {
             &held.turn.attachments,
         )
         .await;
-        crate::cli::attachments::with_files(&held.turn.text, &saved)
+        (
+            crate::cli::attachments::with_files(&held.turn.text, &saved),
+            saved,
+        )
     }
 
     pub fn broker_url(&self) -> &str {
