@@ -279,7 +279,9 @@ impl Broker {
     /// message, per session) and the message's own rules before anything is
     /// written; then each file's bytes are stored under their sha256, and
     /// the turn, naming them, is enqueued as [`Broker::enqueue`] does (the
-    /// same idempotency: a replay must name the same files). Bytes stored
+    /// same idempotency: a replay must name the same files). The session's
+    /// limit is read before the write, not under its lock: two uploads at
+    /// the same moment may pass it together, by at most one message each. Bytes stored
     /// for an enqueue that is then refused are named by no turn, and
     /// retention removes them.
     pub async fn enqueue_with_attachments(
@@ -298,7 +300,17 @@ impl Broker {
         let session = crate::decide::existing(self.store.session(session_id).await?)?;
         crate::decide::open(&session)?;
         let held = self.store.session_attachment_bytes(session_id).await?;
-        attachments::check_session(held, total)?;
+        if let Err(over) = attachments::check_session(held, total) {
+            // A replay's files are counted already: it answers as a replay
+            // (or 422), never 413.
+            let replay = match &message.client_message_id {
+                Some(id) => self.store.has_client_message_id(session_id, id).await?,
+                None => false,
+            };
+            if !replay {
+                return Err(over);
+            }
+        }
         message.attachments = self.store_files(&uploads).await?;
         self.enqueue(session_id, message).await
     }

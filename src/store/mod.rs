@@ -586,6 +586,13 @@ pub trait Store: Send + Sync + 'static {
     /// Stores a file's bytes under their sha256 ([`UPSERT_BLOB`]), before
     /// the enqueue that names them; one already stored is only touched.
     async fn put_blob(&self, blob: Blob) -> Result<()>;
+    /// Whether the session holds a turn enqueued with this `client_message_id`
+    /// (a replay: its files are counted in the session's already).
+    async fn has_client_message_id(
+        &self,
+        session_id: &str,
+        client_message_id: &str,
+    ) -> Result<bool>;
     /// The bytes of the session's turns' files, all together.
     async fn session_attachment_bytes(&self, session_id: &str) -> Result<u64>;
     /// A turn's file at `position`: its name, the type it is served as and
@@ -634,6 +641,10 @@ pub const UPSERT_BLOB: &str = "insert into attachment_blobs \
 pub const INSERT_TURN_ATTACHMENT: &str = "insert into turn_attachments \
      (turn_id, position, session_id, name, declared_type, content_type, size, sha256) \
      values ($1, $2, $3, $4, $5, $6, $7, $8)";
+
+/// [`Store::has_client_message_id`] (`$1` session, `$2` id).
+pub const CLIENT_MESSAGE_ID_USED: &str =
+    "select count(*) from turns where session_id = $1 and client_message_id = $2";
 
 /// The bytes a session's files hold (`$1`).
 pub const SESSION_ATTACHMENT_BYTES: &str =

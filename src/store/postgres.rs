@@ -646,4 +646,20 @@ impl Store for PgStore {
             .await?;
         Ok(seen == 0 && linked > 0)
     }
+
+    async fn has_client_message_id(
+        &self,
+        session_id: &str,
+        client_message_id: &str,
+    ) -> Result<bool> {
+        if unstorable(session_id) || unstorable(client_message_id) {
+            return Ok(false);
+        }
+        let used: i64 = sqlx::query_scalar(super::CLIENT_MESSAGE_ID_USED)
+            .bind(session_id)
+            .bind(client_message_id)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(used > 0)
+    }
 }

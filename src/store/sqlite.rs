@@ -808,6 +808,19 @@ impl Store for SqliteStore {
             .await?;
         Ok(seen == 0 && linked > 0)
     }
+
+    async fn has_client_message_id(
+        &self,
+        session_id: &str,
+        client_message_id: &str,
+    ) -> Result<bool> {
+        let used: i64 = sqlx::query_scalar(super::CLIENT_MESSAGE_ID_USED)
+            .bind(session_id)
+            .bind(client_message_id)
+            .fetch_one(self.reads().await?)
+            .await?;
+        Ok(used > 0)
+    }
 }
 
 #[cfg(test)]

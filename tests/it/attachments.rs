@@ -709,3 +709,49 @@ async fn mcp_wait_for_message_names_the_saved_files() {
     drop(stdin);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), child.wait()).await;
 }
+
+/// The session's limit (500 MiB of files): a message that would pass it is
+/// refused with 413 and nothing written; a replay of one already taken is
+/// still answered as a replay.
+#[tokio::test]
+async fn the_session_limit_refuses_new_files_and_still_answers_a_replay() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let files = [file("a.png", "image/png", png(1000))];
+    let keyed = keyed("first", "limit-1");
+    let sent = c
+        .enqueue_with_attachments(host.session_id(), &keyed, &files)
+        .await
+        .unwrap()
+        .body;
+    // The session now holds all but 100 bytes of its 500 MiB.
+    let db = Db::of(&broker).await;
+    db.execute(
+        "insert into turn_attachments (turn_id, position, session_id, name, declared_type, \
+         content_type, size, sha256) values ('turn_fake', 0, $2, 'big', 'x', 'x', $1, 'none')",
+        500 * 1024 * 1024 - 1008 - 100,
+        host.session_id(),
+    )
+    .await;
+    let before = all_turns(c, &host).await.len();
+    assert_eq!(
+        refused(c, &host, &[file("b.png", "image/png", png(200))]).await,
+        (413, "payload_too_large".into())
+    );
+    assert_eq!(all_turns(c, &host).await.len(), before);
+    let replay = c
+        .enqueue_with_attachments(host.session_id(), &keyed, &files)
+        .await
+        .unwrap();
+    assert!(replay.reply.replayed);
+    assert_eq!(replay.body.turn_id, sent.turn_id);
+    // What still fits is taken.
+    c.enqueue_with_attachments(
+        host.session_id(),
+        &web("small"),
+        &[file("c.txt", "", vec![1; 90])],
+    )
+    .await
+    .unwrap();
+}
