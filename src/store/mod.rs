@@ -589,4 +589,77 @@ pub trait Store: Send + Sync + 'static {
         page: ListTurns,
         limit: u32,
     ) -> Result<(Vec<TurnRow>, bool)>;
+    /// Whether a Lark message event's files are worth fetching: the event
+    /// is not one already taken, and its chat is linked to a session.
+    async fn lark_files_wanted(&self, app_id: &str, event_id: &str, chat_id: &str) -> Result<bool>;
+    /// Stores a file's bytes under their sha256 ([`UPSERT_BLOB`]), before
+    /// the enqueue that names them; one already stored is only touched.
+    async fn put_blob(&self, blob: Blob) -> Result<()>;
+    /// Whether the session holds a turn enqueued with this `client_message_id`
+    /// (a replay: its files are counted in the session's already).
+    async fn has_client_message_id(
+        &self,
+        session_id: &str,
+        client_message_id: &str,
+    ) -> Result<bool>;
+    /// The bytes of the session's turns' files, all together.
+    async fn session_attachment_bytes(&self, session_id: &str) -> Result<u64>;
+    /// A turn's file at `position`: its name, the type it is served as and
+    /// its bytes; `None` when the session, turn or position names none.
+    async fn attachment(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+        position: u32,
+    ) -> Result<Option<AttachmentBytes>>;
 }
+
+/// [`Store::lark_files_wanted`]: the event taken already (`$1` app, `$2` event).
+pub const LARK_EVENT_SEEN: &str =
+    "select count(*) from lark_events where app_id = $1 and event_id = $2";
+/// [`Store::lark_files_wanted`]: the chat's linked sessions (`$1`).
+pub const CHAT_LINKED: &str = "select count(*) from lark_links where chat_id = $1";
+
+/// A file's bytes to store ([`Store::put_blob`]).
+#[derive(Debug, Clone)]
+pub struct Blob {
+    pub sha256: String,
+    pub sniffed_type: Option<&'static str>,
+    pub bytes: bytes::Bytes,
+    pub at: i64,
+}
+
+/// A stored file, for its download.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AttachmentBytes {
+    pub name: String,
+    pub content_type: String,
+    pub bytes: Vec<u8>,
+}
+
+/// A file's bytes (`$1` sha256, `$2` size, `$3` sniffed type, `$4` bytes,
+/// `$5` now): stored once; stored again, only `created_at` is touched, so
+/// retention's sweep of unnamed blobs spares one an enqueue is about to name.
+pub const UPSERT_BLOB: &str = "insert into attachment_blobs \
+     (sha256, size, sniffed_type, bytes, created_at) values ($1, $2, $3, $4, $5) \
+     on conflict (sha256) do update set created_at = excluded.created_at";
+
+/// A turn's file, in the enqueue's transaction (`$1` turn, `$2` position,
+/// `$3` session, `$4` name, `$5` declared type, `$6` content type, `$7` size,
+/// `$8` sha256).
+pub const INSERT_TURN_ATTACHMENT: &str = "insert into turn_attachments \
+     (turn_id, position, session_id, name, declared_type, content_type, size, sha256) \
+     values ($1, $2, $3, $4, $5, $6, $7, $8)";
+
+/// [`Store::has_client_message_id`] (`$1` session, `$2` id).
+pub const CLIENT_MESSAGE_ID_USED: &str =
+    "select count(*) from turns where session_id = $1 and client_message_id = $2";
+
+/// The bytes a session's files hold (`$1`).
+pub const SESSION_ATTACHMENT_BYTES: &str =
+    "select cast(coalesce(sum(size), 0) as bigint) from turn_attachments where session_id = $1";
+
+/// One file of a turn, for its download (`$1` session, `$2` turn, `$3` position).
+pub const ATTACHMENT_DOWNLOAD: &str = "select a.name, a.content_type, b.bytes \
+     from turn_attachments a join attachment_blobs b on b.sha256 = a.sha256 \
+     where a.session_id = $1 and a.turn_id = $2 and a.position = $3";

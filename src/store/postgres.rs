@@ -589,4 +589,76 @@ impl Store for PgStore {
     ) -> Result<(Vec<TurnRow>, bool)> {
         reads::turns(&self.pool, session_id, page, limit).await
     }
+
+    async fn put_blob(&self, blob: super::Blob) -> Result<()> {
+        sqlx::query(super::UPSERT_BLOB)
+            .bind(&blob.sha256)
+            .bind(blob.bytes.len() as i64)
+            .bind(blob.sniffed_type)
+            .bind(blob.bytes.as_ref())
+            .bind(blob.at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn session_attachment_bytes(&self, session_id: &str) -> Result<u64> {
+        if unstorable(session_id) {
+            return Ok(0);
+        }
+        let held: i64 = sqlx::query_scalar(super::SESSION_ATTACHMENT_BYTES)
+            .bind(session_id)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(held.max(0) as u64)
+    }
+
+    async fn attachment(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+        position: u32,
+    ) -> Result<Option<super::AttachmentBytes>> {
+        if unstorable(session_id) || unstorable(turn_id) {
+            return Ok(None);
+        }
+        Ok(sqlx::query_as(super::ATTACHMENT_DOWNLOAD)
+            .bind(session_id)
+            .bind(turn_id)
+            .bind(i64::from(position))
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    async fn lark_files_wanted(&self, app_id: &str, event_id: &str, chat_id: &str) -> Result<bool> {
+        if unstorable(app_id) || unstorable(event_id) || unstorable(chat_id) {
+            return Ok(false);
+        }
+        let seen: i64 = sqlx::query_scalar(super::LARK_EVENT_SEEN)
+            .bind(app_id)
+            .bind(event_id)
+            .fetch_one(&self.pool)
+            .await?;
+        let linked: i64 = sqlx::query_scalar(super::CHAT_LINKED)
+            .bind(chat_id)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(seen == 0 && linked > 0)
+    }
+
+    async fn has_client_message_id(
+        &self,
+        session_id: &str,
+        client_message_id: &str,
+    ) -> Result<bool> {
+        if unstorable(session_id) || unstorable(client_message_id) {
+            return Ok(false);
+        }
+        let used: i64 = sqlx::query_scalar(super::CLIENT_MESSAGE_ID_USED)
+            .bind(session_id)
+            .bind(client_message_id)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(used > 0)
+    }
 }

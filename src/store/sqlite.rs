@@ -758,6 +758,68 @@ impl Store for SqliteStore {
             .await?;
         Ok(paging.finish(turns))
     }
+
+    async fn put_blob(&self, blob: super::Blob) -> Result<()> {
+        self.write(move |conn| {
+            sql::query(super::UPSERT_BLOB)
+                .bind(&blob.sha256)
+                .bind(blob.bytes.len() as i64)
+                .bind(blob.sniffed_type)
+                .bind(blob.bytes.clone())
+                .bind(blob.at)
+                .execute(conn)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn session_attachment_bytes(&self, session_id: &str) -> Result<u64> {
+        let held: i64 = sqlx::query_scalar(super::SESSION_ATTACHMENT_BYTES)
+            .bind(session_id)
+            .fetch_one(self.reads().await?)
+            .await?;
+        Ok(held.max(0) as u64)
+    }
+
+    async fn attachment(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+        position: u32,
+    ) -> Result<Option<super::AttachmentBytes>> {
+        Ok(sqlx::query_as(super::ATTACHMENT_DOWNLOAD)
+            .bind(session_id)
+            .bind(turn_id)
+            .bind(i64::from(position))
+            .fetch_optional(self.reads().await?)
+            .await?)
+    }
+
+    async fn lark_files_wanted(&self, app_id: &str, event_id: &str, chat_id: &str) -> Result<bool> {
+        let seen: i64 = sqlx::query_scalar(super::LARK_EVENT_SEEN)
+            .bind(app_id)
+            .bind(event_id)
+            .fetch_one(self.reads().await?)
+            .await?;
+        let linked: i64 = sqlx::query_scalar(super::CHAT_LINKED)
+            .bind(chat_id)
+            .fetch_one(self.reads().await?)
+            .await?;
+        Ok(seen == 0 && linked > 0)
+    }
+
+    async fn has_client_message_id(
+        &self,
+        session_id: &str,
+        client_message_id: &str,
+    ) -> Result<bool> {
+        let used: i64 = sqlx::query_scalar(super::CLIENT_MESSAGE_ID_USED)
+            .bind(session_id)
+            .bind(client_message_id)
+            .fetch_one(self.reads().await?)
+            .await?;
+        Ok(used > 0)
+    }
 }
 
 #[cfg(test)]
