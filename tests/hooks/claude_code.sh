@@ -8,7 +8,8 @@
 # turn of origin "terminal", answered with the model's answer; a tool the
 # model calls (Bash, `sleep 3`) is shown by name while it runs, never its
 # input, and a Web message sent meanwhile is delivered at Stop and answered
-# after the terminal turn (issue 37).
+# after the terminal turn (issue 37). The Web message carries a screenshot:
+# the model reads the path it was saved at, bytes equal (issue 39).
 #
 # Usage: tests/hooks/claude_code.sh [path/to/loopx]   (default target/debug/loopx)
 set -euo pipefail
@@ -25,7 +26,7 @@ export LOOPX_TOKEN=hooks-test-token HOME="$work/home"
 mkdir -p "$HOME" "$work/project"
 start_broker "$loopx" --data-dir "$work/data"
 model_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-python3 tests/hooks/stub_model.py "$model_port" 2>"$work/model.log" &
+STUB_LOG="$work/model-texts.jsonl" python3 tests/hooks/stub_model.py "$model_port" 2>"$work/model.log" &
 model_pid=$!
 trap 'kill $model_pid 2>/dev/null; stop_broker' EXIT
 
@@ -38,7 +39,20 @@ session=$("$loopx" worker-bridge attached-session-bind --broker-url "$BROKER_URL
   --executor-endpoint-id exec-ci --execute --format json | python3 -c 'import json,sys; print(json.load(sys.stdin)["session_id"])')
 "$loopx" hook install --agent claude-code --project-dir "$work/project" \
   --session-id "$session" --broker-url "$BROKER_URL"
-"$loopx" chat send --broker-url "$BROKER_URL" --session-id "$session" --text "From the web: what is 2+2?" >/dev/null
+# The Web message carries a screenshot (issue 39): the Stop hook saves it
+# on the host and names the saved file in the text the model reads.
+python3 - "$work/shot.png" <<'PY'
+import struct, sys, zlib
+def chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)) \
+    + chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00")) + chunk(b"IEND", b"")
+open(sys.argv[1], "wb").write(png)
+PY
+curl -fsS -H "Authorization: Bearer $LOOPX_TOKEN" \
+  -F 'message={"text": "From the web: what is 2+2?", "origin": "web"};type=application/json' \
+  -F "file=@$work/shot.png;type=image/png" \
+  "$BROKER_URL/v1/sessions/$session/messages/with-attachments" >/dev/null
 
 (cd "$work/project" && ANTHROPIC_BASE_URL="http://127.0.0.1:$model_port" ANTHROPIC_API_KEY=sk-stub \
   DISABLE_TELEMETRY=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 \
@@ -65,6 +79,16 @@ assert run["num_turns"] >= 2 and not run["is_error"], run
 assert session["agent"]["state"] == "away", session
 print("claude code", "delivered and answered:", answer)
 print("claude code", "the terminal's prompt answered:", terminal["response"]["message"])
+PY
+python3 - "$work/model-texts.jsonl" "$work/shot.png" <<'PY'
+import json, os, re, stat, sys
+texts = [t for line in open(sys.argv[1]) for t in json.loads(line)["texts"]]
+named = [m for t in texts for m in re.findall(r"Attached: (\S+) \(image/png, ", t)]
+assert named, "the model never read a line naming the saved screenshot: %r" % texts
+path = named[0]
+assert open(path, "rb").read() == open(sys.argv[2], "rb").read(), "the saved bytes differ"
+assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700, oct(os.stat(os.path.dirname(path)).st_mode)
+print("claude code", "the model read the saved screenshot's path:", path)
 PY
 
 # A model that answers everything with the same words (issue 35): three
