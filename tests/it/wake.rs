@@ -505,6 +505,19 @@ async fn no_dialog_is_answered_by_a_message_and_a_killed_waker_loses_nothing() {
         .status()
         .unwrap();
     assert!(killed.success());
+    // The dialog's turn may still be ending (its Stop hook starts a waker
+    // when none runs): killed again until none has run for a second.
+    let mut quiet_since = Instant::now();
+    while quiet_since.elapsed() < Duration::from_secs(1) {
+        assert!(started.elapsed() < Duration::from_secs(20), "a waker keeps coming back");
+        if wakers(&tmux) > 0 {
+            let _ = Command::new("pkill")
+                .args(["-9", "-f", &format!("tmux-waker.*{socket}")])
+                .status();
+            quiet_since = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let waits = send(&broker, &session, "Sent with no waker.").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
