@@ -275,33 +275,85 @@ impl Broker {
         })
     }
 
+    /// An enqueue with files: checked against every limit (per file, per
+    /// message, per session) and the message's own rules before anything is
+    /// written; then each file's bytes are stored under their sha256, and
+    /// the turn, naming them, is enqueued as [`Broker::enqueue`] does (the
+    /// same idempotency: a replay must name the same files). The session's
+    /// limit is read before the write, not under its lock: two uploads at
+    /// the same moment may pass it together, by at most one message each. Bytes stored
+    /// for an enqueue that is then refused are named by no turn, and
+    /// retention removes them.
+    pub async fn enqueue_with_attachments(
+        &self,
+        session_id: &str,
+        mut message: EnqueueRequest,
+        uploads: Vec<crate::attachments::Upload>,
+    ) -> Result<Answer<Enqueued>> {
+        use crate::attachments;
+        let total: u64 = uploads.iter().map(|u| u.stored.size).sum();
+        uploads
+            .iter()
+            .try_for_each(|u| attachments::check_file(u.stored.size))?;
+        attachments::check_message(uploads.len(), total)?;
+        check_message(&message)?;
+        let session = crate::decide::existing(self.store.session(session_id).await?)?;
+        crate::decide::open(&session)?;
+        let held = self.store.session_attachment_bytes(session_id).await?;
+        if let Err(over) = attachments::check_session(held, total) {
+            // A replay's files are counted already: it answers as a replay
+            // (or 422), never 413.
+            let replay = match &message.client_message_id {
+                Some(id) => self.store.has_client_message_id(session_id, id).await?,
+                None => false,
+            };
+            if !replay {
+                return Err(over);
+            }
+        }
+        message.attachments = self.store_files(&uploads).await?;
+        self.enqueue(session_id, message).await
+    }
+
+    /// Stores files' bytes before the enqueue that names them (a Lark
+    /// message's, downloaded); what the turn lists.
+    pub async fn store_files(
+        &self,
+        uploads: &[crate::attachments::Upload],
+    ) -> Result<Vec<crate::attachments::Stored>> {
+        let now = crate::time::now_ms();
+        for upload in uploads {
+            self.store
+                .put_blob(crate::store::Blob {
+                    sha256: upload.stored.sha256.clone(),
+                    sniffed_type: crate::attachments::sniff_image(&upload.bytes),
+                    bytes: upload.bytes.clone(),
+                    at: now,
+                })
+                .await?;
+        }
+        Ok(uploads.iter().map(|u| u.stored.clone()).collect())
+    }
+
+    /// A turn's file at `position`, for its download (404 when none).
+    pub async fn attachment(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+        position: u32,
+    ) -> Result<crate::store::AttachmentBytes> {
+        self.store
+            .attachment(session_id, turn_id, position)
+            .await?
+            .ok_or_else(|| Error::not_found("attachment"))
+    }
+
     pub async fn enqueue(
         &self,
         session_id: &str,
         message: EnqueueRequest,
     ) -> Result<Answer<Enqueued>> {
-        if message.text.is_empty() || message.text.len() > MAX_TEXT_BYTES {
-            return Err(Error::invalid(format!(
-                "`text` must be 1 to {MAX_TEXT_BYTES} bytes."
-            )));
-        }
-        if let Some(id) = &message.client_message_id {
-            check("client_message_id", id)?;
-        }
-        if message.origin == Origin::Terminal {
-            return Err(Error::invalid(
-                "Origin \"terminal\" is recorded by the agent's host (its `agent-state` report's `prompt`), never queued.",
-            ));
-        }
-        if let Some(lark) = &message.lark {
-            if message.origin != Origin::Lark {
-                return Err(Error::invalid(
-                    "`lark` is only allowed with origin \"lark\".",
-                ));
-            }
-            check("lark.chat_id", &lark.chat_id)?;
-            check("lark.message_id", &lark.message_id)?;
-        }
+        check_message(&message)?;
         let started = Instant::now();
         let taken = match self.store.shared() {
             false => self.handoffs.take(session_id, started),
@@ -749,6 +801,34 @@ impl Broker {
             has_more,
         })
     }
+}
+
+/// An enqueued message's own rules: its text, its ids, its origin and its
+/// Lark reference (400).
+fn check_message(message: &EnqueueRequest) -> Result<()> {
+    if message.text.is_empty() || message.text.len() > MAX_TEXT_BYTES {
+        return Err(Error::invalid(format!(
+            "`text` must be 1 to {MAX_TEXT_BYTES} bytes."
+        )));
+    }
+    if let Some(id) = &message.client_message_id {
+        check("client_message_id", id)?;
+    }
+    if message.origin == Origin::Terminal {
+        return Err(Error::invalid(
+            "Origin \"terminal\" is recorded by the agent's host (its `agent-state` report's `prompt`), never queued.",
+        ));
+    }
+    if let Some(lark) = &message.lark {
+        if message.origin != Origin::Lark {
+            return Err(Error::invalid(
+                "`lark` is only allowed with origin \"lark\".",
+            ));
+        }
+        check("lark.chat_id", &lark.chat_id)?;
+        check("lark.message_id", &lark.message_id)?;
+    }
+    Ok(())
 }
 
 /// The host identity a host call presents, its two ids checked.

@@ -305,6 +305,104 @@ impl Client {
         .await
     }
 
+    /// Enqueues a message with files (`multipart/form-data`: the message as
+    /// its `message` part, each file a `file` part).
+    pub async fn enqueue_with_attachments(
+        &self,
+        session_id: &str,
+        message: &EnqueueRequest,
+        files: &[OutgoingFile],
+    ) -> Result<TypedReply<Enqueued>, ClientError> {
+        let boundary = format!("loopx-{}", ulid::Ulid::new());
+        let body = multipart_body(&boundary, message, files);
+        let url = format!(
+            "{}{}",
+            self.base,
+            session_path(session_id, "/messages/with-attachments")
+        );
+        let mut request = self
+            .http
+            .post(&url)
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                format!("multipart/form-data; boundary={boundary}"),
+            )
+            .body(body);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let reply = self.finish(request).await?;
+        if !reply.status.is_success() {
+            return Err(refusal(reply));
+        }
+        match serde_json::from_str(&reply.text) {
+            Ok(body) => Ok(TypedReply { body, reply }),
+            Err(e) => Err(ClientError::Unexpected {
+                reason: e.to_string(),
+                reply,
+            }),
+        }
+    }
+
+    /// A turn's file, by its `download` path: its bytes and content type.
+    pub async fn download(&self, path: &str) -> Result<(Vec<u8>, String), ClientError> {
+        let url = format!("{}{}", self.base, path);
+        let mut request = self.http.get(&url);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let unreachable = |e: reqwest::Error| ClientError::Unreachable {
+            url: self.base.clone(),
+            reason: error_chain(&e),
+        };
+        let response = request.send().await.map_err(unreachable)?;
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        if !status.is_success() {
+            let text = response.text().await.map_err(unreachable)?;
+            return Err(refusal(Reply {
+                status,
+                replayed: false,
+                content_type,
+                text,
+            }));
+        }
+        let bytes = response.bytes().await.map_err(unreachable)?;
+        Ok((bytes.to_vec(), content_type))
+    }
+
+    /// Sends a built request; the answer as a [`Reply`].
+    async fn finish(&self, request: reqwest::RequestBuilder) -> Result<Reply, ClientError> {
+        let unreachable = |e: reqwest::Error| ClientError::Unreachable {
+            url: self.base.clone(),
+            reason: error_chain(&e),
+        };
+        let response = request.send().await.map_err(unreachable)?;
+        let status = response.status();
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let replayed = header("idempotent-replayed") == "true";
+        let content_type = header("content-type");
+        let text = response.text().await.map_err(unreachable)?;
+        Ok(Reply {
+            status,
+            replayed,
+            content_type,
+            text,
+        })
+    }
+
     /// Claims, with an HTTP timeout above the wait.
     pub async fn claim(
         &self,
@@ -622,4 +720,43 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     message
+}
+
+/// A file to send with a message ([`Client::enqueue_with_attachments`]).
+#[derive(Debug, Clone)]
+pub struct OutgoingFile {
+    pub name: String,
+    pub content_type: String,
+    pub bytes: Vec<u8>,
+}
+
+/// A `multipart/form-data` body: the message's JSON, then the files. A
+/// name's quotes, backslashes and line breaks are replaced (they would end
+/// its header).
+fn multipart_body(boundary: &str, message: &EnqueueRequest, files: &[OutgoingFile]) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(format!("--{boundary}\r\nContent-Disposition: form-data; name=\"message\"\r\nContent-Type: application/json\r\n\r\n").as_bytes());
+    body.extend_from_slice(&serde_json::to_vec(message).unwrap_or_default());
+    for file in files {
+        let name: String = file
+            .name
+            .chars()
+            .map(|c| {
+                if matches!(c, '"' | '\\' | '\r' | '\n') {
+                    '_'
+                } else {
+                    c
+                }
+            })
+            .collect();
+        let content_type: String = file
+            .content_type
+            .chars()
+            .filter(|c| !c.is_control())
+            .collect();
+        body.extend_from_slice(format!("\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: {content_type}\r\n\r\n").as_bytes());
+        body.extend_from_slice(&file.bytes);
+    }
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    body
 }

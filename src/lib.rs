@@ -5,6 +5,9 @@
 //!
 //! The map of the house:
 
+/// Attachments' rules: the limits, safe file names, image sniffing, the
+/// type a file is served as, and a turn's stored list.
+pub mod attachments;
 /// The broker core: validation, limits, parked claims and the hand-off of
 /// an enqueue to a parked claim; every wake-up from the store's change feed.
 /// The store takes the decisions.

@@ -553,6 +553,11 @@ pub struct EnqueueRequest {
     /// Only with `origin: "lark"`.
     #[serde(default)]
     pub lark: Option<LarkRef>,
+    /// The files sent with the message (the multipart route's `file`
+    /// parts, their bytes already stored); never read from JSON.
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub attachments: Vec<crate::attachments::Stored>,
 }
 
 /// The queued turn (or, with `duplicate: true`, the turn an earlier request queued).
@@ -607,6 +612,34 @@ pub struct ClaimedTurn {
     pub enqueued_at: String,
     /// How many claims this turn has had: 1, then 2 after a release, …
     pub attempt: i64,
+    /// The files sent with the message, in order; absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Attachment>,
+}
+
+/// A file sent with a message: what it is, and where the host or the owner
+/// downloads it (`download`, a path on the broker, with the owner token).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"position": 0, "name": "shot.png", "content_type": "image/png", "declared_type": "image/png", "size": 12345, "sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", "download": "/v1/sessions/ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B/turns/turn_01JD8X6A0B1C2D3E4F5G6H7J8K/attachments/0"}))]
+pub struct Attachment {
+    /// 0, 1, … in the order the files were sent.
+    pub position: u32,
+    /// The sender's file name made safe: its last path component, without
+    /// control characters or leading dots, at most 200 bytes; `file` when
+    /// nothing is left.
+    pub name: String,
+    /// What the download is served as: `image/png`, `image/jpeg`,
+    /// `image/gif` or `image/webp` when the bytes start like one (sniffed,
+    /// whatever was declared), else `application/octet-stream`.
+    pub content_type: String,
+    /// The type the sender declared (kept, never trusted).
+    pub declared_type: String,
+    /// Bytes.
+    pub size: u64,
+    /// The SHA-256 of the bytes, lowercase hex.
+    pub sha256: String,
+    /// `GET` this path (owner token) for the bytes.
+    pub download: String,
 }
 
 /// A claim's answer: a turn, or (after a wait) nothing.
@@ -782,6 +815,9 @@ pub struct Turn {
     #[serde(default)]
     #[schema(required = true)]
     pub reply: Option<ReplyStatus>,
+    /// The files sent with the message, in order; absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Attachment>,
 }
 
 /// `GET /v1/sessions/{session_id}/turns` paging.

@@ -47,10 +47,11 @@ const JS: &str = "text/javascript; charset=utf-8";
 const SVG: &str = "image/svg+xml";
 
 /// Same-origin everything; `connect-src 'self'` covers the `/v1` calls and
-/// the event stream. No `unsafe-inline`: the page sets no inline script or
+/// the event stream; `img-src blob:` the attachments' thumbnails (fetched
+/// with the token, shown from a `blob:` URL). No `unsafe-inline`: the page sets no inline script or
 /// style attribute.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
-                   img-src 'self'; connect-src 'self'; base-uri 'none'; \
+                   img-src 'self' blob:; connect-src 'self'; base-uri 'none'; \
                    form-action 'none'; frame-ancestors 'none'";
 
 /// The page's routes. Generic over the state so the caller's `AppState`
@@ -177,7 +178,11 @@ mod tests {
     #[test]
     fn the_policy_allows_no_inline_script_or_style() {
         assert!(!CSP.contains("unsafe-"), "{CSP}");
-        for directive in ["script-src 'self';", "style-src 'self';", "img-src 'self';"] {
+        for directive in [
+            "script-src 'self';",
+            "style-src 'self';",
+            "img-src 'self' blob:;",
+        ] {
             assert!(CSP.contains(directive), "{CSP} lacks {directive}");
         }
     }

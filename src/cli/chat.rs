@@ -83,6 +83,7 @@ pub fn run(args: ChatArgs) -> ExitCode {
 
 async fn send(ctx: Ctx, a: ChatSendArgs) -> Result<(), ClientError> {
     let message = EnqueueRequest {
+        attachments: Vec::new(),
         origin: match a.origin {
             OriginArg::Web => Origin::Web,
             OriginArg::Lark => Origin::Lark,

@@ -10,6 +10,8 @@ use clap::{Parser, Subcommand};
 
 use crate::serve::{self, ServeArgs};
 
+/// A delivered turn's files saved on the host, named for the agent.
+pub mod attachments;
 pub mod chat;
 pub mod common;
 pub mod health;

@@ -136,6 +136,10 @@ pub struct AttachedSessionClaimArgs {
     /// Wait up to this many seconds for a turn (capped at 1800 by the broker).
     #[arg(long, default_value_t = 0)]
     pub wait_seconds: u64,
+    /// Save the claimed turn's files into DIR/<session>/<turn>/ (folders
+    /// 0700, files 0600, safe names); the text output names each.
+    #[arg(long, value_name = "DIR")]
+    pub save_attachments: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub options: ClientOptions,
 }
@@ -318,6 +322,25 @@ async fn claim(ctx: Ctx, a: AttachedSessionClaimArgs) -> Result<(), ClientError>
         wait_seconds: a.wait_seconds,
     };
     let answer = ctx.client.claim(&a.session_id, &request).await?;
+    let saved = match (&answer.body, &a.save_attachments) {
+        (ClaimAnswer::Claimed(c), Some(dir)) => {
+            crate::cli::attachments::save(
+                &ctx.client,
+                dir,
+                &c.session_id,
+                &c.turn.turn_id,
+                &c.turn.attachments,
+            )
+            .await
+        }
+        _ => Vec::new(),
+    };
+    if ctx.format != Format::Text {
+        let lines = crate::cli::attachments::describe(&saved);
+        if !lines.is_empty() {
+            eprintln!("{lines}");
+        }
+    }
     ctx.print(&answer.reply, || match &answer.body {
         ClaimAnswer::Claimed(c) => {
             let t = &c.turn;
@@ -340,7 +363,10 @@ async fn claim(ctx: Ctx, a: AttachedSessionClaimArgs) -> Result<(), ClientError>
                     wire(&t.origin)
                 )
             };
-            format!("{head}:\n{}", t.text)
+            format!(
+                "{head}:\n{}",
+                crate::cli::attachments::with_files(&t.text, &saved)
+            )
         }
         ClaimAnswer::NotClaimed(n) => format!(
             "no turn queued after {:.1} s (claimed=false)",

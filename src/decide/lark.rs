@@ -38,6 +38,8 @@ pub struct LarkEvent {
     pub chat_command: Option<ChatCommand>,
     /// The messages it replies to: its parent, and its thread's root.
     pub replies_to: Vec<String>,
+    /// The files it carried, their bytes already stored (issue 39).
+    pub attachments: Vec<crate::attachments::Stored>,
 }
 
 impl LarkEvent {
@@ -282,6 +284,7 @@ pub fn event(
                 at: now,
             };
             let message = EnqueueRequest {
+                attachments: event.attachments,
                 origin: Origin::Lark,
                 text,
                 client_message_id: Some(seen.event_id.clone()),
@@ -594,6 +597,7 @@ mod tests {
             command: text.and_then(lark_command),
             chat_command: None,
             replies_to: Vec::new(),
+            attachments: Vec::new(),
         }
     }
 

@@ -127,6 +127,10 @@ pub struct TurnRow {
     pub reply_attempts: Option<i64>,
     #[sqlx(default)]
     pub reply_error: Option<String>,
+    /// The turn's files as JSON ([`crate::attachments::Stored`]); null: none.
+    #[sqlx(default)]
+    #[serde(default)]
+    pub attachments: Option<String>,
 }
 
 impl TurnRow {
@@ -160,6 +164,7 @@ impl TurnRow {
             reply_state: None,
             reply_attempts: None,
             reply_error: None,
+            attachments: None,
         }
     }
 
@@ -186,6 +191,7 @@ impl TurnRow {
                 attempts: self.reply_attempts.unwrap_or(0),
                 error: self.reply_error.clone(),
             }),
+            attachments: self.attachment_list(),
         }
     }
 
@@ -197,7 +203,16 @@ impl TurnRow {
             text: self.text.clone(),
             enqueued_at: rfc3339(self.enqueued_at),
             attempt,
+            attachments: self.attachment_list(),
         }
+    }
+
+    /// The turn's files, in their wire form.
+    pub fn attachment_list(&self) -> Vec<crate::model::Attachment> {
+        crate::attachments::parse_list(self.attachments.as_deref())
+            .iter()
+            .map(|a| a.wire(&self.session_id, &self.turn_id))
+            .collect()
     }
 }
 

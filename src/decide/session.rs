@@ -274,6 +274,7 @@ mod tests {
             Some(session(SessionState::Open)),
             None,
             crate::model::EnqueueRequest {
+                attachments: Vec::new(),
                 origin: crate::model::Origin::Web,
                 text: "hi".into(),
                 client_message_id: None,

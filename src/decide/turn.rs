@@ -52,6 +52,7 @@ fn same_message(turn: &TurnRow, message: &EnqueueRequest) -> bool {
         && turn.text == message.text
         && message.ingress == Ingress::SessionQueue
         && lark == message.lark
+        && turn.attachments == crate::attachments::list_json(&message.attachments)
 }
 
 /// An enqueue, given the session and the turn already enqueued there with
@@ -99,6 +100,7 @@ pub fn enqueue(
         client_message_id: message.client_message_id,
         lark_chat_id,
         lark_message_id,
+        attachments: crate::attachments::list_json(&message.attachments),
         ..TurnRow::new(
             minter.mint("turn"),
             &session,
@@ -507,6 +509,7 @@ mod tests {
 
     fn message(text: &str, id: Option<&str>) -> EnqueueRequest {
         EnqueueRequest {
+            attachments: Vec::new(),
             origin: Origin::Web,
             text: text.into(),
             client_message_id: id.map(str::to_owned),
@@ -578,6 +581,7 @@ mod tests {
         );
         assert_eq!(code(late), ErrorCode::SessionClosed);
         let steering = EnqueueRequest {
+            attachments: Vec::new(),
             ingress: Ingress::LiveSteering,
             ..message("hi", None)
         };

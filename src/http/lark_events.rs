@@ -91,6 +91,6 @@ pub async fn events(
         }
         Inbound::Event(envelope) => envelope,
     };
-    let answer = inbound::take(&state.broker, &config.app_id, envelope).await?;
+    let answer = inbound::take(&state.broker, &config, envelope).await?;
     Ok(Json(answer).into_response())
 }

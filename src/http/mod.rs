@@ -5,6 +5,7 @@
 //! contract's errors, the fallbacks, and the request log.
 
 pub(crate) mod agent_threads;
+pub(crate) mod attachments;
 pub(crate) mod claims;
 pub(crate) mod events;
 pub(crate) mod lark_connector;
@@ -85,7 +86,8 @@ pub fn router(state: AppState) -> Router {
         .merge(permissions::router())
         .merge(lark_events::router())
         .merge(lark_connector::router())
-        .merge(turns::router());
+        .merge(turns::router())
+        .merge(attachments::router());
     Router::new()
         .merge(v1)
         .merge(crate::web::router())

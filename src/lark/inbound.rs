@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::card::{self, ButtonValue};
+use super::{LarkConfig, resources};
 use crate::broker::{Broker, fit_text};
 use crate::decide::chat;
 use crate::decide::lark::{Clicked, LarkClick, LarkEvent, LarkIngest};
@@ -49,9 +50,10 @@ pub struct EnvelopeHeader {
 /// failed, the queue is full) is acknowledged as a failure, so Lark redelivers.
 /// Each event type Lark may send has its arm here; every other type is
 /// recorded as seen and acknowledged.
-pub async fn take(broker: &Broker, app_id: &str, envelope: Envelope) -> Result<Value> {
+pub async fn take(broker: &Broker, config: &LarkConfig, envelope: Envelope) -> Result<Value> {
+    let app_id = config.app_id.as_str();
     let event = match envelope.header.event_type.as_str() {
-        MESSAGE_RECEIVE => message_event(app_id, envelope),
+        MESSAGE_RECEIVE => with_files(broker, config, message_event(app_id, envelope)).await?,
         CARD_ACTION => match click_of(app_id, &envelope) {
             Some(click) => return clicked(broker, click).await,
             None => bare_event(app_id, envelope.header.event_id),
@@ -117,6 +119,38 @@ async fn clicked(broker: &Broker, click: LarkClick) -> Result<Value> {
     })
 }
 
+/// A message's files downloaded and stored, named in the event; a file that
+/// could not be fetched is a line of its text instead.
+async fn with_files(
+    broker: &Broker,
+    config: &LarkConfig,
+    (mut event, resources): (LarkEvent, Vec<resources::Resource>),
+) -> Result<LarkEvent> {
+    let (Some(message_id), Some(chat_id)) = (event.message_id.clone(), event.chat_id.clone())
+    else {
+        return Ok(event);
+    };
+    // Nothing is fetched for a redelivery or for a chat no session hears.
+    if resources.is_empty()
+        || !broker
+            .store()
+            .lark_files_wanted(&event.app_id, &event.event_id, &chat_id)
+            .await?
+    {
+        return Ok(event);
+    }
+    let fetched = resources::fetch(config, &message_id, &resources).await;
+    event.attachments = broker.store_files(&fetched.uploads).await?;
+    if !fetched.failures.is_empty() {
+        let text = event.text.take().unwrap_or_default();
+        event.text = Some(fit_text(format!(
+            "{text}\n\n{}",
+            fetched.failures.join("\n")
+        )));
+    }
+    Ok(event)
+}
+
 /// An event that holds nothing to enqueue: recorded as seen, acknowledged.
 fn bare_event(app_id: &str, event_id: String) -> LarkEvent {
     LarkEvent {
@@ -129,6 +163,7 @@ fn bare_event(app_id: &str, event_id: String) -> LarkEvent {
         command: None,
         chat_command: None,
         replies_to: Vec::new(),
+        attachments: Vec::new(),
     }
 }
 
@@ -156,13 +191,19 @@ struct Mention {
     name: String,
 }
 
-/// An `im.message.receive_v1` event read: its text (when a text message),
-/// chat, message id, sender and permission command.
-fn message_event(app_id: &str, envelope: Envelope) -> LarkEvent {
+/// An `im.message.receive_v1` event read: its text (a text message's, or
+/// what an image, file or post says), chat, message id, sender and
+/// permission command, and the resources it names (to download).
+fn message_event(app_id: &str, envelope: Envelope) -> (LarkEvent, Vec<resources::Resource>) {
     let mut event = bare_event(app_id, envelope.header.event_id);
     let Ok(message) = serde_json::from_value::<Message>(envelope.event["message"].clone()) else {
-        return event;
+        return (event, Vec::new());
     };
+    let mut files = Vec::new();
+    if let Some((text, resources)) = resources::read(&message.message_type, &message.content) {
+        event.text = Some(fit_text(text));
+        files = resources;
+    }
     event.message_id = Some(message.message_id);
     event.chat_id = Some(message.chat_id);
     event.replies_to = [message.parent_id, message.root_id]
@@ -187,7 +228,7 @@ fn message_event(app_id: &str, envelope: Envelope) -> LarkEvent {
             None => text_of(&message.content, &message.mentions),
         };
     }
-    event
+    (event, files)
 }
 
 /// A `text` message's text as Lark sent it (`@_user_N` placeholders in).

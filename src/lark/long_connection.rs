@@ -452,7 +452,7 @@ impl LongConnection {
         let (acks, mut acked) = mpsc::channel::<Frame>(64);
         tokio::spawn(ingest(
             self.broker.clone(),
-            self.config.app_id.clone(),
+            self.config.clone(),
             queue,
             acks,
             self.shutdown.clone(),
@@ -617,7 +617,7 @@ struct Work {
 /// shutdown before taking the next one.
 async fn ingest(
     broker: Arc<Broker>,
-    app_id: String,
+    config: LarkConfig,
     mut queue: mpsc::Receiver<Work>,
     acks: mpsc::Sender<Frame>,
     shutdown: CancellationToken,
@@ -627,7 +627,7 @@ async fn ingest(
             return;
         }
         let (code, answer) = match serde_json::from_slice::<Envelope>(&work.payload) {
-            Ok(envelope) => match inbound::take(&broker, &app_id, envelope).await {
+            Ok(envelope) => match inbound::take(&broker, &config, envelope).await {
                 Ok(answer) => (200, answer),
                 Err(error) => {
                     tracing::warn!(error = %error.message, "lark event not taken; answered 500, Lark will redeliver it");

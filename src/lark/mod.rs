@@ -13,6 +13,7 @@ pub mod frame;
 pub mod inbound;
 pub mod long_connection;
 pub mod markdown;
+pub mod resources;
 pub mod webhook;
 
 use std::time::Duration;

@@ -42,7 +42,7 @@ use crate::model::{
 use crate::permission::PermissionRow;
 
 /// The open sessions with an active claim, and when it was made (the
-/// statement of [`Store::held_sessions`], on either backend).
+/// statement of [`Read::HeldSessions`], on either backend).
 pub const HELD_SESSIONS: &str = "select session_id, goal_id, agent_id, host_surface, \
      host_session_id, executor_endpoint_id, state, created_at, closed_at, queued_count, \
      active_claim_id, next_seq, next_event_no, agent_state, agent_since, agent_heard_at, \
@@ -51,7 +51,7 @@ pub const HELD_SESSIONS: &str = "select session_id, goal_id, agent_id, host_surf
          as holder_claimed_at \
      from sessions where state = 'open' and active_claim_id is not null";
 
-/// The statement of [`Store::silent_sessions`], its parameters written as
+/// The statement of [`Read::SilentSessions`], its parameters written as
 /// the backend writes them: `first` the cut-off for a waiting agent
 /// (`away_before`), `second` the silence
 /// ([`crate::decide::presence::AWAY_AFTER_MS`]), `third` the cut-off for a
@@ -127,7 +127,7 @@ pub struct ReplyJob {
     /// Failed attempts, not counting rate-limit waits.
     pub failures: i64,
     /// The session it is sent for, if one: what it sends is remembered
-    /// ([`Store::lark_message_sent`]), so a reply to it finds the session.
+    /// ([`Command::LarkMessageSent`]), so a reply to it finds the session.
     pub session_id: Option<String>,
     /// An answer's session, as its card's header names it (goal · agent).
     pub title: Option<String>,
@@ -486,6 +486,9 @@ commands! {
     /// One small step of retention (see [`retention`]): part of the oldest
     /// session closed before `cutoff_ms`, or old Lark redelivery guards.
     PruneStep { cutoff_ms: i64 } -> retention::PruneStep, prune_step, "pruning";
+    /// Stores a file's bytes under their sha256 ([`UPSERT_BLOB`]), before
+    /// the enqueue that names them; one already stored is only touched.
+    PutBlob { blob: Blob } -> (), put_blob, "storing a file";
 }
 
 /// The store's plain reads, each once, as [`commands!`] makes the
@@ -563,6 +566,20 @@ reads! {
     Turn { session_id: &'a str, turn_id: &'a str } -> TurnRow, turn;
     /// A page of a session's turns in seq order, and whether more lie beyond it.
     Turns { session_id: &'a str, page: ListTurns, limit: u32 } -> (Vec<TurnRow>, bool), turns;
+    /// Whether a Lark message event's files are worth fetching: the event
+    /// is not one already taken, and its chat is linked to a session.
+    LarkFilesWanted { app_id: &'a str, event_id: &'a str, chat_id: &'a str } -> bool,
+        lark_files_wanted;
+    /// Whether the session holds a turn enqueued with this `client_message_id`
+    /// (a replay: its files are counted in the session's already).
+    HasClientMessageId { session_id: &'a str, client_message_id: &'a str } -> bool,
+        has_client_message_id;
+    /// The bytes of the session's turns' files, all together.
+    SessionAttachmentBytes { session_id: &'a str } -> u64, session_attachment_bytes;
+    /// A turn's file at `position`: its name, the type it is served as and
+    /// its bytes; `None` when the session, turn or position names none.
+    Attachment { session_id: &'a str, turn_id: &'a str, position: u32 } -> Option<AttachmentBytes>,
+        attachment;
 }
 
 impl Done {
@@ -618,3 +635,53 @@ pub trait Store: Send + Sync + 'static {
     /// Answers when the store can serve requests.
     async fn ping(&self) -> Result<()>;
 }
+
+/// [`Read::LarkFilesWanted`]: the event taken already (`$1` app, `$2` event).
+pub const LARK_EVENT_SEEN: &str =
+    "select count(*) from lark_events where app_id = $1 and event_id = $2";
+/// [`Read::LarkFilesWanted`]: the chat's linked sessions (`$1`).
+pub const CHAT_LINKED: &str = "select count(*) from lark_links where chat_id = $1";
+
+/// A file's bytes to store ([`Command::PutBlob`]).
+#[derive(Debug, Clone)]
+pub struct Blob {
+    pub sha256: String,
+    pub sniffed_type: Option<&'static str>,
+    pub bytes: bytes::Bytes,
+    pub at: i64,
+}
+
+/// A stored file, for its download.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AttachmentBytes {
+    pub name: String,
+    pub content_type: String,
+    pub bytes: Vec<u8>,
+}
+
+/// A file's bytes (`$1` sha256, `$2` size, `$3` sniffed type, `$4` bytes,
+/// `$5` now): stored once; stored again, only `created_at` is touched, so
+/// retention's sweep of unnamed blobs spares one an enqueue is about to name.
+pub const UPSERT_BLOB: &str = "insert into attachment_blobs \
+     (sha256, size, sniffed_type, bytes, created_at) values ($1, $2, $3, $4, $5) \
+     on conflict (sha256) do update set created_at = excluded.created_at";
+
+/// A turn's file, in the enqueue's transaction (`$1` turn, `$2` position,
+/// `$3` session, `$4` name, `$5` declared type, `$6` content type, `$7` size,
+/// `$8` sha256).
+pub const INSERT_TURN_ATTACHMENT: &str = "insert into turn_attachments \
+     (turn_id, position, session_id, name, declared_type, content_type, size, sha256) \
+     values ($1, $2, $3, $4, $5, $6, $7, $8)";
+
+/// [`Read::HasClientMessageId`] (`$1` session, `$2` id).
+pub const CLIENT_MESSAGE_ID_USED: &str =
+    "select count(*) from turns where session_id = $1 and client_message_id = $2";
+
+/// The bytes a session's files hold (`$1`).
+pub const SESSION_ATTACHMENT_BYTES: &str =
+    "select cast(coalesce(sum(size), 0) as bigint) from turn_attachments where session_id = $1";
+
+/// One file of a turn, for its download (`$1` session, `$2` turn, `$3` position).
+pub const ATTACHMENT_DOWNLOAD: &str = "select a.name, a.content_type, b.bytes \
+     from turn_attachments a join attachment_blobs b on b.sha256 = a.sha256 \
+     where a.session_id = $1 and a.turn_id = $2 and a.position = $3";

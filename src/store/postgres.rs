@@ -246,6 +246,30 @@ impl Store for PgStore {
                 page,
                 limit,
             } => Found::Turns(Box::new(self.turns(session_id, page, limit).await?)),
+            Read::LarkFilesWanted {
+                app_id,
+                event_id,
+                chat_id,
+            } => Found::LarkFilesWanted(Box::new(
+                self.lark_files_wanted(app_id, event_id, chat_id).await?,
+            )),
+            Read::HasClientMessageId {
+                session_id,
+                client_message_id,
+            } => Found::HasClientMessageId(Box::new(
+                self.has_client_message_id(session_id, client_message_id)
+                    .await?,
+            )),
+            Read::SessionAttachmentBytes { session_id } => Found::SessionAttachmentBytes(Box::new(
+                self.session_attachment_bytes(session_id).await?,
+            )),
+            Read::Attachment {
+                session_id,
+                turn_id,
+                position,
+            } => Found::Attachment(Box::new(
+                self.attachment(session_id, turn_id, position).await?,
+            )),
         })
     }
 }
@@ -379,5 +403,65 @@ impl PgStore {
         limit: u32,
     ) -> Result<(Vec<TurnRow>, bool)> {
         reads::turns(&self.pool, session_id, page, limit).await
+    }
+
+    async fn session_attachment_bytes(&self, session_id: &str) -> Result<u64> {
+        if unstorable(session_id) {
+            return Ok(0);
+        }
+        let held: i64 = sqlx::query_scalar(super::SESSION_ATTACHMENT_BYTES)
+            .bind(session_id)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(held.max(0) as u64)
+    }
+
+    async fn attachment(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+        position: u32,
+    ) -> Result<Option<super::AttachmentBytes>> {
+        if unstorable(session_id) || unstorable(turn_id) {
+            return Ok(None);
+        }
+        Ok(sqlx::query_as(super::ATTACHMENT_DOWNLOAD)
+            .bind(session_id)
+            .bind(turn_id)
+            .bind(i64::from(position))
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    async fn lark_files_wanted(&self, app_id: &str, event_id: &str, chat_id: &str) -> Result<bool> {
+        if unstorable(app_id) || unstorable(event_id) || unstorable(chat_id) {
+            return Ok(false);
+        }
+        let seen: i64 = sqlx::query_scalar(super::LARK_EVENT_SEEN)
+            .bind(app_id)
+            .bind(event_id)
+            .fetch_one(&self.pool)
+            .await?;
+        let linked: i64 = sqlx::query_scalar(super::CHAT_LINKED)
+            .bind(chat_id)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(seen == 0 && linked > 0)
+    }
+
+    async fn has_client_message_id(
+        &self,
+        session_id: &str,
+        client_message_id: &str,
+    ) -> Result<bool> {
+        if unstorable(session_id) || unstorable(client_message_id) {
+            return Ok(false);
+        }
+        let used: i64 = sqlx::query_scalar(super::CLIENT_MESSAGE_ID_USED)
+            .bind(session_id)
+            .bind(client_message_id)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(used > 0)
     }
 }

@@ -26,7 +26,9 @@ pub const OLDEST_PRUNABLE: &str = "select session_id from sessions \
 
 /// A session's (`$1`) rows, children first; each removes at most 500 rows
 /// (a step stays a few milliseconds), and a step runs them in order until one removes something.
-pub const DELETE_CHILDREN: [&str; 10] = [
+pub const DELETE_CHILDREN: [&str; 11] = [
+    "delete from turn_attachments where session_id = $1 and turn_id in \
+     (select turn_id from turn_attachments where session_id = $1 limit 50)",
     "delete from claims where turn_id in \
      (select turn_id from turns where session_id = $1 order by seq limit 500)",
     "delete from lark_replies where turn_id in \
@@ -51,11 +53,17 @@ pub const DELETE_CHILDREN: [&str; 10] = [
 pub const DELETE_SESSION: &str = "delete from sessions where session_id = $1 and state = 'closed'";
 
 /// What belongs to no session and is old (`$1`: the cutoff), each a chunk
-/// at a time: Lark's redelivery guards received before the cutoff (Lark
+/// at a time: attachments' bytes no turn names, Lark's redelivery guards received before the cutoff (Lark
 /// stops redelivering after about 7 hours, so older ones guard nothing), and
 /// the broker's answers to commands that named no session, made before it
 /// and no longer waiting to be sent.
-pub const DELETE_OLD: [&str; 2] = [
+pub const DELETE_OLD: [&str; 3] = [
+    // Files no turn names any more (their sessions pruned, or an upload
+    // whose enqueue was refused), untouched since the cutoff; ten at a time
+    // (each up to 20 MiB).
+    "delete from attachment_blobs where sha256 in \
+     (select b.sha256 from attachment_blobs b where b.created_at < $1 \
+      and not exists (select 1 from turn_attachments a where a.sha256 = b.sha256) limit 10)",
     "delete from lark_events where (app_id, event_id) in \
      (select app_id, event_id from lark_events where received_at < $1 limit 500)",
     "delete from lark_notes where message_id in \

@@ -379,6 +379,30 @@ impl Store for SqliteStore {
                 page,
                 limit,
             } => Found::Turns(Box::new(self.turns(session_id, page, limit).await?)),
+            Read::LarkFilesWanted {
+                app_id,
+                event_id,
+                chat_id,
+            } => Found::LarkFilesWanted(Box::new(
+                self.lark_files_wanted(app_id, event_id, chat_id).await?,
+            )),
+            Read::HasClientMessageId {
+                session_id,
+                client_message_id,
+            } => Found::HasClientMessageId(Box::new(
+                self.has_client_message_id(session_id, client_message_id)
+                    .await?,
+            )),
+            Read::SessionAttachmentBytes { session_id } => Found::SessionAttachmentBytes(Box::new(
+                self.session_attachment_bytes(session_id).await?,
+            )),
+            Read::Attachment {
+                session_id,
+                turn_id,
+                position,
+            } => Found::Attachment(Box::new(
+                self.attachment(session_id, turn_id, position).await?,
+            )),
         })
     }
 }
@@ -550,6 +574,54 @@ impl SqliteStore {
             .fetch_all(self.reads().await?)
             .await?;
         Ok(paging.finish(turns))
+    }
+
+    async fn session_attachment_bytes(&self, session_id: &str) -> Result<u64> {
+        let held: i64 = sqlx::query_scalar(super::SESSION_ATTACHMENT_BYTES)
+            .bind(session_id)
+            .fetch_one(self.reads().await?)
+            .await?;
+        Ok(held.max(0) as u64)
+    }
+
+    async fn attachment(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+        position: u32,
+    ) -> Result<Option<super::AttachmentBytes>> {
+        Ok(sqlx::query_as(super::ATTACHMENT_DOWNLOAD)
+            .bind(session_id)
+            .bind(turn_id)
+            .bind(i64::from(position))
+            .fetch_optional(self.reads().await?)
+            .await?)
+    }
+
+    async fn lark_files_wanted(&self, app_id: &str, event_id: &str, chat_id: &str) -> Result<bool> {
+        let seen: i64 = sqlx::query_scalar(super::LARK_EVENT_SEEN)
+            .bind(app_id)
+            .bind(event_id)
+            .fetch_one(self.reads().await?)
+            .await?;
+        let linked: i64 = sqlx::query_scalar(super::CHAT_LINKED)
+            .bind(chat_id)
+            .fetch_one(self.reads().await?)
+            .await?;
+        Ok(seen == 0 && linked > 0)
+    }
+
+    async fn has_client_message_id(
+        &self,
+        session_id: &str,
+        client_message_id: &str,
+    ) -> Result<bool> {
+        let used: i64 = sqlx::query_scalar(super::CLIENT_MESSAGE_ID_USED)
+            .bind(session_id)
+            .bind(client_message_id)
+            .fetch_one(self.reads().await?)
+            .await?;
+        Ok(used > 0)
     }
 }
 

@@ -46,6 +46,11 @@ impl Bind for i64 {
         Value::Integer(self)
     }
 }
+impl Bind for bytes::Bytes {
+    fn value(self) -> Value {
+        Value::Blob(self.to_vec())
+    }
+}
 impl Bind for u32 {
     fn value(self) -> Value {
         Value::Integer(i64::from(self))
@@ -132,7 +137,7 @@ impl FromRow for SessionRow {
 }
 
 /// How many columns the `turns` table has.
-const TURN_COLUMNS: usize = 17;
+const TURN_COLUMNS: usize = 18;
 
 impl FromRow for TurnRow {
     fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
@@ -156,6 +161,7 @@ impl FromRow for TurnRow {
             completion_id: r.get(14)?,
             response: r.get(15)?,
             cancel_reason: r.get(16)?,
+            attachments: r.get(17)?,
             reply_state: if joined { r.get(TURN_COLUMNS)? } else { None },
             reply_attempts: if joined {
                 r.get(TURN_COLUMNS + 1)?

@@ -55,7 +55,9 @@ export const hooks = { onUnauthorized: (_error) => {} };
 export async function request(method, path, body) {
   const headers = { Authorization: `Bearer ${token.get()}`, Accept: 'application/json' };
   const init = { method, headers, cache: 'no-store' };
-  if (body !== undefined) {
+  if (body instanceof FormData) {
+    init.body = body; // the browser sets the multipart boundary
+  } else if (body !== undefined) {
     headers['Content-Type'] = 'application/json';
     init.body = JSON.stringify(body);
   }
@@ -133,6 +135,33 @@ export async function sendMessage(sessionId, text, clientMessageId) {
     client_message_id: clientMessageId,
   });
   return data;
+}
+
+/** A message with files: one multipart request, the message as its
+ * `message` part and each file a `file` part; answered as sendMessage. */
+export async function sendMessageWithFiles(sessionId, text, clientMessageId, files) {
+  const form = new FormData();
+  const message = { origin: 'web', text, client_message_id: clientMessageId };
+  form.append('message', new Blob([JSON.stringify(message)], { type: 'application/json' }));
+  for (const file of files) form.append('file', file, file.name);
+  const path = `/v1/sessions/${enc(sessionId)}/messages/with-attachments`;
+  return (await request('POST', path, form)).data;
+}
+
+/** Object URLs of downloaded attachments, by download path: fetched once. */
+const attachmentUrls = new Map();
+
+/** An attachment's bytes (with the token) as a `blob:` URL for this page. */
+export function attachmentUrl(path) {
+  if (!attachmentUrls.has(path)) {
+    const loading = fetch(path, { headers: { Authorization: `Bearer ${token.get()}` } }).then(async (response) => {
+      if (!response.ok) throw new ApiError(`The file could not be fetched (HTTP ${response.status}).`, { status: response.status });
+      return URL.createObjectURL(await response.blob());
+    });
+    loading.catch(() => attachmentUrls.delete(path));
+    attachmentUrls.set(path, loading);
+  }
+  return attachmentUrls.get(path);
 }
 
 export function eventsUrl(sessionId) {

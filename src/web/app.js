@@ -8,7 +8,7 @@ import { openEventStream } from './sse.js';
 import { plainText } from './markdown.js';
 import { attention } from './attention.js';
 import { PermissionCards } from './permissions.js';
-import { agentBadge, capabilityList, duration, el, msSince, sessionFacts, sessionItem, stateBadge, turnItem } from './view.js';
+import { agentBadge, capabilityList, duration, el, fileSize, msSince, sessionFacts, sessionItem, stateBadge, turnItem } from './view.js';
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -59,6 +59,9 @@ const ui = {
   composer: $('composer'),
   text: $('composer-text'),
   send: $('send'),
+  attach: $('attach'),
+  fileInput: $('file-input'),
+  fileList: $('file-list'),
   sendError: $('send-error'),
   announcer: $('announcer'),
 };
@@ -68,6 +71,11 @@ const PAGE_SIZE = 50;
 const POLL_MS = 2500; // re-read cadence while the event stream is down
 const IDLE_POLL_EVERY = 4; // ...and, with nothing pending, only every 4th tick
 const MAX_TEXT_BYTES = 64 * 1024;
+// The broker's attachment limits (src/attachments.rs), checked here first
+// so that a person hears at once what the broker would refuse.
+const MAX_FILES = 10;
+const MAX_FILE_BYTES = 20 * 1024 * 1024;
+const MAX_MESSAGE_FILE_BYTES = 50 * 1024 * 1024;
 
 let sessions = [];
 let sessionsTruncated = false;
@@ -296,6 +304,7 @@ function openChat(sessionId) {
     polling: false,
     sending: false,
     pending: draft.id ? { text: draft.text, id: draft.id } : null, // the composed message's id
+    files: [], // File objects to send with the next message
     permissions: new PermissionCards(sessionId, ui.transcript, { announce }),
   };
   ui.appView.dataset.view = 'chat';
@@ -310,6 +319,7 @@ function openChat(sessionId) {
   show(ui.loadOlder, false);
   showError(ui.sendError, '');
   ui.text.value = draft.text;
+  renderFiles(chat);
   // Nothing can be sent until the session is known to be open.
   show(ui.closedNote, false);
   show(ui.closeSession, false);
@@ -878,11 +888,74 @@ ui.text.addEventListener('keydown', (event) => {
   ui.composer.requestSubmit();
 });
 
+// --- files to send ---
+
+/** Adds files to the next message, refusing (in words) what the broker would. */
+function addFiles(c, list) {
+  if (!c || c.session?.state !== 'open') return;
+  const problems = [];
+  for (const file of list) {
+    const total = c.files.reduce((sum, f) => sum + f.size, 0);
+    if (file.size === 0) problems.push(`${file.name || 'A file'} is empty.`);
+    else if (c.files.length >= MAX_FILES) problems.push(`At most ${MAX_FILES} files go with one message.`);
+    else if (file.size > MAX_FILE_BYTES) problems.push(`${file.name} is over 20 MiB.`);
+    else if (total + file.size > MAX_MESSAGE_FILE_BYTES) problems.push(`${file.name} would take the message over 50 MiB.`);
+    else c.files.push(file);
+  }
+  // Other files make another message: it gets a new id.
+  c.pending = null;
+  renderFiles(c);
+  showError(ui.sendError, [...new Set(problems)].join(' '));
+}
+
+function renderFiles(c) {
+  ui.fileList.replaceChildren(
+    ...c.files.map((file, index) => {
+      const remove = el('button', { type: 'button', class: 'quiet file-remove', 'aria-label': `Remove ${file.name}` }, '×');
+      remove.addEventListener('click', () => {
+        c.files.splice(index, 1);
+        c.pending = null;
+        renderFiles(c);
+        ui.text.focus();
+      });
+      return el('li', { class: 'file-chip' }, el('span', { text: `${file.name} (${fileSize(file.size)})` }), remove);
+    }),
+  );
+}
+
+ui.attach.addEventListener('click', () => {
+  if (chat?.session?.state === 'open') ui.fileInput.click();
+});
+
+ui.fileInput.addEventListener('change', () => {
+  addFiles(chat, [...ui.fileInput.files]);
+  ui.fileInput.value = '';
+});
+
+ui.text.addEventListener('paste', (event) => {
+  const files = [...(event.clipboardData?.files || [])];
+  if (files.length === 0) return;
+  event.preventDefault();
+  addFiles(chat, files);
+});
+
+ui.composer.addEventListener('dragover', (event) => {
+  if ([...(event.dataTransfer?.types || [])].includes('Files')) event.preventDefault();
+});
+
+ui.composer.addEventListener('drop', (event) => {
+  const files = [...(event.dataTransfer?.files || [])];
+  if (files.length === 0) return;
+  event.preventDefault();
+  addFiles(chat, files);
+});
+
 ui.composer.addEventListener('submit', async (event) => {
   event.preventDefault();
   const c = chat;
   if (!c || c.sending || c.session?.state !== 'open') return;
-  const text = ui.text.value;
+  const files = [...c.files];
+  const text = ui.text.value.trim() || !files.length ? ui.text.value : `(${files.length} file${files.length > 1 ? 's' : ''} attached)`;
   if (!text.trim()) {
     showError(ui.sendError, 'Write a message first.');
     ui.text.focus();
@@ -903,9 +976,13 @@ ui.composer.addEventListener('submit', async (event) => {
   ui.composer.setAttribute('aria-busy', 'true');
   showError(ui.sendError, '');
   try {
-    const receipt = await api.sendMessage(c.id, text, c.pending.id);
+    const receipt = files.length
+      ? await api.sendMessageWithFiles(c.id, text, c.pending.id, files)
+      : await api.sendMessage(c.id, text, c.pending.id);
     if (c.disposed) return;
     c.pending = null;
+    c.files = [];
+    renderFiles(c);
     saveDraft(c.id, { text: '', id: null });
     ui.text.value = '';
     // A replayed send may name a turn already shown, perhaps answered: then
@@ -925,6 +1002,7 @@ ui.composer.addEventListener('submit', async (event) => {
           completed_at: null,
           response: null,
           cancel_reason: null,
+          attachments: [],
         },
         { quiet: true },
       );

@@ -2,7 +2,7 @@
 // as text (textContent), never parsed as HTML, except an agent's answer,
 // which only markdown.js turns into (sanitized) elements.
 
-import { clock } from './api.js';
+import { attachmentUrl, clock } from './api.js';
 import { renderMarkdown } from './markdown.js';
 
 /** el('p', {class: 'x', dataset: {a: 1}}, 'text', child) */
@@ -240,6 +240,49 @@ function stateWords(turn, released) {
   }
 }
 
+/** A size for people: 512 B, 12 KB, 3.4 MB. */
+export function fileSize(bytes) {
+  if (bytes < 1024) return `${bytes} B`;
+  if (bytes < 1024 * 1024) return `${Math.ceil(bytes / 1024)} KB`;
+  return `${(bytes / (1024 * 1024)).toFixed(1)} MB`;
+}
+
+/**
+ * A turn's files: an image as a thumbnail (its bytes fetched with the token
+ * and shown from a blob: URL), anything else as a link that downloads it.
+ */
+function attachmentList(attachments) {
+  if (!Array.isArray(attachments) || attachments.length === 0) return null;
+  return el(
+    'ul',
+    { class: 'attachments' },
+    attachments.map((a) => {
+      const label = `${a.name} (${a.content_type}, ${fileSize(a.size)})`;
+      if (a.content_type.startsWith('image/')) {
+        const img = el('img', { class: 'thumb', alt: a.name, title: label, width: 160 });
+        attachmentUrl(a.download)
+          .then((url) => {
+            img.src = url;
+          })
+          .catch(() => img.replaceWith(el('span', { class: 'attachment-missing', text: `${a.name} could not be shown` })));
+        return el('li', { class: 'attachment attachment-image' }, img);
+      }
+      const link = el('a', { class: 'attachment-link', href: '#', download: a.name, text: label });
+      link.addEventListener('click', async (event) => {
+        if (link.getAttribute('href') !== '#') return; // fetched: the browser downloads it
+        event.preventDefault();
+        try {
+          link.href = await attachmentUrl(a.download);
+          link.click();
+        } catch {
+          link.textContent = `${label}: could not be downloaded`;
+        }
+      });
+      return el('li', { class: 'attachment attachment-file' }, link);
+    }),
+  );
+}
+
 /** One turn: the message, its progress, and the agent's answer once there. */
 export function turnItem(turn, { released = null } = {}) {
   const state = turn.state;
@@ -261,6 +304,7 @@ export function turnItem(turn, { released = null } = {}) {
       time(turn.enqueued_at),
     ),
     el('p', { class: 'bubble-text', text: turn.text }),
+    attachmentList(turn.attachments),
   );
   let answer = null;
   const response = turn.response;

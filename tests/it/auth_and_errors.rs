@@ -309,6 +309,7 @@ async fn client_chosen_ids_are_1_to_256_bytes_without_control_characters() {
             (400, "invalid_request".into())
         );
         let keyed = loopx::model::EnqueueRequest {
+            attachments: Vec::new(),
             client_message_id: Some(bad.clone()),
             ..web("x")
         };

@@ -192,6 +192,7 @@ async fn a_replayed_or_refused_enqueue_leaves_a_parked_claim_parked() {
     let c = &broker.client;
     let host = bound_host(c).await;
     let first = EnqueueRequest {
+        attachments: Vec::new(),
         client_message_id: Some("m1".into()),
         ..web("first")
     };
@@ -211,6 +212,7 @@ async fn a_replayed_or_refused_enqueue_leaves_a_parked_claim_parked() {
     let replay = c.enqueue(host.session_id(), &first).await.unwrap();
     assert!(replay.body.duplicate);
     let steering = EnqueueRequest {
+        attachments: Vec::new(),
         ingress: Ingress::LiveSteering,
         ..web("steer")
     };

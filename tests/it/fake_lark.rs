@@ -126,6 +126,21 @@ struct Inner {
     /// The ids of the messages the bot posted.
     posted: Vec<String>,
     hung: usize,
+    /// Files a message's resources route serves, by key.
+    resources: HashMap<String, FakeResource>,
+    /// Resource downloads answered with their bytes, by key.
+    downloads: HashMap<String, usize>,
+}
+
+/// A file the resource route serves: its bytes, type and name, after
+/// `fail_first` answers of HTTP 500; or, with `final_code`, a JSON error.
+#[derive(Debug, Clone, Default)]
+pub struct FakeResource {
+    pub bytes: Vec<u8>,
+    pub content_type: String,
+    pub name: String,
+    pub fail_first: usize,
+    pub final_code: Option<i64>,
 }
 
 /// The fake Lark server.
@@ -153,6 +168,10 @@ impl FakeLark {
             )
             .route("/open-apis/im/v1/messages/{message_id}/reply", post(reply))
             .route("/open-apis/im/v1/messages", post(send_message))
+            .route(
+                "/open-apis/im/v1/messages/{message_id}/resources/{file_key}",
+                axum::routing::get(resource),
+            )
             .route(
                 "/open-apis/im/v1/messages/{message_id}",
                 patch(update_message),
@@ -228,6 +247,26 @@ impl FakeLark {
     }
 
     /// The `expire` (seconds) of the tokens issued from now on.
+    /// Serves `resource` under `key` (for any message).
+    pub fn serve_resource(&self, key: &str, resource: FakeResource) {
+        self.inner
+            .lock()
+            .unwrap()
+            .resources
+            .insert(key.to_owned(), resource);
+    }
+
+    /// How many times the file under `key` was downloaded whole.
+    pub fn downloads(&self, key: &str) -> usize {
+        self.inner
+            .lock()
+            .unwrap()
+            .downloads
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
+
     pub fn set_token_expire(&self, seconds: i64) {
         self.inner.lock().unwrap().token_expire = seconds;
     }
@@ -404,6 +443,61 @@ fn lark_json(status: StatusCode, code: i64, msg: &str, data: Option<Value>) -> R
         status,
         [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
         body.to_string(),
+    )
+        .into_response()
+}
+
+/// `GET /open-apis/im/v1/messages/{message_id}/resources/{file_key}?type=…`
+/// with the tenant token: the bytes (type and name in the headers), or a
+/// JSON error (LARK.md's resource route).
+async fn resource(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    Path((_message_id, key)): Path<(String, String)>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let mut inner = inner.lock().unwrap();
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    if !inner.tokens.contains_key(bearer) {
+        return lark_json(
+            StatusCode::BAD_REQUEST,
+            99991663,
+            "invalid access token",
+            None,
+        );
+    }
+    if !matches!(
+        query.get("type").map(String::as_str),
+        Some("image" | "file")
+    ) {
+        return lark_json(StatusCode::BAD_REQUEST, 234001, "invalid type", None);
+    }
+    let Some(found) = inner.resources.get_mut(&key) else {
+        return lark_json(StatusCode::BAD_REQUEST, 234003, "file not found", None);
+    };
+    if found.fail_first > 0 {
+        found.fail_first -= 1;
+        return (StatusCode::INTERNAL_SERVER_ERROR, "busy").into_response();
+    }
+    if let Some(code) = found.final_code {
+        return lark_json(StatusCode::BAD_REQUEST, code, "resource refused", None);
+    }
+    let found = found.clone();
+    *inner.downloads.entry(key).or_default() += 1;
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, found.content_type),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{}\"", found.name),
+            ),
+        ],
+        found.bytes,
     )
         .into_response()
 }

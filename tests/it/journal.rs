@@ -27,6 +27,7 @@ struct Told {
 
 fn with_id(text: &str, client_message_id: &str) -> EnqueueRequest {
     EnqueueRequest {
+        attachments: Vec::new(),
         client_message_id: Some(client_message_id.into()),
         ..web(text)
     }

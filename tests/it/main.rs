@@ -4,6 +4,7 @@
 
 mod support;
 
+mod attachments;
 mod auth_and_errors;
 mod claims;
 mod cli;
@@ -17,6 +18,7 @@ mod holders;
 mod hooks;
 mod journal;
 mod lark;
+mod lark_attachments;
 mod lark_cards;
 mod lark_pairing;
 mod lark_permissions;

@@ -475,6 +475,7 @@ async fn a_claim_made_through_one_replica_is_completed_through_the_other() {
     assert_eq!(read.response.unwrap()["message"], "answer");
     // Enqueue idempotency holds across replicas too.
     let keyed = loopx::model::EnqueueRequest {
+        attachments: Vec::new(),
         client_message_id: Some("m-1".into()),
         ..web("keyed")
     };

@@ -208,6 +208,7 @@ async fn enqueue_orders_turns_and_is_idempotent_by_client_message_id() {
     assert!(first.turn_id.starts_with("turn_"));
 
     let keyed = EnqueueRequest {
+        attachments: Vec::new(),
         client_message_id: Some("web-click-1".into()),
         ..web("three")
     };
@@ -221,6 +222,7 @@ async fn enqueue_orders_turns_and_is_idempotent_by_client_message_id() {
     assert_eq!(replay.body.seq, 3);
 
     let other_body = EnqueueRequest {
+        attachments: Vec::new(),
         text: "something else".into(),
         ..keyed.clone()
     };
@@ -240,6 +242,7 @@ async fn enqueue_orders_turns_and_is_idempotent_by_client_message_id() {
     );
 
     let steering = EnqueueRequest {
+        attachments: Vec::new(),
         ingress: Ingress::LiveSteering,
         ..web("steer")
     };
@@ -259,6 +262,7 @@ async fn enqueue_orders_turns_and_is_idempotent_by_client_message_id() {
     );
 
     let lark = EnqueueRequest {
+        attachments: Vec::new(),
         origin: Origin::Lark,
         lark: Some(LarkRef {
             chat_id: "oc_1".into(),
@@ -269,6 +273,7 @@ async fn enqueue_orders_turns_and_is_idempotent_by_client_message_id() {
     let queued = c.enqueue(host.session_id(), &lark).await.unwrap().body;
     assert_eq!((queued.origin, queued.seq), (Origin::Lark, 4));
     let web_with_lark = EnqueueRequest {
+        attachments: Vec::new(),
         origin: Origin::Web,
         ..lark.clone()
     };
@@ -288,12 +293,14 @@ async fn enqueue_conflicts_come_in_the_contracts_order() {
     let c = &broker.client;
     let host = bound_host(c).await;
     let keyed = EnqueueRequest {
+        attachments: Vec::new(),
         client_message_id: Some("k".into()),
         ..web("hello")
     };
     c.enqueue(host.session_id(), &keyed).await.unwrap();
     // 422 (reused key) wins over 409 live steering.
     let reused_and_steering = EnqueueRequest {
+        attachments: Vec::new(),
         ingress: Ingress::LiveSteering,
         ..keyed.clone()
     };

@@ -302,6 +302,7 @@ pub async fn bound_host(client: &Client) -> Host {
 
 pub fn web(text: &str) -> EnqueueRequest {
     EnqueueRequest {
+        attachments: Vec::new(),
         origin: Origin::Web,
         text: text.into(),
         client_message_id: None,

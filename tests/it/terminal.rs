@@ -132,6 +132,7 @@ async fn terminal_reports_are_checked_and_a_close_cancels_the_open_turn() {
         assert_eq!(code(refused), (400, "invalid_request".into()));
     }
     let forged = loopx::model::EnqueueRequest {
+        attachments: Vec::new(),
         origin: loopx::model::Origin::Terminal,
         ..web("typed elsewhere")
     };

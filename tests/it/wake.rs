@@ -408,6 +408,53 @@ async fn loopx_run_types_into_its_agent_and_the_person_at_the_terminal_wins() {
     tmux.wait_screen("status=7").await;
 }
 
+/// A message with files typed into an idle agent names each file, saved in
+/// the hooks' data dir (issue 39): the agent reads the path it can open.
+#[tokio::test]
+async fn a_message_with_a_file_is_typed_naming_the_saved_file() {
+    let Scene {
+        broker,
+        tmux,
+        prompts_file,
+        goal,
+        _data,
+    } = Scene::start().await;
+    tmux.type_in(&agent_command(&broker, &prompts_file, &goal), true);
+    let session = session_of(&broker, &goal).await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // idle a while
+    let image = crate::attachments::png(2000);
+    let sent = broker
+        .client
+        .enqueue_with_attachments(
+            &session,
+            &web("What is on this screenshot?"),
+            &[crate::attachments::file(
+                "shot.png",
+                "image/png",
+                image.clone(),
+            )],
+        )
+        .await
+        .unwrap()
+        .body;
+    answered(&broker, &session, std::slice::from_ref(&sent.turn_id)).await;
+    let saved = _data
+        .path()
+        .join("attachments")
+        .join(&session)
+        .join(&sent.turn_id)
+        .join("shot.png");
+    let got = prompts(&prompts_file);
+    assert_eq!(
+        got[0],
+        format!(
+            "[LoopX #1 web] What is on this screenshot?\n\nAttached: {} (image/png, 2 KB)",
+            saved.display()
+        )
+    );
+    assert_eq!(std::fs::read(&saved).unwrap(), image);
+}
+
 /// Never into a dialog, and a waker killed is never a message lost or
 /// typed twice: a message sent while the agent shows a dialog mid-turn is
 /// not typed into it (it arrives at the end of that turn); one sent while

@@ -64,7 +64,24 @@ pub async fn stop(hook: &Hook) -> Result<Option<String>, Failure> {
         None => AgentState::Waiting,
     };
     hook.send_report(answered(hook, state)).await?;
-    Ok(claimed.as_ref().map(block))
+    let files = match &claimed {
+        Some(c) => saved_files(hook, c).await,
+        None => Vec::new(),
+    };
+    Ok(claimed.as_ref().map(|c| block(c, &files)))
+}
+
+/// The turn's files, saved in the data dir's private attachments folder.
+async fn saved_files(hook: &Hook, claimed: &Claimed) -> Vec<crate::cli::attachments::Saved> {
+    let root = crate::cli::attachments::default_root(&hook.connection.data_dir());
+    crate::cli::attachments::save(
+        &hook.client,
+        &root,
+        &claimed.session_id,
+        &claimed.turn.turn_id,
+        &claimed.turn.attachments,
+    )
+    .await
 }
 
 /// A report of `state` that also answers the turn typed at the terminal,
@@ -266,8 +283,9 @@ fn is_block(prompt: &str) -> bool {
 }
 
 /// The Stop hook's block: the message as the model's next instruction, who
-/// wrote it, and that this turn's final message goes back to them.
-pub fn block(claimed: &Claimed) -> String {
+/// wrote it, the files sent with it (saved on this host), and that this
+/// turn's final message goes back to them.
+pub fn block(claimed: &Claimed, files: &[crate::cli::attachments::Saved]) -> String {
     let who = match claimed.turn.origin {
         Origin::Web => "a person on the LoopX Web page",
         Origin::Lark => "a person in Lark",
@@ -278,7 +296,7 @@ pub fn block(claimed: &Claimed) -> String {
          Work on it now. The final message of this turn is sent back to them as your answer.",
         session = claimed.session_id,
         seq = claimed.turn.seq,
-        text = claimed.turn.text,
+        text = crate::cli::attachments::with_files(&claimed.turn.text, files),
     );
     json!({"decision": "block", "reason": reason}).to_string()
 }

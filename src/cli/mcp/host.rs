@@ -129,6 +129,8 @@ pub struct Host {
     answered: Notify,
     /// A turn was delivered: the heartbeat starts at once.
     delivered: Notify,
+    /// Where delivered turns' files are saved (none: not saved).
+    saves: Option<std::path::PathBuf>,
 }
 
 impl Host {
@@ -148,7 +150,41 @@ impl Host {
             recent: Mutex::new(VecDeque::new()),
             answered: Notify::new(),
             delivered: Notify::new(),
+            saves: None,
         }
+    }
+
+    /// Saves delivered turns' files under `root` (see [`Host::delivered_text`]).
+    pub fn saving_files_in(self, root: std::path::PathBuf) -> Self {
+        Host {
+            saves: Some(root),
+            ..self
+        }
+    }
+
+    /// A held turn's text as delivered to the agent: with a line naming
+    /// each of its files, saved on this host.
+    pub async fn delivered_text(&self, held: &Held) -> String {
+        self.delivered(held).await.0
+    }
+
+    /// The delivered text, and the files saved for it.
+    pub async fn delivered(&self, held: &Held) -> (String, Vec<crate::cli::attachments::Saved>) {
+        let Some(root) = &self.saves else {
+            return (held.turn.text.clone(), Vec::new());
+        };
+        let saved = crate::cli::attachments::save(
+            &self.client,
+            root,
+            &held.session_id,
+            &held.turn.turn_id,
+            &held.turn.attachments,
+        )
+        .await;
+        (
+            crate::cli::attachments::with_files(&held.turn.text, &saved),
+            saved,
+        )
     }
 
     pub fn broker_url(&self) -> &str {

@@ -107,12 +107,10 @@ pub fn run(args: McpArgs) -> ExitCode {
     } else {
         Mode::Channel
     };
-    let host = Arc::new(Host::new(
-        client,
-        args.host_surface,
-        args.host_session_id,
-        target,
-    ));
+    let saves = crate::cli::attachments::default_root(&args.connection.data_dir());
+    let host = Arc::new(
+        Host::new(client, args.host_surface, args.host_session_id, target).saving_files_in(saves),
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -192,12 +192,18 @@ impl Server {
                         .into());
                     }
                 }
-                let held = self.host.claim(wait).await?;
+                let mut held = self.host.claim(wait).await?;
+                let mut images = Vec::new();
+                if let Some(held) = &mut held {
+                    let (text, saved) = self.host.delivered(held).await;
+                    held.turn.text = text;
+                    images = image_blocks(&saved);
+                }
                 let session_id = self.host.session_id().await?;
-                Ok(CallToolResult::structured(message_json(
-                    &session_id,
-                    held.as_ref(),
-                )))
+                let mut result =
+                    CallToolResult::structured(message_json(&session_id, held.as_ref()));
+                result.content.extend(images);
+                Ok(result)
             }
             ("release", Mode::ToolsOnly) => {
                 let a: ReleaseArgs = arguments_of(arguments)?;
@@ -228,7 +234,10 @@ impl Server {
                     return;
                 }
             };
-            if let Err(e) = peer.send_notification(channel_event(&held)).await {
+            let text = self.host.delivered_text(&held).await;
+            let mut delivered = held.clone();
+            delivered.turn.text = text;
+            if let Err(e) = peer.send_notification(channel_event(&delivered)).await {
                 tracing::info!("the MCP client is gone ({e}); stopping");
                 return;
             }
@@ -382,6 +391,27 @@ fn message_json(session_id: &str, held: Option<&Held>) -> Value {
             "sent_at": held.turn.enqueued_at,
         }),
     }
+}
+
+/// The largest image also given as MCP image content (base64 in the
+/// answer); a larger one is only named by its saved path.
+const MAX_INLINE_IMAGE: u64 = 5 * 1024 * 1024;
+
+/// The saved images of a delivered turn as MCP image content, for a client
+/// that shows them to its model; every file is named in the text anyway.
+fn image_blocks(saved: &[crate::cli::attachments::Saved]) -> Vec<ContentBlock> {
+    use base64::Engine;
+    saved
+        .iter()
+        .filter(|s| {
+            s.attachment.content_type.starts_with("image/") && s.attachment.size <= MAX_INLINE_IMAGE
+        })
+        .filter_map(|s| {
+            let bytes = std::fs::read(s.outcome.as_ref().ok()?).ok()?;
+            let data = base64::engine::general_purpose::STANDARD.encode(bytes);
+            Some(ContentBlock::image(data, s.attachment.content_type.clone()))
+        })
+        .collect()
 }
 
 fn text_result(text: String) -> CallToolResult {

@@ -109,6 +109,8 @@ pub struct Waker<T> {
     typed: HashSet<String>,
     /// When the broker was last told that this waker types in.
     said: Option<Instant>,
+    /// Where a typed turn's files are saved (none: they are only named).
+    saves: Option<std::path::PathBuf>,
 }
 
 impl<T: Terminal> Waker<T> {
@@ -126,6 +128,15 @@ impl<T: Terminal> Waker<T> {
             closed: false,
             typed: HashSet::new(),
             said: None,
+            saves: None,
+        }
+    }
+
+    /// Saves a typed turn's files under `root` and names them in the text.
+    pub fn saving_files_in(self, root: std::path::PathBuf) -> Self {
+        Waker {
+            saves: Some(root),
+            ..self
         }
     }
 
@@ -256,7 +267,21 @@ impl<T: Terminal> Waker<T> {
             return Ok(());
         };
         self.typed.insert(turn_id.clone());
-        let typed = text::typed(seq, turn.body.origin, &turn.body.text);
+        let files = match &self.saves {
+            Some(root) => {
+                crate::cli::attachments::save(
+                    &self.client,
+                    root,
+                    &self.session_id,
+                    &turn_id,
+                    &turn.body.attachments,
+                )
+                .await
+            }
+            None => Vec::new(),
+        };
+        let message = crate::cli::attachments::with_files(&turn.body.text, &files);
+        let typed = text::typed(seq, turn.body.origin, &message);
         if self.terminal.submit(&typed).await.is_err() || !self.confirmed(seq).await {
             // Enter may have landed as a newline: once more, never the text.
             let _ = self.terminal.enter().await;

@@ -259,7 +259,8 @@ pub fn run(args: RunArgs) -> ExitCode {
         Ok(dir) => dir,
         Err(e) => return local_error(&format!("cannot make loopx run's folder: {e}")),
     };
-    let status = runtime.block_on(pass_through(&args.command, &dir, client));
+    let saves = crate::cli::attachments::default_root(&args.connection.data_dir());
+    let status = runtime.block_on(pass_through(&args.command, &dir, client, saves));
     let _ = std::fs::remove_dir_all(&dir);
     match status {
         Ok(code) => ExitCode::from(code),
@@ -287,6 +288,7 @@ async fn pass_through(
     command: &[String],
     dir: &Path,
     client: crate::client::Client,
+    saves: PathBuf,
 ) -> Result<u8, String> {
     let (pty, pts) = pty_process::open().map_err(|e| format!("cannot open a pty: {e}"))?;
     if let Some(size) = window_size() {
@@ -335,7 +337,7 @@ async fn pass_through(
         bracketed,
         exited: exited.clone(),
     };
-    let waker = wake_when_told(dir.to_owned(), client, terminal);
+    let waker = wake_when_told(dir.to_owned(), client, terminal, saves);
     let status = tokio::select! {
         status = child.wait() => status,
         () = async { tokio::join!(waker, input, resize); std::future::pending().await } => unreachable!(),
@@ -406,7 +408,12 @@ async fn follow_resizes(writer: Arc<Mutex<pty_process::OwnedWritePty>>) {
 /// Waits for the hooks to say which session the agent is on, then types
 /// into it; follows the agent to another session when the hooks say so
 /// (`/clear` starts one), and ends with the agent.
-async fn wake_when_told(dir: PathBuf, client: crate::client::Client, terminal: Pty) {
+async fn wake_when_told(
+    dir: PathBuf,
+    client: crate::client::Client,
+    terminal: Pty,
+    saves: PathBuf,
+) {
     let path = dir.join("session.json");
     loop {
         let told = loop {
@@ -424,7 +431,8 @@ async fn wake_when_told(dir: PathBuf, client: crate::client::Client, terminal: P
             told.session_id.clone(),
             host,
             terminal.clone(),
-        );
+        )
+        .saving_files_in(saves.clone());
         tokio::select! {
             ended = waker.run() => {
                 if matches!(ended, super::Ended::Gone(_)) {

@@ -293,7 +293,12 @@ pub fn run_waker(args: WakerArgs) -> std::process::ExitCode {
     else {
         return std::process::ExitCode::SUCCESS;
     };
-    runtime.block_on(Waker::new(client, args.session_id, host, pane).run());
+    let saves = crate::cli::attachments::default_root(&args.connection.data_dir());
+    runtime.block_on(
+        Waker::new(client, args.session_id, host, pane)
+            .saving_files_in(saves)
+            .run(),
+    );
     drop(file); // the lock file stays: a waker waiting on it holds its inode
     std::process::ExitCode::SUCCESS
 }

@@ -24,8 +24,9 @@ use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, INSERT_SENT, SPEND_PAIR_CODE, 
 type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
 
 const INSERT_TURN: &str = "insert into turns (turn_id, session_id, seq, origin, text,
-         client_message_id, lark_chat_id, lark_message_id, state, enqueued_at, claimed_at)
-     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+         client_message_id, lark_chat_id, lark_message_id, state, enqueued_at, claimed_at,
+         attachments)
+     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
 
 const UPDATE_TURN: &str = "update turns set state = $1, claimed_at = $2, completed_at = $3,
          claim_count = $4, current_claim_id = $5, completion_id = $6, response = $7,
@@ -106,7 +107,8 @@ fn bind_turn<'q>(query: PgQuery<'q>, change: &'q Change<TurnRow>) -> PgQuery<'q>
             .bind(&t.lark_message_id)
             .bind(text(&t.state))
             .bind(t.enqueued_at)
-            .bind(t.claimed_at),
+            .bind(t.claimed_at)
+            .bind(&t.attachments),
         Change::Update(t) => query
             .bind(text(&t.state))
             .bind(t.claimed_at)
@@ -245,7 +247,28 @@ async fn apply_step(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
     if let Some(r) = &writes.reply {
         query = bind_reply(query, r);
     }
-    query.execute(conn).await?;
+    query.execute(&mut *conn).await?;
+    if let Some(Change::Insert(t)) = &writes.turn {
+        insert_attachments(conn, t).await?;
+    }
+    Ok(())
+}
+
+/// A new turn's files, one row each (after the turn: in its transaction).
+async fn insert_attachments(conn: &mut PgConnection, t: &TurnRow) -> sqlx::Result<()> {
+    for a in crate::attachments::parse_list(t.attachments.as_deref()) {
+        sqlx::query(crate::store::INSERT_TURN_ATTACHMENT)
+            .bind(&t.turn_id)
+            .bind(i64::from(a.position))
+            .bind(&t.session_id)
+            .bind(a.name)
+            .bind(a.declared_type)
+            .bind(a.content_type)
+            .bind(a.size as i64)
+            .bind(a.sha256)
+            .execute(&mut *conn)
+            .await?;
+    }
     Ok(())
 }
 

@@ -170,5 +170,16 @@ pub(super) async fn command(
         Command::PruneStep { cutoff_ms } => {
             Done::PruneStep(Box::new(reads::prune_step(conn, *cutoff_ms).await?))
         }
+        Command::PutBlob { blob } => {
+            sqlx::query(crate::store::UPSERT_BLOB)
+                .bind(&blob.sha256)
+                .bind(blob.bytes.len() as i64)
+                .bind(blob.sniffed_type)
+                .bind(blob.bytes.as_ref())
+                .bind(blob.at)
+                .execute(&mut *conn)
+                .await?;
+            Done::PutBlob(Box::new(()))
+        }
     })
 }

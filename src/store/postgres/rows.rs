@@ -168,6 +168,7 @@ pub(super) fn turn_cols(c: Cols<'_>) -> sqlx::Result<TurnRow> {
         completion_id: c.get("completion_id")?,
         response: c.get("response")?,
         cancel_reason: c.optional_enumeration("cancel_reason")?,
+        attachments: c.get("attachments")?,
         reply_state: c.optional_enumeration("reply_state")?,
         reply_attempts: c.joined("reply_attempts")?,
         reply_error: c.joined("reply_error")?,
@@ -224,11 +225,11 @@ pub(super) const CLAIM_COLUMNS: &str =
 
 pub(super) const TURN_COLUMNS: &str = "turn_id, session_id, seq, origin, text, client_message_id, \
      lark_chat_id, lark_message_id, state, enqueued_at, claimed_at, completed_at, claim_count, \
-     current_claim_id, completion_id, response, cancel_reason";
+     current_claim_id, completion_id, response, cancel_reason, attachments";
 
 /// A turn with its Lark reply's state, for readbacks.
 pub(super) const TURN_READBACK: &str = "select t.turn_id, t.session_id, t.seq, t.origin, t.text, \
      t.client_message_id, t.lark_chat_id, t.lark_message_id, t.state, t.enqueued_at, \
      t.claimed_at, t.completed_at, t.claim_count, t.current_claim_id, t.completion_id, \
-     t.response, t.cancel_reason, r.state as reply_state, r.attempts as reply_attempts, \
+     t.response, t.cancel_reason, t.attachments, r.state as reply_state, r.attempts as reply_attempts, \
      r.error as reply_error from turns t left join lark_replies r on r.turn_id = t.turn_id";

@@ -152,8 +152,8 @@ fn write_turn(conn: &Connection, change: Change<TurnRow>) -> Result<()> {
         Change::Insert(t) => {
             sql::query(
                 "insert into turns (turn_id, session_id, seq, origin, text, client_message_id,
-                     lark_chat_id, lark_message_id, state, enqueued_at, claimed_at)
-                 values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     lark_chat_id, lark_message_id, state, enqueued_at, claimed_at, attachments)
+                 values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             )
             .bind(&t.turn_id)
             .bind(&t.session_id)
@@ -166,7 +166,20 @@ fn write_turn(conn: &Connection, change: Change<TurnRow>) -> Result<()> {
             .bind(t.state)
             .bind(t.enqueued_at)
             .bind(t.claimed_at)
+            .bind(&t.attachments)
             .execute(conn)?;
+            for a in crate::attachments::parse_list(t.attachments.as_deref()) {
+                sql::query(crate::store::INSERT_TURN_ATTACHMENT)
+                    .bind(&t.turn_id)
+                    .bind(a.position)
+                    .bind(&t.session_id)
+                    .bind(a.name)
+                    .bind(a.declared_type)
+                    .bind(a.content_type)
+                    .bind(a.size as i64)
+                    .bind(a.sha256)
+                    .execute(conn)?;
+            }
         }
         // A claim or a release leaves the completion's columns as they were
         // (unset: a completed turn is final), so its statement does not name

@@ -10,7 +10,7 @@ use crate::decide;
 use crate::error::Result;
 use crate::ids::Minter;
 use crate::model::RegisterAgentThread;
-use crate::store::{CardUpdateJob, Command, Done, Outbound, ReplyUpdate};
+use crate::store::{Blob, CardUpdateJob, Command, Done, Outbound, ReplyUpdate};
 use crate::time::now_ms;
 
 /// Takes `command` on `conn`: what it decided.
@@ -156,6 +156,7 @@ pub(super) fn command(conn: &Connection, command: Command, minter: &Minter) -> R
         Command::PruneStep { cutoff_ms } => {
             Done::PruneStep(Box::new(super::prune_step(conn, cutoff_ms)?))
         }
+        Command::PutBlob { blob } => Done::PutBlob(Box::new(put_blob(conn, &blob)?)),
     })
 }
 
@@ -214,6 +215,17 @@ fn record_card_update(conn: &Connection, job: &CardUpdateJob, update: &ReplyUpda
         .bind(update.next_attempt_at)
         .bind(&job.session_id)
         .bind(&job.request_id)
+        .execute(conn)?;
+    Ok(())
+}
+
+fn put_blob(conn: &Connection, blob: &Blob) -> Result<()> {
+    sql::query(crate::store::UPSERT_BLOB)
+        .bind(&blob.sha256)
+        .bind(blob.bytes.len() as i64)
+        .bind(blob.sniffed_type)
+        .bind(blob.bytes.clone())
+        .bind(blob.at)
         .execute(conn)?;
     Ok(())
 }

@@ -630,6 +630,7 @@ mod tests {
 
     fn message(text: String, client_message_id: Option<String>) -> EnqueueRequest {
         EnqueueRequest {
+            attachments: Vec::new(),
             origin: Origin::Web,
             text,
             client_message_id,

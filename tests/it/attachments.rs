@@ -1,0 +1,757 @@
+//! Attachments (issue 39): a message sent with files, listed by the claim
+//! and the readback, downloaded by the owner; limits and hostile input.
+
+use loopx::client::{Client, OutgoingFile};
+use loopx::model::{Attachment, EnqueueRequest, TurnState};
+use sha2::{Digest, Sha256};
+
+use crate::support::*;
+
+/// The start of a PNG, then some bytes.
+pub fn png(len: usize) -> Vec<u8> {
+    let mut bytes = b"\x89PNG\r\n\x1a\n".to_vec();
+    bytes.extend((0..len).map(|i| (i % 251) as u8));
+    bytes
+}
+
+pub fn file(name: &str, content_type: &str, bytes: Vec<u8>) -> OutgoingFile {
+    OutgoingFile {
+        name: name.into(),
+        content_type: content_type.into(),
+        bytes,
+    }
+}
+
+fn keyed(text: &str, id: &str) -> EnqueueRequest {
+    EnqueueRequest {
+        client_message_id: Some(id.into()),
+        ..web(text)
+    }
+}
+
+/// Status and code of a refused upload (never a 5xx).
+async fn refused(client: &Client, host: &Host, files: &[OutgoingFile]) -> (u16, String) {
+    code(
+        client
+            .enqueue_with_attachments(host.session_id(), &web("with files"), files)
+            .await,
+    )
+}
+
+#[tokio::test]
+async fn a_file_sent_with_a_message_is_claimed_listed_and_downloaded_byte_for_byte() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let image = png(5000);
+    let doc = b"plain notes\n".to_vec();
+    let files = [
+        file("shot.png", "image/png", image.clone()),
+        file("notes.txt", "text/plain", doc.clone()),
+    ];
+    let message = keyed("look at this", "att-1");
+    let sent = c
+        .enqueue_with_attachments(host.session_id(), &message, &files)
+        .await
+        .unwrap();
+    assert_eq!(sent.reply.status, 201);
+    assert_eq!(sent.body.state, TurnState::Queued);
+
+    // The same key, text and files: the same turn, replayed.
+    let again = c
+        .enqueue_with_attachments(host.session_id(), &message, &files)
+        .await
+        .unwrap();
+    assert_eq!(again.reply.status, 200);
+    assert!(again.reply.replayed && again.body.duplicate);
+    assert_eq!(again.body.turn_id, sent.body.turn_id);
+    // The same key with other files, or with none: 422.
+    assert_eq!(
+        code(
+            c.enqueue_with_attachments(host.session_id(), &message, &files[..1])
+                .await
+        ),
+        (422, "idempotency_key_reused".into())
+    );
+    assert_eq!(
+        code(c.enqueue(host.session_id(), &message).await),
+        (422, "idempotency_key_reused".into())
+    );
+
+    let claimed = claim(c, &host, &unique("claim"), 0).await;
+    assert_eq!(claimed.turn.text, "look at this");
+    let listed = &claimed.turn.attachments;
+    assert_eq!(listed.len(), 2);
+    let expect = |a: &Attachment, name: &str, ty: &str, bytes: &[u8]| {
+        assert_eq!(a.name, name);
+        assert_eq!(a.content_type, ty);
+        assert_eq!(a.size, bytes.len() as u64);
+        assert_eq!(a.sha256, hex::encode(Sha256::digest(bytes)));
+    };
+    expect(&listed[0], "shot.png", "image/png", &image);
+    expect(&listed[1], "notes.txt", "application/octet-stream", &doc);
+    assert_eq!(listed[1].declared_type, "text/plain");
+
+    let (bytes, ty) = c.download(&listed[0].download).await.unwrap();
+    assert_eq!(bytes, image);
+    assert_eq!(ty, "image/png");
+    let (bytes, ty) = c.download(&listed[1].download).await.unwrap();
+    assert_eq!(bytes, doc);
+    assert_eq!(ty, "application/octet-stream");
+
+    // The readback lists them too; the session projection stays content-free.
+    let turn = c
+        .turn(host.session_id(), &sent.body.turn_id)
+        .await
+        .unwrap()
+        .body;
+    assert_eq!(&turn.attachments, listed);
+    let session = c.session(host.session_id()).await.unwrap();
+    assert!(!session.reply.text.contains("shot.png"));
+    assert!(!session.reply.text.contains("attachments"));
+}
+
+#[tokio::test]
+async fn downloads_are_served_safely_and_only_to_the_owner_of_that_turn() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let html_in_png = {
+        let mut b = png(0);
+        b.extend_from_slice(b"<html><script>alert(1)</script></html>");
+        b
+    };
+    let files = [
+        file(
+            "page.html",
+            "text/html",
+            b"<html><script>alert(1)</script>".to_vec(),
+        ),
+        file("pic.png", "text/html", html_in_png.clone()),
+    ];
+    let sent = c
+        .enqueue_with_attachments(host.session_id(), &web("two"), &files)
+        .await
+        .unwrap()
+        .body;
+    let turn = c.turn(host.session_id(), &sent.turn_id).await.unwrap().body;
+    let page = &turn.attachments[0].download;
+
+    let raw = reqwest::Client::new();
+    let get = |path: &str, token: Option<&str>| {
+        let mut request = raw.get(format!("{}{path}", broker.url));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send()
+    };
+    let html = get(page, Some(TOKEN)).await.unwrap();
+    assert_eq!(html.status(), 200);
+    let headers = html.headers();
+    assert_eq!(headers["content-type"], "application/octet-stream");
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    assert!(
+        headers["content-disposition"]
+            .to_str()
+            .unwrap()
+            .starts_with("attachment; filename=\"page.html\"")
+    );
+    let image = get(&turn.attachments[1].download, Some(TOKEN))
+        .await
+        .unwrap();
+    assert_eq!(image.headers()["content-type"], "image/png");
+    assert_eq!(image.headers()["x-content-type-options"], "nosniff");
+    assert_eq!(image.bytes().await.unwrap(), html_in_png);
+
+    // No token, a wrong token: 401. Another session's path, another
+    // position, a position that is no number: 404 / 400, never a 5xx.
+    assert_eq!(get(page, None).await.unwrap().status(), 401);
+    assert_eq!(get(page, Some("wrong")).await.unwrap().status(), 401);
+    let other = bound_host(c).await;
+    let elsewhere = page.replace(host.session_id(), other.session_id());
+    assert_eq!(get(&elsewhere, Some(TOKEN)).await.unwrap().status(), 404);
+    let beyond = page.replace("/attachments/0", "/attachments/7");
+    assert_eq!(get(&beyond, Some(TOKEN)).await.unwrap().status(), 404);
+    let nan = page.replace("/attachments/0", "/attachments/x");
+    assert_eq!(get(&nan, Some(TOKEN)).await.unwrap().status(), 400);
+    let nul = page.replace(&sent.turn_id, "turn%00x");
+    assert_eq!(get(&nul, Some(TOKEN)).await.unwrap().status(), 404);
+}
+
+#[tokio::test]
+async fn hostile_names_are_made_plain_and_bad_sizes_are_refused_with_nothing_written() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let long = format!("{}.png", "a".repeat(300));
+    let files = [
+        file("../../.bashrc", "text/plain", b"echo pwned".to_vec()),
+        file(&long, "image/png", png(10)),
+        file("..\\..\\win.ini", "text/plain", b"[x]".to_vec()),
+        file("", "", b"x".to_vec()),
+    ];
+    let sent = c
+        .enqueue_with_attachments(host.session_id(), &web("names"), &files)
+        .await
+        .unwrap()
+        .body;
+    let turn = c.turn(host.session_id(), &sent.turn_id).await.unwrap().body;
+    let names: Vec<&str> = turn.attachments.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names[0], "bashrc");
+    assert!(names[1].len() <= 200 && names[1].ends_with(".png"));
+    // (the client escapes a backslash in the part's header)
+    assert!(names[2].ends_with("win.ini") && !names[2].contains(['/', '\\']));
+    assert_eq!(names[3], "file");
+    assert_eq!(
+        turn.attachments[3].declared_type,
+        "application/octet-stream"
+    );
+
+    // A name with NUL in its header: refused as malformed or stored without it.
+    match c
+        .enqueue_with_attachments(
+            host.session_id(),
+            &web("nul"),
+            &[file("a\0b.txt", "text/plain", b"x".to_vec())],
+        )
+        .await
+    {
+        Ok(sent) => {
+            let turn = c
+                .turn(host.session_id(), &sent.body.turn_id)
+                .await
+                .unwrap()
+                .body;
+            assert!(!turn.attachments[0].name.contains('\0'));
+        }
+        Err(e) => assert_eq!(code::<()>(Err(e)).0, 400),
+    }
+
+    let before = all_turns(c, &host).await.len();
+    // 0 bytes: 400.
+    assert_eq!(
+        refused(c, &host, &[file("empty.txt", "text/plain", Vec::new())]).await,
+        (400, "invalid_request".into())
+    );
+    // One byte over 20 MiB: 413.
+    let big = vec![7u8; 20 * 1024 * 1024 + 1];
+    assert_eq!(
+        refused(c, &host, &[file("big.bin", "application/zip", big)]).await,
+        (413, "payload_too_large".into())
+    );
+    // Eleven files: 413.
+    let many: Vec<OutgoingFile> = (0..11)
+        .map(|i| file(&format!("{i}.txt"), "text/plain", b"x".to_vec()))
+        .collect();
+    assert_eq!(
+        refused(c, &host, &many).await,
+        (413, "payload_too_large".into())
+    );
+    // Three of 19 MiB: over 50 MiB together, 413.
+    let nineteen = vec![1u8; 19 * 1024 * 1024];
+    let three: Vec<OutgoingFile> = (0..3)
+        .map(|i| file(&format!("{i}.bin"), "", nineteen.clone()))
+        .collect();
+    assert_eq!(
+        refused(c, &host, &three).await,
+        (413, "payload_too_large".into())
+    );
+    // Not multipart: 415; no message part, an unknown part: 400; unknown session: 404.
+    let raw = reqwest::Client::new();
+    let url = format!(
+        "{}/v1/sessions/{}/messages/with-attachments",
+        broker.url,
+        host.session_id()
+    );
+    let json = raw
+        .post(&url)
+        .bearer_auth(TOKEN)
+        .json(&web("x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(json.status(), 415);
+    let no_message = raw
+        .post(&url)
+        .bearer_auth(TOKEN)
+        .header("content-type", "multipart/form-data; boundary=b")
+        .body("--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\nxyz\r\n--b--\r\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(no_message.status(), 400);
+    let garbage = raw
+        .post(&url)
+        .bearer_auth(TOKEN)
+        .header("content-type", "multipart/form-data; boundary=b")
+        .body("not multipart at all")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(garbage.status(), 400);
+    assert_eq!(
+        code(
+            c.enqueue_with_attachments(
+                "ses_nope",
+                &web("x"),
+                &[file("a.txt", "text/plain", b"x".to_vec())]
+            )
+            .await
+        ),
+        (404, "not_found".into())
+    );
+    // The queue is as it was.
+    assert_eq!(all_turns(c, &host).await.len(), before);
+}
+
+/// Every replica serves every file: stored through one broker, downloaded
+/// through another on the same PostgreSQL database.
+#[tokio::test]
+async fn a_file_stored_through_one_replica_is_downloaded_through_another() {
+    let Some(db) = TestDatabase::create().await else {
+        eprintln!("note: skipped: set LOOPX_TEST_DATABASE_URL to run it");
+        return;
+    };
+    let (a, b) = tokio::join!(replica(&db), replica(&db));
+    let host = bound_host(&a.client).await;
+    let image = png(300_000);
+    let sent = a
+        .client
+        .enqueue_with_attachments(
+            host.session_id(),
+            &web("from a"),
+            &[file("shot.png", "image/png", image.clone())],
+        )
+        .await
+        .unwrap()
+        .body;
+    let claimed = claim(&b.client, &host, &unique("claim"), 0).await;
+    assert_eq!(claimed.turn.turn_id, sent.turn_id);
+    let (bytes, ty) = b
+        .client
+        .download(&claimed.turn.attachments[0].download)
+        .await
+        .unwrap();
+    assert_eq!(ty, "image/png");
+    assert_eq!(bytes, image);
+    a.shutdown.cancel();
+    b.shutdown.cancel();
+}
+
+struct Replica {
+    client: Client,
+    shutdown: tokio_util::sync::CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+async fn replica(db: &TestDatabase) -> Replica {
+    use loopx::serve;
+    let dir = tempfile::tempdir().unwrap();
+    let store = serve::open_store(
+        dir.path(),
+        Some(&db.url),
+        loopx::store::sqlite::Durability::Relaxed,
+    )
+    .await
+    .unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let app = serve::App::new(serve::AppConfig::new(store, TOKEN.into()), shutdown.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(app.serve(listener));
+    Replica {
+        client: Client::new(&url, Some(TOKEN.into())),
+        shutdown,
+        _dir: dir,
+    }
+}
+
+/// Retention prunes a closed session's files with it: its attachment rows,
+/// and the bytes no other turn names; bytes another session still names stay.
+#[tokio::test]
+async fn a_pruned_session_takes_its_files_and_leaves_shared_ones() {
+    use loopx::store::retention;
+    const DAY_MS: i64 = 86_400_000;
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let (old, kept) = (bound_host(c).await, bound_host(c).await);
+    let shared = png(1000);
+    let own = b"only the old session's".to_vec();
+    c.enqueue_with_attachments(
+        old.session_id(),
+        &web("old"),
+        &[
+            file("shared.png", "image/png", shared.clone()),
+            file("own.txt", "text/plain", own.clone()),
+        ],
+    )
+    .await
+    .unwrap();
+    let sent = c
+        .enqueue_with_attachments(
+            kept.session_id(),
+            &web("kept"),
+            &[file("shared.png", "image/png", shared.clone())],
+        )
+        .await
+        .unwrap()
+        .body;
+    c.close(old.session_id()).await.unwrap();
+    let db = Db::of(&broker).await;
+    db.execute(
+        "update sessions set closed_at = closed_at - $1 where session_id = $2",
+        30 * DAY_MS,
+        old.session_id(),
+    )
+    .await;
+    db.execute(
+        "update attachment_blobs set created_at = created_at - $1 where sha256 <> $2",
+        30 * DAY_MS,
+        "",
+    )
+    .await;
+    let cutoff = retention::cutoff_ms(loopx::time::now_ms(), 5);
+    retention::prune(broker.broker.store(), cutoff, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(db.count("turn_attachments", old.session_id()).await, 0);
+    assert_eq!(db.blobs(&hex::encode(Sha256::digest(&own))).await, 0);
+    assert_eq!(db.blobs(&hex::encode(Sha256::digest(&shared))).await, 1);
+    let turn = c.turn(kept.session_id(), &sent.turn_id).await.unwrap().body;
+    let (bytes, _) = c.download(&turn.attachments[0].download).await.unwrap();
+    assert_eq!(bytes, shared);
+}
+
+/// A direct connection to a test broker's database.
+enum Db {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+}
+
+impl Db {
+    async fn of(broker: &TestBroker) -> Db {
+        match &broker.database {
+            Some(database) => Db::Postgres(sqlx::PgPool::connect(&database.url).await.unwrap()),
+            None => {
+                let path = broker.dir.path().join("broker.db");
+                let url = format!("sqlite://{}", path.display());
+                Db::Sqlite(sqlx::SqlitePool::connect(&url).await.unwrap())
+            }
+        }
+    }
+
+    async fn execute(&self, sql: &str, a: i64, b: &str) {
+        match self {
+            Db::Sqlite(db) => sqlx::query(sql).bind(a).bind(b).execute(db).await.map(drop),
+            Db::Postgres(db) => sqlx::query(sql).bind(a).bind(b).execute(db).await.map(drop),
+        }
+        .unwrap();
+    }
+
+    async fn scalar(&self, sql: &str, value: &str) -> i64 {
+        match self {
+            Db::Sqlite(db) => sqlx::query_scalar(sql).bind(value).fetch_one(db).await,
+            Db::Postgres(db) => sqlx::query_scalar(sql).bind(value).fetch_one(db).await,
+        }
+        .unwrap()
+    }
+
+    async fn count(&self, table: &str, session_id: &str) -> i64 {
+        let sql = format!("select count(*) from {table} where session_id = $1");
+        self.scalar(&sql, session_id).await
+    }
+
+    async fn blobs(&self, sha256: &str) -> i64 {
+        self.scalar(
+            "select count(*) from attachment_blobs where sha256 = $1",
+            sha256,
+        )
+        .await
+    }
+}
+
+/// `loopx hook stop` delivers a turn with files: it saves each in a private
+/// folder under the data dir and names it, with its type and size, in the
+/// text the agent reads; the saved bytes are the uploaded ones, and a
+/// hostile name lands as a plain file in that folder.
+#[tokio::test]
+async fn hook_stop_saves_a_turns_files_privately_and_names_them() {
+    use std::os::unix::fs::PermissionsExt;
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let image = png(12 * 1024 - 8);
+    c.enqueue_with_attachments(
+        host.session_id(),
+        &web("what does this show?"),
+        &[
+            file("shot.png", "image/png", image.clone()),
+            file("../../.bashrc", "text/plain", b"echo hi".to_vec()),
+        ],
+    )
+    .await
+    .unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let transcript = tempfile::NamedTempFile::new().unwrap();
+    let input = serde_json::json!({
+        "session_id": host.host_session_id,
+        "cwd": "/work/project",
+        "hook_event_name": "Stop",
+        "transcript_path": transcript.path(),
+        "stop_hook_active": false,
+    });
+    let output = run_with_stdin(
+        loopx()
+            .args(["hook", "stop", "--agent", "claude-code", "--session-id"])
+            .arg(host.session_id())
+            .args(["--host-surface", HOST_SURFACE, "--broker-url", &broker.url])
+            .env("LOOPX_DATA_DIR", data.path())
+            .env("LOOPX_TOKEN", TOKEN),
+        &input.to_string(),
+    )
+    .await;
+    let out: serde_json::Value = serde_json::from_str(output.trim()).unwrap();
+    assert_eq!(out["decision"], "block");
+    let reason = out["reason"].as_str().unwrap();
+    assert!(reason.contains("what does this show?"), "{reason}");
+
+    let turn = all_turns(c, &host).await.remove(0);
+    let folder = data
+        .path()
+        .join("attachments")
+        .join(host.session_id())
+        .join(&turn.turn_id);
+    let shot = folder.join("shot.png");
+    assert!(
+        reason.contains(&format!("Attached: {} (image/png, 12 KB)", shot.display())),
+        "{reason}"
+    );
+    assert_eq!(std::fs::read(&shot).unwrap(), image);
+    let bashrc = folder.join("bashrc");
+    assert!(reason.contains(&format!("Attached: {}", bashrc.display())));
+    assert_eq!(std::fs::read(&bashrc).unwrap(), b"echo hi");
+    for dir in [&folder, &data.path().join("attachments")] {
+        let mode = std::fs::metadata(dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{}", dir.display());
+    }
+    let mode = std::fs::metadata(&shot).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    // Nothing landed outside the folder.
+    let entries = std::fs::read_dir(&folder).unwrap().count();
+    assert_eq!(entries, 2);
+    assert!(!data.path().join(".bashrc").exists());
+}
+
+/// `worker-bridge attached-session-claim --save-attachments DIR` saves the
+/// claimed turn's files beside its answer.
+#[tokio::test]
+async fn worker_bridge_claim_saves_attachments_into_the_given_folder() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let bytes = b"%PDF-1.7 not really".to_vec();
+    let sent = c
+        .enqueue_with_attachments(
+            host.session_id(),
+            &web("the report"),
+            &[file("report.pdf", "application/pdf", bytes.clone())],
+        )
+        .await
+        .unwrap()
+        .body;
+    let dir = tempfile::tempdir().unwrap();
+    let output = run_with_stdin(
+        loopx()
+            .args(["worker-bridge", "attached-session-claim", "--session-id"])
+            .arg(host.session_id())
+            .args(["--host-surface", HOST_SURFACE, "--host-session-id"])
+            .arg(&host.host_session_id)
+            .args(["--claim-id", "wb-1", "--broker-url", &broker.url])
+            .arg("--save-attachments")
+            .arg(dir.path())
+            .env("LOOPX_TOKEN", TOKEN),
+        "",
+    )
+    .await;
+    let saved = dir
+        .path()
+        .join(host.session_id())
+        .join(&sent.turn_id)
+        .join("report.pdf");
+    assert_eq!(std::fs::read(&saved).unwrap(), bytes);
+    assert!(output.contains(&format!(
+        "Attached: {} (application/octet-stream, 19 B)",
+        saved.display()
+    )));
+}
+
+/// Runs a command with `stdin`; its stdout (it must succeed).
+async fn run_with_stdin(command: &mut tokio::process::Command, stdin: &str) -> String {
+    use std::process::Stdio;
+    use tokio::io::AsyncWriteExt;
+    let mut child = command
+        .env_remove("LOOPX_SESSION_ID")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    let output = child.wait_with_output().await.unwrap();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        output.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// `loopx mcp` (tools only): `wait_for_message` answers a turn's text with
+/// a line naming each of its files, saved under the data dir.
+#[tokio::test]
+async fn mcp_wait_for_message_names_the_saved_files() {
+    use std::process::Stdio;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let bytes = b"col1,col2\n1,2\n".to_vec();
+    let image = png(64);
+    let sent = c
+        .enqueue_with_attachments(
+            host.session_id(),
+            &web("sum the columns"),
+            &[
+                file("data.csv", "text/csv", bytes.clone()),
+                file("chart.png", "image/png", image.clone()),
+            ],
+        )
+        .await
+        .unwrap()
+        .body;
+    let data = tempfile::tempdir().unwrap();
+    let mut child = loopx()
+        .args(["mcp", "--tools-only", "--session-id"])
+        .arg(host.session_id())
+        .args(["--host-surface", HOST_SURFACE, "--host-session-id"])
+        .arg(&host.host_session_id)
+        .args(["--broker-url", &broker.url])
+        .env("LOOPX_DATA_DIR", data.path())
+        .env("LOOPX_TOKEN", TOKEN)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut answer = async |id: &str| loop {
+        let line = tokio::time::timeout(std::time::Duration::from_secs(15), lines.next_line())
+            .await
+            .expect("an answer in time")
+            .unwrap()
+            .expect("stdout open");
+        let message: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if message["id"] == id {
+            return message;
+        }
+    };
+    let send = |m: serde_json::Value| format!("{m}\n");
+    stdin
+        .write_all(send(serde_json::json!({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})).as_bytes())
+        .await
+        .unwrap();
+    answer("init").await;
+    let calls = [
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        serde_json::json!({"jsonrpc": "2.0", "id": "wait", "method": "tools/call",
+            "params": {"name": "wait_for_message", "arguments": {"wait_seconds": 0}}}),
+    ];
+    for call in calls {
+        stdin.write_all(send(call).as_bytes()).await.unwrap();
+    }
+    let result = answer("wait").await;
+    let content = &result["result"]["structuredContent"];
+    assert_eq!(content["claimed"], true, "{result}");
+    let saved = data
+        .path()
+        .join("attachments")
+        .join(host.session_id())
+        .join(&sent.turn_id)
+        .join("data.csv");
+    assert_eq!(
+        content["text"],
+        format!(
+            "sum the columns\n\nAttached: {} (application/octet-stream, 14 B)\nAttached: {} (image/png, 72 B)",
+            saved.display(),
+            saved.with_file_name("chart.png").display()
+        )
+    );
+    // The image is given as MCP image content too.
+    use base64::Engine;
+    let blocks = result["result"]["content"].as_array().unwrap();
+    let shown = blocks
+        .iter()
+        .find(|b| b["type"] == "image")
+        .expect("an image block");
+    assert_eq!(shown["mimeType"], "image/png");
+    assert_eq!(
+        base64::engine::general_purpose::STANDARD
+            .decode(shown["data"].as_str().unwrap())
+            .unwrap(),
+        image
+    );
+    assert_eq!(std::fs::read(&saved).unwrap(), bytes);
+    drop(stdin);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), child.wait()).await;
+}
+
+/// The session's limit (500 MiB of files): a message that would pass it is
+/// refused with 413 and nothing written; a replay of one already taken is
+/// still answered as a replay.
+#[tokio::test]
+async fn the_session_limit_refuses_new_files_and_still_answers_a_replay() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let files = [file("a.png", "image/png", png(1000))];
+    let keyed = keyed("first", "limit-1");
+    let sent = c
+        .enqueue_with_attachments(host.session_id(), &keyed, &files)
+        .await
+        .unwrap()
+        .body;
+    // The session now holds all but 100 bytes of its 500 MiB.
+    let db = Db::of(&broker).await;
+    db.execute(
+        "insert into turn_attachments (turn_id, position, session_id, name, declared_type, \
+         content_type, size, sha256) values ('turn_fake', 0, $2, 'big', 'x', 'x', $1, 'none')",
+        500 * 1024 * 1024 - 1008 - 100,
+        host.session_id(),
+    )
+    .await;
+    let before = all_turns(c, &host).await.len();
+    assert_eq!(
+        refused(c, &host, &[file("b.png", "image/png", png(200))]).await,
+        (413, "payload_too_large".into())
+    );
+    assert_eq!(all_turns(c, &host).await.len(), before);
+    let replay = c
+        .enqueue_with_attachments(host.session_id(), &keyed, &files)
+        .await
+        .unwrap();
+    assert!(replay.reply.replayed);
+    assert_eq!(replay.body.turn_id, sent.turn_id);
+    // What still fits is taken.
+    c.enqueue_with_attachments(
+        host.session_id(),
+        &web("small"),
+        &[file("c.txt", "", vec![1; 90])],
+    )
+    .await
+    .unwrap();
+}
