@@ -42,7 +42,7 @@ use crate::model::{
 use crate::permission::PermissionRow;
 
 /// The open sessions with an active claim, and when it was made (the
-/// statement of [`Store::held_sessions`], on either backend).
+/// statement of [`Read::HeldSessions`], on either backend).
 pub const HELD_SESSIONS: &str = "select session_id, goal_id, agent_id, host_surface, \
      host_session_id, executor_endpoint_id, state, created_at, closed_at, queued_count, \
      active_claim_id, next_seq, next_event_no, agent_state, agent_since, agent_heard_at, \
@@ -51,7 +51,7 @@ pub const HELD_SESSIONS: &str = "select session_id, goal_id, agent_id, host_surf
          as holder_claimed_at \
      from sessions where state = 'open' and active_claim_id is not null";
 
-/// The statement of [`Store::silent_sessions`], its parameters written as
+/// The statement of [`Read::SilentSessions`], its parameters written as
 /// the backend writes them: `first` the cut-off for a waiting agent
 /// (`away_before`), `second` the silence
 /// ([`crate::decide::presence::AWAY_AFTER_MS`]), `third` the cut-off for a
@@ -127,7 +127,7 @@ pub struct ReplyJob {
     /// Failed attempts, not counting rate-limit waits.
     pub failures: i64,
     /// The session it is sent for, if one: what it sends is remembered
-    /// ([`Store::lark_message_sent`]), so a reply to it finds the session.
+    /// ([`Command::LarkMessageSent`]), so a reply to it finds the session.
     pub session_id: Option<String>,
     /// An answer's session, as its card's header names it (goal · agent).
     pub title: Option<String>,
@@ -361,43 +361,241 @@ impl ChangeFeed {
     }
 }
 
-/// A decision the broker may compose with another into one commit
-/// ([`Store::together`]).
-#[derive(Clone)]
-pub enum Command {
-    /// [`Store::enqueue`].
-    Enqueue {
-        session_id: String,
-        message: EnqueueRequest,
-    },
-    /// [`Store::claim`].
-    Claim {
-        session_id: String,
-        host: HostIdentity,
-        claim_id: String,
-    },
+/// The store's decisions, each once: its variant of [`Command`] (the
+/// command's fields), its answer (the same variant of [`Done`]), the typed
+/// call on `dyn Store` that takes it ([`Store::decide`]), and the words a
+/// store failure names it by.
+macro_rules! commands {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident { $($field:ident : $ty:ty),* $(,)? } -> $answer:ty, $method:ident, $what:literal;
+    )*) => {
+        /// A decision for [`Store::decide`]: a backend loads the rows its
+        /// rule needs, in one transaction, calls the rule
+        /// ([`crate::decide`]) and applies its writes. The broker may also
+        /// compose two into one commit ([`Store::together`]).
+        #[derive(Clone)]
+        pub enum Command {
+            $( $(#[$doc])* $variant { $($field: $ty),* }, )*
+        }
+
+        /// What a [`Command`] decided: the answer of the same variant.
+        pub enum Done {
+            $( $variant(Box<$answer>), )*
+        }
+
+        impl Command {
+            /// What the store was doing, as a store failure says it.
+            pub fn what(&self) -> &'static str {
+                match self {
+                    $( Command::$variant { .. } => $what, )*
+                }
+            }
+        }
+
+        impl dyn Store {
+            $(
+                $(#[$doc])*
+                pub async fn $method(&self, $($field: $ty),*) -> Result<$answer> {
+                    match self.decide(Command::$variant { $($field),* }).await? {
+                        Done::$variant(answer) => Ok(*answer),
+                        #[allow(unreachable_patterns)]
+                        _ => Err(mismatched()),
+                    }
+                }
+            )*
+        }
+    };
 }
 
-/// What a [`Command`] decided.
-pub enum Done {
-    Enqueued(Box<Enqueue>),
-    Claimed(ClaimOutcome),
+commands! {
+    /// Registers the exact tuple; true when it was new.
+    Register { thread: RegisterAgentThread } -> bool, register, "registering an agent thread";
+    /// Checks a bind without writing: the open session it would answer, if any.
+    PreviewBind { bind: BindRequest } -> Option<SessionRow>, preview_bind, "checking a bind";
+    /// Binds a session ([`crate::decide::session::bind`]).
+    Bind { bind: BindRequest } -> Bound, bind, "binding a session";
+    /// Enqueues a message ([`crate::decide::turn::enqueue`]).
+    Enqueue { session_id: String, message: EnqueueRequest } -> Enqueue, enqueue, "enqueueing";
+    /// Claims the oldest queued turn ([`crate::decide::turn::claim`]).
+    Claim { session_id: String, host: HostIdentity, claim_id: String } -> ClaimOutcome, claim,
+        "claiming";
+    /// Completes a claimed turn ([`crate::decide::turn::complete`]).
+    Complete { session_id: String, turn_id: String, completion: CompleteRequest } -> Receipt,
+        complete, "completing";
+    /// Releases a claim ([`crate::decide::turn::release`]).
+    Release { session_id: String, claim_id: String, by: Releaser } -> Released, release,
+        "releasing";
+    /// Closes the session, cancelling its queued turns and expiring its
+    /// pending permission requests in the same transaction.
+    /// With `release_active_claim`, an active claim is released first, in the
+    /// same transaction, instead of refusing the close.
+    Close { session_id: String, release_active_claim: bool } -> Closed, close, "closing";
+    /// Records a permission request by the host ([`crate::decide::permission::create`]).
+    CreatePermission { session_id: String, host: HostIdentity, request: CreatePermissionRequest }
+        -> Decision, create_permission, "recording a permission request";
+    /// Answers a permission request ([`crate::decide::permission::answer`]).
+    AnswerPermission { session_id: String, request_id: String, behavior: Behavior, via: AnsweredVia }
+        -> Decision, answer_permission, "answering a permission request";
+    /// The host withdraws its request ([`crate::decide::permission::withdraw`]).
+    WithdrawPermission { session_id: String, request_id: String, host: HostIdentity }
+        -> Decision, withdraw_permission, "withdrawing a permission request";
+    /// Records that the host relayed the answer ([`crate::decide::permission::relayed`]).
+    RelayedPermission { session_id: String, request_id: String, host: HostIdentity }
+        -> Decision, relayed_permission, "recording a relayed permission answer";
+    /// The host reports its agent's state (with `claim_id`: the holder of
+    /// that claim says it is working on it), or (None) was heard from by a
+    /// parked claim ([`crate::decide::presence::report`]).
+    ReportAgent { session_id: String, host: HostIdentity, report: crate::decide::presence::Report }
+        -> Reported, report_agent, "recording the agent's state";
+    /// Announces a silent agent away or stalled ([`crate::decide::presence::lapse`]).
+    LapseAgent { session_id: String, stall_after_ms: i64, now: i64 } -> Reported, lapse_agent,
+        "announcing a silent agent";
+    /// The host's agent waits at its terminal ([`crate::decide::presence::notify`]).
+    Notify { session_id: String, host: HostIdentity, kind: NotificationKind } -> SessionRow,
+        notify, "recording a notification";
+    /// Links a Lark chat to an open session ([`crate::decide::lark::link`]),
+    /// replacing the session's link and its approvers (already checked by
+    /// [`crate::permission::approvers`]).
+    LarkLink { session_id: String, chat_id: String, options: crate::decide::lark::LinkOptions }
+        -> LarkLink, lark_link, "linking a Lark chat";
+    /// Records a new pairing code's hash for the session
+    /// ([`crate::decide::pairing::new_code`]): when it expires.
+    LarkPairCode { session_id: String, code_hash: String } -> i64, lark_pair_code,
+        "minting a Lark pairing code";
+    /// Removes the session's link, if any ([`crate::decide::lark::unlink`]).
+    LarkUnlink { session_id: String } -> LarkLink, lark_unlink, "unlinking a Lark chat";
+    /// Takes a Lark event once ([`crate::decide::lark::event`]): records it
+    /// and enqueues its text into the linked session, or takes it as an
+    /// approver's answer, in one transaction.
+    LarkEvent { event: LarkEvent } -> LarkIngest, lark_event, "recording a Lark event";
+    /// Takes a click on a permission card once ([`crate::decide::lark::click`]).
+    LarkClick { click: LarkClick } -> Clicked, lark_click, "taking a Lark card click";
+    /// Records an attempt to send a reply or a message (`parts_sent` so far).
+    RecordReply { outbound: Outbound, update: ReplyUpdate } -> (), record_reply,
+        "recording a Lark reply";
+    /// Remembers a message sent for a session: a reply to it goes there.
+    LarkMessageSent { message_id: String, session_id: String, chat_id: String } -> (),
+        lark_message_sent, "recording a sent Lark message";
+    /// Records the Lark message a permission card was sent as.
+    LarkCardSent { session_id: String, request_id: String, message_id: String } -> (),
+        lark_card_sent, "recording a sent Lark card";
+    /// Records an attempt to update a card (`parts_sent` unused).
+    RecordCardUpdate { job: CardUpdateJob, update: ReplyUpdate } -> (), record_card_update,
+        "recording a Lark card update";
+    /// One small step of retention (see [`retention`]): part of the oldest
+    /// session closed before `cutoff_ms`, or old Lark redelivery guards.
+    PruneStep { cutoff_ms: i64 } -> retention::PruneStep, prune_step, "pruning";
+    /// Stores a file's bytes under their sha256 ([`UPSERT_BLOB`]), before
+    /// the enqueue that names them; one already stored is only touched.
+    PutBlob { blob: Blob } -> (), put_blob, "storing a file";
+}
+
+/// The store's plain reads, each once, as [`commands!`] makes the
+/// decisions: its variant of [`Read`], its answer (the same variant of
+/// [`Found`]), and the typed call on `dyn Store` ([`Store::read`]).
+macro_rules! reads {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident { $($field:ident : $ty:ty),* $(,)? } -> $answer:ty, $method:ident;
+    )*) => {
+        /// A plain read for [`Store::read`]: no lock, no transaction of its
+        /// own, what the store holds now.
+        pub enum Read<'a> {
+            $( $(#[$doc])* $variant { $($field: $ty),* }, )*
+        }
+
+        /// What a [`Read`] found: the answer of the same variant.
+        pub enum Found {
+            $( $variant(Box<$answer>), )*
+        }
+
+        impl dyn Store {
+            $(
+                $(#[$doc])*
+                #[allow(clippy::extra_unused_lifetimes)]
+                pub async fn $method<'a>(&self, $($field: $ty),*) -> Result<$answer> {
+                    match self.read(Read::$variant { $($field),* }).await? {
+                        Found::$variant(answer) => Ok(*answer),
+                        #[allow(unreachable_patterns)]
+                        _ => Err(mismatched()),
+                    }
+                }
+            )*
+        }
+    };
+}
+
+reads! {
+    /// A session, if it exists.
+    Session { session_id: &'a str } -> Option<SessionRow>, session;
+    /// Sessions matching the filters after the cursor, oldest first, at most `limit`.
+    Sessions { filter: ListSessions, limit: u32 } -> Vec<SessionRow>, sessions;
+    /// The open sessions that hold an active claim, each with when its claim
+    /// was made: what the broker's sweep for gone holders
+    /// ([`crate::decide::turn::holder_gone`]) looks at.
+    HeldSessions {} -> Vec<(SessionRow, i64)>, held_sessions;
+    /// The open sessions whose agent, last reported waiting, has not been
+    /// heard from since `away_before` and was not announced away since, or,
+    /// last reported working, not since `stalled_before` and not announced
+    /// stalled: the candidates of [`crate::decide::presence::lapsed`] and
+    /// [`crate::decide::presence::stalls`].
+    SilentSessions { away_before: i64, stalled_before: i64 } -> Vec<String>, silent_sessions;
+    /// One request; 404 for an unknown session or request.
+    Permission { session_id: &'a str, request_id: &'a str } -> PermissionRow, permission;
+    /// The session's requests (in `state`, if given): pending first, then
+    /// newest first, at most [`crate::permission::LIST_LIMIT`].
+    Permissions { session_id: &'a str, state: Option<PermissionState> } -> Vec<PermissionRow>,
+        permissions;
+    /// The session's Lark link; 404 for an unknown session.
+    LarkLinkStatus { session_id: &'a str } -> LarkLink, lark_link_status;
+    /// Pending replies and permission-request messages due at `now_ms`,
+    /// oldest first (on PostgreSQL, leased to this replica).
+    DueReplies { now_ms: i64, limit: u32 } -> Vec<ReplyJob>, due_replies;
+    /// When the next pending reply or permission-request message falls due.
+    NextReplyDue {} -> Option<i64>, next_reply_due;
+    /// Permission cards due for their final form at `now_ms`, oldest first.
+    DueCardUpdates { now_ms: i64, limit: u32 } -> Vec<CardUpdateJob>, due_card_updates;
+    /// Queued turns over all sessions, and when the oldest was enqueued.
+    QueueStats {} -> (i64, Option<i64>), queue_stats;
+    /// The number of the session's latest event (0 when none); 404 for an unknown session.
+    LastEventNo { session_id: &'a str } -> i64, last_event_no;
+    /// The session's events after `after`, in order, at most `limit`.
+    Events { session_id: &'a str, after: i64, limit: u32 } -> Vec<EventRow>, events;
+    /// One turn; 404 for an unknown session or turn.
+    Turn { session_id: &'a str, turn_id: &'a str } -> TurnRow, turn;
+    /// A page of a session's turns in seq order, and whether more lie beyond it.
+    Turns { session_id: &'a str, page: ListTurns, limit: u32 } -> (Vec<TurnRow>, bool), turns;
+    /// Whether a Lark message event's files are worth fetching: the event
+    /// is not one already taken, and its chat is linked to a session.
+    LarkFilesWanted { app_id: &'a str, event_id: &'a str, chat_id: &'a str } -> bool,
+        lark_files_wanted;
+    /// Whether the session holds a turn enqueued with this `client_message_id`
+    /// (a replay: its files are counted in the session's already).
+    HasClientMessageId { session_id: &'a str, client_message_id: &'a str } -> bool,
+        has_client_message_id;
+    /// The bytes of the session's turns' files, all together.
+    SessionAttachmentBytes { session_id: &'a str } -> u64, session_attachment_bytes;
+    /// A turn's file at `position`: its name, the type it is served as and
+    /// its bytes; `None` when the session, turn or position names none.
+    Attachment { session_id: &'a str, turn_id: &'a str, position: u32 } -> Option<AttachmentBytes>,
+        attachment;
 }
 
 impl Done {
     /// What an enqueue decided (an error for any other command's outcome).
     pub fn enqueued(self) -> Result<Enqueue> {
         match self {
-            Done::Enqueued(done) => Ok(*done),
-            Done::Claimed(_) => Err(mismatched()),
+            Done::Enqueue(done) => Ok(*done),
+            _ => Err(mismatched()),
         }
     }
 
     /// What a claim decided (an error for any other command's outcome).
     pub fn claimed(self) -> Result<ClaimOutcome> {
         match self {
-            Done::Claimed(outcome) => Ok(outcome),
-            Done::Enqueued(_) => Err(mismatched()),
+            Done::Claim(outcome) => Ok(*outcome),
+            _ => Err(mismatched()),
         }
     }
 }
@@ -426,201 +624,25 @@ pub trait Store: Send + Sync + 'static {
     /// place (a claim refused after an enqueue keeps the enqueue).
     async fn together(&self, first: Command, then: Command) -> Result<(Done, Result<Done>)>;
 
+    /// Takes one decision in its own transaction (the typed calls on
+    /// `dyn Store`, one per [`Command`], come here).
+    async fn decide(&self, command: Command) -> Result<Done>;
+
+    /// Answers one plain read (the typed calls on `dyn Store`, one per
+    /// [`Read`], come here).
+    async fn read(&self, read: Read<'_>) -> Result<Found>;
+
     /// Answers when the store can serve requests.
     async fn ping(&self) -> Result<()>;
-    /// Registers the exact tuple; true when it was new.
-    async fn register(&self, thread: RegisterAgentThread) -> Result<bool>;
-    /// Checks a bind without writing: the open session it would answer, if any.
-    async fn preview_bind(&self, bind: BindRequest) -> Result<Option<SessionRow>>;
-    async fn bind(&self, bind: BindRequest) -> Result<Bound>;
-    async fn session(&self, session_id: &str) -> Result<Option<SessionRow>>;
-    /// Sessions matching the filters after the cursor, oldest first, at most `limit`.
-    async fn sessions(&self, filter: ListSessions, limit: u32) -> Result<Vec<SessionRow>>;
-    async fn enqueue(&self, session_id: String, message: EnqueueRequest) -> Result<Enqueue>;
-    async fn claim(
-        &self,
-        session_id: String,
-        host: HostIdentity,
-        claim_id: String,
-    ) -> Result<ClaimOutcome>;
-    async fn complete(
-        &self,
-        session_id: String,
-        turn_id: String,
-        completion: CompleteRequest,
-    ) -> Result<Receipt>;
-    async fn release(&self, session_id: String, claim_id: String, by: Releaser)
-    -> Result<Released>;
-    /// Closes the session, cancelling its queued turns and expiring its
-    /// pending permission requests in the same transaction.
-    /// With `release_active_claim`, an active claim is released first, in the
-    /// same transaction, instead of refusing the close.
-    async fn close(&self, session_id: String, release_active_claim: bool) -> Result<Closed>;
-    /// Records a permission request by the host ([`crate::decide::permission::create`]).
-    async fn create_permission(
-        &self,
-        session_id: String,
-        host: HostIdentity,
-        request: CreatePermissionRequest,
-    ) -> Result<Decision>;
-    /// Answers a permission request ([`crate::decide::permission::answer`]).
-    async fn answer_permission(
-        &self,
-        session_id: String,
-        request_id: String,
-        behavior: Behavior,
-        via: AnsweredVia,
-    ) -> Result<Decision>;
-    /// The host withdraws its request ([`crate::decide::permission::withdraw`]).
-    async fn withdraw_permission(
-        &self,
-        session_id: String,
-        request_id: String,
-        host: HostIdentity,
-    ) -> Result<Decision>;
-    /// The host reports its agent's state (with `claim_id`: the holder of
-    /// that claim says it is working on it), or (None) was heard from by a
-    /// parked claim ([`crate::decide::presence::report`]).
-    async fn report_agent(
-        &self,
-        session_id: String,
-        host: HostIdentity,
-        report: crate::decide::presence::Report,
-    ) -> Result<Reported>;
-    /// The open sessions that hold an active claim, each with when its claim
-    /// was made: what the broker's sweep for gone holders
-    /// ([`crate::decide::turn::holder_gone`]) looks at. A plain read.
-    async fn held_sessions(&self) -> Result<Vec<(SessionRow, i64)>>;
-    /// The open sessions whose agent, last reported waiting, has not been
-    /// heard from since `away_before` and was not announced away since, or,
-    /// last reported working, not since `stalled_before` and not announced
-    /// stalled: the candidates of [`crate::decide::presence::lapsed`] and
-    /// [`crate::decide::presence::stalls`]. A plain read.
-    async fn silent_sessions(&self, away_before: i64, stalled_before: i64) -> Result<Vec<String>>;
-    /// Announces a silent agent away or stalled ([`crate::decide::presence::lapse`]).
-    async fn lapse_agent(
-        &self,
-        session_id: String,
-        stall_after_ms: i64,
-        now: i64,
-    ) -> Result<Reported>;
-    /// The host's agent waits at its terminal ([`crate::decide::presence::notify`]).
-    async fn notify(
-        &self,
-        session_id: String,
-        host: HostIdentity,
-        kind: NotificationKind,
-    ) -> Result<SessionRow>;
-    /// Records that the host relayed the answer ([`crate::decide::permission::relayed`]).
-    async fn relayed_permission(
-        &self,
-        session_id: String,
-        request_id: String,
-        host: HostIdentity,
-    ) -> Result<Decision>;
-    /// One request; 404 for an unknown session or request.
-    async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow>;
-    /// The session's requests (in `state`, if given): pending first, then
-    /// newest first, at most [`crate::permission::LIST_LIMIT`].
-    async fn permissions(
-        &self,
-        session_id: &str,
-        state: Option<PermissionState>,
-    ) -> Result<Vec<PermissionRow>>;
-    /// Links a Lark chat to an open session ([`crate::decide::lark::link`]),
-    /// replacing the session's link and its approvers (already checked by
-    /// [`crate::permission::approvers`]).
-    async fn lark_link(
-        &self,
-        session_id: String,
-        chat_id: String,
-        options: crate::decide::lark::LinkOptions,
-    ) -> Result<LarkLink>;
-    /// Records a new pairing code's hash for the session
-    /// ([`crate::decide::pairing::new_code`]): when it expires.
-    async fn lark_pair_code(&self, session_id: String, code_hash: String) -> Result<i64>;
-    /// Removes the session's link, if any ([`crate::decide::lark::unlink`]).
-    async fn lark_unlink(&self, session_id: String) -> Result<LarkLink>;
-    async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink>;
-    /// Takes a Lark event once ([`crate::decide::lark::event`]): records it
-    /// and enqueues its text into the linked session, or takes it as an
-    /// approver's answer, in one transaction.
-    async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest>;
-    /// Pending replies and permission-request messages due at `now_ms`,
-    /// oldest first.
-    async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>>;
-    /// When the next pending reply or permission-request message falls due.
-    async fn next_reply_due(&self) -> Result<Option<i64>>;
-    async fn record_reply(&self, outbound: Outbound, update: ReplyUpdate) -> Result<()>;
-    /// Remembers a message sent for a session: a reply to it goes there.
-    async fn lark_message_sent(
-        &self,
-        message_id: String,
-        session_id: String,
-        chat_id: String,
-    ) -> Result<()>;
-    /// Takes a click on a permission card once ([`crate::decide::lark::click`]).
-    async fn lark_click(&self, click: LarkClick) -> Result<Clicked>;
-    /// Records the Lark message a permission card was sent as.
-    async fn lark_card_sent(
-        &self,
-        session_id: String,
-        request_id: String,
-        message_id: String,
-    ) -> Result<()>;
-    /// Permission cards due for their final form at `now_ms`, oldest first.
-    async fn due_card_updates(&self, now_ms: i64, limit: u32) -> Result<Vec<CardUpdateJob>>;
-    /// Records an attempt to update a card (`parts_sent` unused).
-    async fn record_card_update(&self, job: CardUpdateJob, update: ReplyUpdate) -> Result<()>;
-    /// Queued turns over all sessions, and when the oldest was enqueued.
-    async fn queue_stats(&self) -> Result<(i64, Option<i64>)>;
-    /// One small step of retention (see [`retention`]): part of the oldest
-    /// session closed before `cutoff_ms`, or old Lark redelivery guards.
-    async fn prune_step(&self, cutoff_ms: i64) -> Result<retention::PruneStep>;
-    /// The number of the session's latest event (0 when none); 404 for an unknown session.
-    async fn last_event_no(&self, session_id: &str) -> Result<i64>;
-    /// The session's events after `after`, in order, at most `limit`.
-    async fn events(&self, session_id: &str, after: i64, limit: u32) -> Result<Vec<EventRow>>;
-    async fn turn(&self, session_id: &str, turn_id: &str) -> Result<TurnRow>;
-    /// A page of a session's turns in seq order, and whether more lie beyond it.
-    async fn turns(
-        &self,
-        session_id: &str,
-        page: ListTurns,
-        limit: u32,
-    ) -> Result<(Vec<TurnRow>, bool)>;
-    /// Whether a Lark message event's files are worth fetching: the event
-    /// is not one already taken, and its chat is linked to a session.
-    async fn lark_files_wanted(&self, app_id: &str, event_id: &str, chat_id: &str) -> Result<bool>;
-    /// Stores a file's bytes under their sha256 ([`UPSERT_BLOB`]), before
-    /// the enqueue that names them; one already stored is only touched.
-    async fn put_blob(&self, blob: Blob) -> Result<()>;
-    /// Whether the session holds a turn enqueued with this `client_message_id`
-    /// (a replay: its files are counted in the session's already).
-    async fn has_client_message_id(
-        &self,
-        session_id: &str,
-        client_message_id: &str,
-    ) -> Result<bool>;
-    /// The bytes of the session's turns' files, all together.
-    async fn session_attachment_bytes(&self, session_id: &str) -> Result<u64>;
-    /// A turn's file at `position`: its name, the type it is served as and
-    /// its bytes; `None` when the session, turn or position names none.
-    async fn attachment(
-        &self,
-        session_id: &str,
-        turn_id: &str,
-        position: u32,
-    ) -> Result<Option<AttachmentBytes>>;
 }
 
-/// [`Store::lark_files_wanted`]: the event taken already (`$1` app, `$2` event).
+/// [`Read::LarkFilesWanted`]: the event taken already (`$1` app, `$2` event).
 pub const LARK_EVENT_SEEN: &str =
     "select count(*) from lark_events where app_id = $1 and event_id = $2";
-/// [`Store::lark_files_wanted`]: the chat's linked sessions (`$1`).
+/// [`Read::LarkFilesWanted`]: the chat's linked sessions (`$1`).
 pub const CHAT_LINKED: &str = "select count(*) from lark_links where chat_id = $1";
 
-/// A file's bytes to store ([`Store::put_blob`]).
+/// A file's bytes to store ([`Command::PutBlob`]).
 #[derive(Debug, Clone)]
 pub struct Blob {
     pub sha256: String,
@@ -651,7 +673,7 @@ pub const INSERT_TURN_ATTACHMENT: &str = "insert into turn_attachments \
      (turn_id, position, session_id, name, declared_type, content_type, size, sha256) \
      values ($1, $2, $3, $4, $5, $6, $7, $8)";
 
-/// [`Store::has_client_message_id`] (`$1` session, `$2` id).
+/// [`Read::HasClientMessageId`] (`$1` session, `$2` id).
 pub const CLIENT_MESSAGE_ID_USED: &str =
     "select count(*) from turns where session_id = $1 and client_message_id = $2";
 

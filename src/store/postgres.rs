@@ -99,6 +99,7 @@ mod pool;
 
 mod apply;
 mod cards;
+mod commands;
 mod decisions;
 mod lark;
 mod load;
@@ -109,33 +110,19 @@ mod reads;
 mod rows;
 
 use super::CardUpdateJob;
-use super::retention::PruneStep;
-use super::{Change, ChangeFeed, Command, Done, Outbound, ReplyJob, ReplyUpdate, Store};
-use crate::decide::lark::{Clicked, LarkClick};
-use crate::decide::lark::{LarkEvent, LarkIngest};
-use crate::decide::permission::Decision;
-use crate::decide::presence::Reported;
-use crate::decide::session::{Bound, Closed};
-use crate::decide::turn::{ClaimOutcome, Enqueue};
+use super::{Change, ChangeFeed, Command, Done, Found, Read, ReplyJob, Store};
 use crate::decide::{self, Changed, EventRow, SessionRow, TurnRow};
 use crate::error::{Error, Result};
 use crate::ids::Minter;
-use crate::model::HostIdentity;
-use crate::model::{
-    AnsweredVia, Behavior, CreatePermissionRequest, NotificationKind, PermissionState,
-};
-use crate::model::{
-    BindRequest, CompleteRequest, EnqueueRequest, LarkLink, ListSessions, ListTurns, Receipt,
-    RegisterAgentThread, Released,
-};
+use crate::model::PermissionState;
+use crate::model::{LarkLink, ListSessions, ListTurns};
 use crate::permission;
 use crate::permission::PermissionRow;
-use crate::time::now_ms;
-use decisions::{bind, bind_rows, claim, close, complete, enqueue, release, together};
+use decisions::together;
 use notify::Announcer;
 use permissions::{PERMISSION_COLUMNS, load_permission, permission_row};
 use pool::{Step, settle};
-use reads::{load_session, load_turn, lock_session, prune_step};
+use reads::{load_session, load_turn, lock_session};
 use rows::unstorable;
 
 /// The channel every change is announced on; the payload is the session id.
@@ -188,55 +175,16 @@ impl Store for PgStore {
         Ok(())
     }
 
-    async fn register(&self, thread: RegisterAgentThread) -> Result<bool> {
-        let inserted = sqlx::query(
-            "insert into agent_threads (goal_id, agent_id, host_surface, host_session_id, registered_at)
-             values ($1, $2, $3, $4, $5) on conflict do nothing",
-        )
-        .bind(&thread.goal_id)
-        .bind(&thread.agent_id)
-        .bind(&thread.host_surface)
-        .bind(&thread.host_session_id)
-        .bind(now_ms())
-        .execute(&self.pool)
-        .await?;
-        Ok(inserted.rows_affected() == 1)
-    }
-
-    async fn preview_bind(&self, request: BindRequest) -> Result<Option<SessionRow>> {
-        let mut conn = self.pool.acquire().await?;
-        let rows = bind_rows(&mut conn, &request).await?;
-        decide::session::check_bind(rows, &request)
-    }
-
-    async fn bind(&self, request: BindRequest) -> Result<Bound> {
-        transaction!(self, "binding a session", |conn| bind(
-            conn,
-            &request,
-            &self.minter
-        ))
-    }
-
-    async fn session(&self, session_id: &str) -> Result<Option<SessionRow>> {
-        Ok(load_session(&self.pool, session_id).await?)
-    }
-
-    async fn sessions(&self, filter: ListSessions, limit: u32) -> Result<Vec<SessionRow>> {
-        Ok(reads::sessions(&self.pool, filter, limit).await?)
-    }
-
-    async fn enqueue(&self, session_id: String, message: EnqueueRequest) -> Result<Enqueue> {
-        let done = transaction!(self, "enqueueing", |conn| enqueue(
-            conn,
-            &session_id,
-            &message,
-            &self.minter
-        ))?;
-        Ok(done)
-    }
-
     fn shared(&self) -> bool {
         true
+    }
+
+    async fn decide(&self, command: Command) -> Result<Done> {
+        transaction!(self, command.what(), |conn| commands::command(
+            conn,
+            &command,
+            &self.minter
+        ))
     }
 
     async fn together(&self, first: Command, then: Command) -> Result<(Done, Result<Done>)> {
@@ -248,107 +196,92 @@ impl Store for PgStore {
         ))
     }
 
-    async fn claim(
-        &self,
-        session_id: String,
-        host: HostIdentity,
-        claim_id: String,
-    ) -> Result<ClaimOutcome> {
-        let outcome = transaction!(self, "claiming", |conn| claim(
-            conn,
-            &session_id,
-            &host,
-            &claim_id
-        ))?;
-        Ok(outcome)
+    async fn read(&self, read: Read<'_>) -> Result<Found> {
+        Ok(match read {
+            Read::Session { session_id } => {
+                Found::Session(Box::new(self.session(session_id).await?))
+            }
+            Read::Sessions { filter, limit } => {
+                Found::Sessions(Box::new(self.sessions(filter, limit).await?))
+            }
+            Read::HeldSessions {} => Found::HeldSessions(Box::new(self.held_sessions().await?)),
+            Read::SilentSessions {
+                away_before,
+                stalled_before,
+            } => Found::SilentSessions(Box::new(
+                self.silent_sessions(away_before, stalled_before).await?,
+            )),
+            Read::Permission {
+                session_id,
+                request_id,
+            } => Found::Permission(Box::new(self.permission(session_id, request_id).await?)),
+            Read::Permissions { session_id, state } => {
+                Found::Permissions(Box::new(self.permissions(session_id, state).await?))
+            }
+            Read::LarkLinkStatus { session_id } => {
+                Found::LarkLinkStatus(Box::new(self.lark_link_status(session_id).await?))
+            }
+            Read::DueReplies { now_ms, limit } => {
+                Found::DueReplies(Box::new(self.due_replies(now_ms, limit).await?))
+            }
+            Read::NextReplyDue {} => Found::NextReplyDue(Box::new(self.next_reply_due().await?)),
+            Read::DueCardUpdates { now_ms, limit } => {
+                Found::DueCardUpdates(Box::new(self.due_card_updates(now_ms, limit).await?))
+            }
+            Read::QueueStats {} => Found::QueueStats(Box::new(self.queue_stats().await?)),
+            Read::LastEventNo { session_id } => {
+                Found::LastEventNo(Box::new(self.last_event_no(session_id).await?))
+            }
+            Read::Events {
+                session_id,
+                after,
+                limit,
+            } => Found::Events(Box::new(self.events(session_id, after, limit).await?)),
+            Read::Turn {
+                session_id,
+                turn_id,
+            } => Found::Turn(Box::new(self.turn(session_id, turn_id).await?)),
+            Read::Turns {
+                session_id,
+                page,
+                limit,
+            } => Found::Turns(Box::new(self.turns(session_id, page, limit).await?)),
+            Read::LarkFilesWanted {
+                app_id,
+                event_id,
+                chat_id,
+            } => Found::LarkFilesWanted(Box::new(
+                self.lark_files_wanted(app_id, event_id, chat_id).await?,
+            )),
+            Read::HasClientMessageId {
+                session_id,
+                client_message_id,
+            } => Found::HasClientMessageId(Box::new(
+                self.has_client_message_id(session_id, client_message_id)
+                    .await?,
+            )),
+            Read::SessionAttachmentBytes { session_id } => Found::SessionAttachmentBytes(Box::new(
+                self.session_attachment_bytes(session_id).await?,
+            )),
+            Read::Attachment {
+                session_id,
+                turn_id,
+                position,
+            } => Found::Attachment(Box::new(
+                self.attachment(session_id, turn_id, position).await?,
+            )),
+        })
+    }
+}
+
+/// The plain reads ([`Read`]), each with its SQL.
+impl PgStore {
+    async fn session(&self, session_id: &str) -> Result<Option<SessionRow>> {
+        Ok(load_session(&self.pool, session_id).await?)
     }
 
-    async fn complete(
-        &self,
-        session_id: String,
-        turn_id: String,
-        completion: CompleteRequest,
-    ) -> Result<Receipt> {
-        let receipt = transaction!(self, "completing", |conn| complete(
-            conn,
-            &session_id,
-            &turn_id,
-            &completion
-        ))?;
-        Ok(receipt)
-    }
-
-    async fn release(
-        &self,
-        session_id: String,
-        claim_id: String,
-        by: crate::decide::turn::Releaser,
-    ) -> Result<Released> {
-        let released = transaction!(self, "releasing", |conn| release(
-            conn,
-            &session_id,
-            &claim_id,
-            &by
-        ))?;
-        Ok(released)
-    }
-
-    async fn close(&self, session_id: String, release_active_claim: bool) -> Result<Closed> {
-        let closed = transaction!(self, "closing", |conn| close(
-            conn,
-            &session_id,
-            release_active_claim
-        ))?;
-        Ok(closed)
-    }
-
-    async fn create_permission(
-        &self,
-        session_id: String,
-        host: HostIdentity,
-        request: CreatePermissionRequest,
-    ) -> Result<Decision> {
-        let decision = transaction!(self, "recording a permission request", |conn| {
-            permissions::create(conn, &session_id, &host, &request)
-        })?;
-        Ok(decision)
-    }
-
-    async fn answer_permission(
-        &self,
-        session_id: String,
-        request_id: String,
-        behavior: Behavior,
-        via: AnsweredVia,
-    ) -> Result<Decision> {
-        let decision = transaction!(self, "answering a permission request", |conn| {
-            permissions::answer(conn, &session_id, &request_id, (behavior, via))
-        })?;
-        Ok(decision)
-    }
-
-    async fn withdraw_permission(
-        &self,
-        session_id: String,
-        request_id: String,
-        host: HostIdentity,
-    ) -> Result<Decision> {
-        let decision = transaction!(self, "withdrawing a permission request", |conn| {
-            permissions::withdraw(conn, &session_id, &request_id, &host)
-        })?;
-        Ok(decision)
-    }
-
-    async fn report_agent(
-        &self,
-        session_id: String,
-        host: HostIdentity,
-        report: crate::decide::presence::Report,
-    ) -> Result<Reported> {
-        let reported = transaction!(self, "recording the agent's state", |conn| {
-            decisions::report_agent(conn, &session_id, &host, &report, &self.minter)
-        })?;
-        Ok(reported)
+    async fn sessions(&self, filter: ListSessions, limit: u32) -> Result<Vec<SessionRow>> {
+        Ok(reads::sessions(&self.pool, filter, limit).await?)
     }
 
     async fn silent_sessions(&self, away_before: i64, stalled_before: i64) -> Result<Vec<String>> {
@@ -361,43 +294,8 @@ impl Store for PgStore {
             .await?)
     }
 
-    async fn lapse_agent(
-        &self,
-        session_id: String,
-        stall_after_ms: i64,
-        now: i64,
-    ) -> Result<Reported> {
-        let reported = transaction!(self, "announcing a silent agent", |conn| {
-            decisions::lapse_agent(conn, &session_id, stall_after_ms, now)
-        })?;
-        Ok(reported)
-    }
-
     async fn held_sessions(&self) -> Result<Vec<(SessionRow, i64)>> {
         Ok(reads::held_sessions(&self.pool).await?)
-    }
-
-    async fn notify(
-        &self,
-        session_id: String,
-        host: HostIdentity,
-        kind: NotificationKind,
-    ) -> Result<SessionRow> {
-        let session = transaction!(self, "recording a notification", |conn| {
-            decisions::notify(conn, &session_id, &host, kind)
-        })?;
-        Ok(session)
-    }
-
-    async fn relayed_permission(
-        &self,
-        session_id: String,
-        request_id: String,
-        host: HostIdentity,
-    ) -> Result<Decision> {
-        transaction!(self, "recording a relayed permission answer", |conn| {
-            permissions::relayed(conn, &session_id, &request_id, &host)
-        })
     }
 
     async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow> {
@@ -428,35 +326,6 @@ impl Store for PgStore {
             .collect::<sqlx::Result<_>>()?)
     }
 
-    async fn lark_link(
-        &self,
-        session_id: String,
-        chat_id: String,
-        options: crate::decide::lark::LinkOptions,
-    ) -> Result<LarkLink> {
-        transaction!(self, "linking a Lark chat", |conn| lark::link(
-            conn,
-            &session_id,
-            &chat_id,
-            &options
-        ))
-    }
-
-    async fn lark_pair_code(&self, session_id: String, code_hash: String) -> Result<i64> {
-        transaction!(self, "minting a Lark pairing code", |conn| lark::pair_code(
-            conn,
-            &session_id,
-            &code_hash
-        ))
-    }
-
-    async fn lark_unlink(&self, session_id: String) -> Result<LarkLink> {
-        transaction!(self, "unlinking a Lark chat", |conn| lark::unlink(
-            conn,
-            &session_id
-        ))
-    }
-
     async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink> {
         decide::existing(load_session(&self.pool, session_id).await?)?;
         let link: Option<(String, String, i64)> = sqlx::query_as(super::LINK_STATUS)
@@ -466,38 +335,8 @@ impl Store for PgStore {
         Ok(LarkLink::stored(session_id, link))
     }
 
-    async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest> {
-        let ingest = transaction!(self, "recording a Lark event", |conn| lark::event(
-            conn,
-            &event,
-            &self.minter
-        ))?;
-        Ok(ingest)
-    }
-
-    async fn lark_click(&self, click: LarkClick) -> Result<Clicked> {
-        // An answer's writes carry its event: `committed` announces it.
-        let clicked = transaction!(self, "taking a Lark card click", |conn| cards::click(
-            conn, &click
-        ))?;
-        Ok(clicked)
-    }
-
-    async fn lark_card_sent(
-        &self,
-        session_id: String,
-        request_id: String,
-        message_id: String,
-    ) -> Result<()> {
-        Ok(cards::sent(&self.pool, &session_id, &request_id, &message_id).await?)
-    }
-
     async fn due_card_updates(&self, now_ms: i64, limit: u32) -> Result<Vec<CardUpdateJob>> {
         Ok(cards::due(&self.pool, now_ms, limit).await?)
-    }
-
-    async fn record_card_update(&self, job: CardUpdateJob, update: ReplyUpdate) -> Result<()> {
-        Ok(cards::record(&self.pool, job, update).await?)
     }
 
     async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {
@@ -508,26 +347,6 @@ impl Store for PgStore {
         Ok(sqlx::query_scalar(super::NEXT_OUTBOX_DUE)
             .fetch_one(&self.pool)
             .await?)
-    }
-
-    async fn record_reply(&self, outbound: Outbound, update: ReplyUpdate) -> Result<()> {
-        Ok(outbox::record(&self.pool, outbound, update).await?)
-    }
-
-    async fn lark_message_sent(
-        &self,
-        message_id: String,
-        session_id: String,
-        chat_id: String,
-    ) -> Result<()> {
-        sqlx::query(super::INSERT_SENT)
-            .bind(message_id)
-            .bind(session_id)
-            .bind(chat_id)
-            .bind(now_ms())
-            .execute(&self.pool)
-            .await?;
-        Ok(())
     }
 
     async fn queue_stats(&self) -> Result<(i64, Option<i64>)> {
@@ -542,10 +361,6 @@ impl Store for PgStore {
         )
         .fetch_one(&self.pool)
         .await?)
-    }
-
-    async fn prune_step(&self, cutoff_ms: i64) -> Result<PruneStep> {
-        transaction!(self, "pruning", |conn| prune_step(conn, cutoff_ms))
     }
 
     async fn last_event_no(&self, session_id: &str) -> Result<i64> {
@@ -588,18 +403,6 @@ impl Store for PgStore {
         limit: u32,
     ) -> Result<(Vec<TurnRow>, bool)> {
         reads::turns(&self.pool, session_id, page, limit).await
-    }
-
-    async fn put_blob(&self, blob: super::Blob) -> Result<()> {
-        sqlx::query(super::UPSERT_BLOB)
-            .bind(&blob.sha256)
-            .bind(blob.bytes.len() as i64)
-            .bind(blob.sniffed_type)
-            .bind(blob.bytes.as_ref())
-            .bind(blob.at)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
     }
 
     async fn session_attachment_bytes(&self, session_id: &str) -> Result<u64> {

@@ -17,6 +17,7 @@ use sqlx::sqlite::{
 
 mod apply;
 mod cards;
+mod commands;
 mod crash;
 mod decisions;
 mod journal;
@@ -26,34 +27,18 @@ mod writer;
 
 use super::retention::{self, PruneStep};
 use super::sync_sql as sql;
-use decisions::{
-    bind, bind_rows, claim, close, command, complete, enqueue, lapse_agent, notify, release,
-    report_agent,
-};
+use commands::command as command_on;
 use writer::{Writer, nested};
 
 use super::CardUpdateJob;
-use super::{Change, ChangeFeed, Command, Done, Outbound, ReplyJob, ReplyUpdate, Store, TurnPage};
-use crate::decide::lark::{Clicked, LarkClick};
-use crate::decide::lark::{LarkEvent, LarkIngest};
-use crate::decide::permission::Decision;
-use crate::decide::presence::Reported;
-use crate::decide::session::{Bound, Closed};
-use crate::decide::turn::{ClaimOutcome, Enqueue};
+use super::{Change, ChangeFeed, Command, Done, Found, Read, ReplyJob, Store, TurnPage};
 use crate::decide::{self, EventRow, SessionRow, TurnRow};
 use crate::error::{Error, Result};
 use crate::ids::Minter;
-use crate::model::HostIdentity;
-use crate::model::{
-    AnsweredVia, Behavior, CreatePermissionRequest, NotificationKind, PermissionState,
-};
-use crate::model::{
-    BindRequest, CompleteRequest, EnqueueRequest, LarkLink, ListSessions, ListTurns, Receipt,
-    RegisterAgentThread, Released,
-};
+use crate::model::PermissionState;
+use crate::model::{LarkLink, ListSessions, ListTurns};
 use crate::permission;
 use crate::permission::PermissionRow;
-use crate::time::now_ms;
 
 /// How much a power loss may take: `Full` nothing acknowledged (every commit
 /// is synced to disk before it is answered), `Relaxed` the last commits
@@ -113,7 +98,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnMut(&Connection) -> Result<T> + Send + 'static,
     {
-        self.decide(false, op).await
+        self.run(false, op).await
     }
 
     /// As [`SqliteStore::write`], for a decision of a turn's cycle, which
@@ -123,10 +108,10 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnMut(&Connection) -> Result<T> + Send + 'static,
     {
-        self.decide(true, op).await
+        self.run(true, op).await
     }
 
-    async fn decide<T, F>(&self, cycle: bool, mut op: F) -> Result<T>
+    async fn run<T, F>(&self, cycle: bool, mut op: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnMut(&Connection) -> Result<T> + Send + 'static,
@@ -310,35 +295,120 @@ impl Store for SqliteStore {
         self.write(|_| Ok(())).await
     }
 
-    async fn register(&self, thread: RegisterAgentThread) -> Result<bool> {
-        self.write(move |conn| {
-                let inserted = sql::query(
-                    "insert into agent_threads (goal_id, agent_id, host_surface, host_session_id, registered_at)
-                     values (?, ?, ?, ?, ?) on conflict do nothing",
-                )
-                .bind(&thread.goal_id)
-                .bind(&thread.agent_id)
-                .bind(&thread.host_surface)
-                .bind(&thread.host_session_id)
-                .bind(now_ms())
-                .execute(conn)?;
-                Ok(inserted.rows_affected() == 1)
+    fn shared(&self) -> bool {
+        false
+    }
+
+    async fn decide(&self, command: Command) -> Result<Done> {
+        let minter = self.minter.clone();
+        // A turn's cycle reads its rows through the journal.
+        let cycle = matches!(
+            command,
+            Command::Enqueue { .. }
+                | Command::Claim { .. }
+                | Command::Complete { .. }
+                | Command::Release { .. }
+                | Command::ReportAgent { .. }
+                | Command::LapseAgent { .. }
+                | Command::Notify { .. }
+        );
+        self.run(cycle, move |conn| {
+            command_on(conn, command.clone(), &minter)
         })
         .await
     }
 
-    async fn preview_bind(&self, request: BindRequest) -> Result<Option<SessionRow>> {
-        // Through the writer, which writes nothing: the checks are the bind's own.
-        self.write(move |conn| decide::session::check_bind(bind_rows(conn, &request)?, &request))
-            .await
-    }
-
-    async fn bind(&self, request: BindRequest) -> Result<Bound> {
+    async fn together(&self, first: Command, then: Command) -> Result<(Done, Result<Done>)> {
         let minter = self.minter.clone();
-        self.write(move |conn| bind(conn, request.clone(), &minter))
-            .await
+        self.write_cycle(move |conn| {
+            let first = command_on(conn, first.clone(), &minter)?;
+            // A refused second command keeps the first's writes.
+            let then = nested(conn, |conn| command_on(conn, then.clone(), &minter))?;
+            Ok((first, then))
+        })
+        .await
     }
 
+    async fn read(&self, read: Read<'_>) -> Result<Found> {
+        Ok(match read {
+            Read::Session { session_id } => {
+                Found::Session(Box::new(self.session(session_id).await?))
+            }
+            Read::Sessions { filter, limit } => {
+                Found::Sessions(Box::new(self.sessions(filter, limit).await?))
+            }
+            Read::HeldSessions {} => Found::HeldSessions(Box::new(self.held_sessions().await?)),
+            Read::SilentSessions {
+                away_before,
+                stalled_before,
+            } => Found::SilentSessions(Box::new(
+                self.silent_sessions(away_before, stalled_before).await?,
+            )),
+            Read::Permission {
+                session_id,
+                request_id,
+            } => Found::Permission(Box::new(self.permission(session_id, request_id).await?)),
+            Read::Permissions { session_id, state } => {
+                Found::Permissions(Box::new(self.permissions(session_id, state).await?))
+            }
+            Read::LarkLinkStatus { session_id } => {
+                Found::LarkLinkStatus(Box::new(self.lark_link_status(session_id).await?))
+            }
+            Read::DueReplies { now_ms, limit } => {
+                Found::DueReplies(Box::new(self.due_replies(now_ms, limit).await?))
+            }
+            Read::NextReplyDue {} => Found::NextReplyDue(Box::new(self.next_reply_due().await?)),
+            Read::DueCardUpdates { now_ms, limit } => {
+                Found::DueCardUpdates(Box::new(self.due_card_updates(now_ms, limit).await?))
+            }
+            Read::QueueStats {} => Found::QueueStats(Box::new(self.queue_stats().await?)),
+            Read::LastEventNo { session_id } => {
+                Found::LastEventNo(Box::new(self.last_event_no(session_id).await?))
+            }
+            Read::Events {
+                session_id,
+                after,
+                limit,
+            } => Found::Events(Box::new(self.events(session_id, after, limit).await?)),
+            Read::Turn {
+                session_id,
+                turn_id,
+            } => Found::Turn(Box::new(self.turn(session_id, turn_id).await?)),
+            Read::Turns {
+                session_id,
+                page,
+                limit,
+            } => Found::Turns(Box::new(self.turns(session_id, page, limit).await?)),
+            Read::LarkFilesWanted {
+                app_id,
+                event_id,
+                chat_id,
+            } => Found::LarkFilesWanted(Box::new(
+                self.lark_files_wanted(app_id, event_id, chat_id).await?,
+            )),
+            Read::HasClientMessageId {
+                session_id,
+                client_message_id,
+            } => Found::HasClientMessageId(Box::new(
+                self.has_client_message_id(session_id, client_message_id)
+                    .await?,
+            )),
+            Read::SessionAttachmentBytes { session_id } => Found::SessionAttachmentBytes(Box::new(
+                self.session_attachment_bytes(session_id).await?,
+            )),
+            Read::Attachment {
+                session_id,
+                turn_id,
+                position,
+            } => Found::Attachment(Box::new(
+                self.attachment(session_id, turn_id, position).await?,
+            )),
+        })
+    }
+}
+
+/// The plain reads ([`Read`]), each with its SQL.
+impl SqliteStore {
     async fn session(&self, session_id: &str) -> Result<Option<SessionRow>> {
         read_session(self.reads().await?, session_id).await
     }
@@ -360,126 +430,6 @@ impl Store for SqliteStore {
             .await?)
     }
 
-    async fn enqueue(&self, session_id: String, message: EnqueueRequest) -> Result<Enqueue> {
-        let minter = self.minter.clone();
-        self.write_cycle(move |conn| enqueue(conn, session_id.clone(), message.clone(), &minter))
-            .await
-    }
-
-    fn shared(&self) -> bool {
-        false
-    }
-
-    async fn together(&self, first: Command, then: Command) -> Result<(Done, Result<Done>)> {
-        let minter = self.minter.clone();
-        self.write_cycle(move |conn| {
-            let first = command(conn, first.clone(), &minter)?;
-            // A refused second command keeps the first's writes.
-            let then = nested(conn, |conn| command(conn, then.clone(), &minter))?;
-            Ok((first, then))
-        })
-        .await
-    }
-
-    async fn claim(
-        &self,
-        session_id: String,
-        host: HostIdentity,
-        claim_id: String,
-    ) -> Result<ClaimOutcome> {
-        self.write_cycle(move |conn| {
-            claim(conn, session_id.clone(), host.clone(), claim_id.clone())
-        })
-        .await
-    }
-
-    async fn complete(
-        &self,
-        session_id: String,
-        turn_id: String,
-        completion: CompleteRequest,
-    ) -> Result<Receipt> {
-        self.write_cycle(move |conn| {
-            complete(
-                conn,
-                session_id.clone(),
-                turn_id.clone(),
-                completion.clone(),
-            )
-        })
-        .await
-    }
-
-    async fn release(
-        &self,
-        session_id: String,
-        claim_id: String,
-        by: crate::decide::turn::Releaser,
-    ) -> Result<Released> {
-        self.write_cycle(move |conn| release(conn, session_id.clone(), claim_id.clone(), &by))
-            .await
-    }
-
-    async fn close(&self, session_id: String, release_active_claim: bool) -> Result<Closed> {
-        self.write(move |conn| close(conn, session_id.clone(), release_active_claim))
-            .await
-    }
-
-    async fn create_permission(
-        &self,
-        session_id: String,
-        host: HostIdentity,
-        request: CreatePermissionRequest,
-    ) -> Result<Decision> {
-        self.write(move |conn| {
-            permissions::create(conn, session_id.clone(), host.clone(), request.clone())
-        })
-        .await
-    }
-
-    async fn answer_permission(
-        &self,
-        session_id: String,
-        request_id: String,
-        behavior: Behavior,
-        via: AnsweredVia,
-    ) -> Result<Decision> {
-        self.write(move |conn| {
-            permissions::answer(
-                conn,
-                session_id.clone(),
-                request_id.clone(),
-                (behavior, via),
-            )
-        })
-        .await
-    }
-
-    async fn withdraw_permission(
-        &self,
-        session_id: String,
-        request_id: String,
-        host: HostIdentity,
-    ) -> Result<Decision> {
-        self.write(move |conn| {
-            permissions::withdraw(conn, session_id.clone(), request_id.clone(), host.clone())
-        })
-        .await
-    }
-
-    async fn report_agent(
-        &self,
-        session_id: String,
-        host: HostIdentity,
-        report: crate::decide::presence::Report,
-    ) -> Result<Reported> {
-        let minter = self.minter.clone();
-        self.write_cycle(move |conn| {
-            report_agent(conn, session_id.clone(), host.clone(), &report, &minter)
-        })
-        .await
-    }
-
     async fn silent_sessions(&self, away_before: i64, stalled_before: i64) -> Result<Vec<String>> {
         let sql = super::silent_sessions_sql("?1", "?2", "?3");
         Ok(sqlx::query_scalar(&sql)
@@ -488,16 +438,6 @@ impl Store for SqliteStore {
             .bind(stalled_before)
             .fetch_all(self.reads().await?)
             .await?)
-    }
-
-    async fn lapse_agent(
-        &self,
-        session_id: String,
-        stall_after_ms: i64,
-        now: i64,
-    ) -> Result<Reported> {
-        self.write_cycle(move |conn| lapse_agent(conn, &session_id, stall_after_ms, now))
-            .await
     }
 
     async fn held_sessions(&self) -> Result<Vec<(SessionRow, i64)>> {
@@ -515,28 +455,6 @@ impl Store for SqliteStore {
             })
             .collect::<sqlx::Result<_>>()?;
         Ok(held)
-    }
-
-    async fn notify(
-        &self,
-        session_id: String,
-        host: HostIdentity,
-        kind: NotificationKind,
-    ) -> Result<SessionRow> {
-        self.write_cycle(move |conn| notify(conn, session_id.clone(), host.clone(), kind))
-            .await
-    }
-
-    async fn relayed_permission(
-        &self,
-        session_id: String,
-        request_id: String,
-        host: HostIdentity,
-    ) -> Result<Decision> {
-        self.write(move |conn| {
-            permissions::relayed(conn, session_id.clone(), request_id.clone(), &host)
-        })
-        .await
     }
 
     async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow> {
@@ -568,28 +486,6 @@ impl Store for SqliteStore {
         .await?)
     }
 
-    async fn lark_link(
-        &self,
-        session_id: String,
-        chat_id: String,
-        options: crate::decide::lark::LinkOptions,
-    ) -> Result<LarkLink> {
-        self.write(move |conn| {
-            lark::link(conn, session_id.clone(), chat_id.clone(), options.clone())
-        })
-        .await
-    }
-
-    async fn lark_pair_code(&self, session_id: String, code_hash: String) -> Result<i64> {
-        self.write(move |conn| lark::pair_code(conn, &session_id, code_hash.clone()))
-            .await
-    }
-
-    async fn lark_unlink(&self, session_id: String) -> Result<LarkLink> {
-        self.write(move |conn| lark::unlink(conn, session_id.clone()))
-            .await
-    }
-
     async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink> {
         decide::existing(read_session(self.reads().await?, session_id).await?)?;
         let link: Option<(String, String, i64)> = sqlx::query_as(super::LINK_STATUS)
@@ -599,49 +495,12 @@ impl Store for SqliteStore {
         Ok(LarkLink::stored(session_id, link))
     }
 
-    async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest> {
-        let minter = self.minter.clone();
-        self.write(move |conn| lark::event(conn, event.clone(), &minter))
-            .await
-    }
-
-    async fn lark_click(&self, click: LarkClick) -> Result<Clicked> {
-        self.write(move |conn| cards::click(conn, click.clone()))
-            .await
-    }
-
-    async fn lark_card_sent(
-        &self,
-        session_id: String,
-        request_id: String,
-        message_id: String,
-    ) -> Result<()> {
-        self.write(move |conn| cards::sent(conn, &session_id, &request_id, &message_id))
-            .await
-    }
-
     async fn due_card_updates(&self, now_ms: i64, limit: u32) -> Result<Vec<CardUpdateJob>> {
         Ok(sqlx::query_as(cards::DUE_CARD_UPDATES)
             .bind(now_ms)
             .bind(limit)
             .fetch_all(self.reads().await?)
             .await?)
-    }
-
-    async fn record_card_update(&self, job: CardUpdateJob, update: ReplyUpdate) -> Result<()> {
-        self.write(move |conn| {
-            sql::query(cards::RECORD_CARD_UPDATE)
-                .bind(update.state)
-                .bind(update.attempts)
-                .bind(update.failures)
-                .bind(update.error.clone())
-                .bind(update.next_attempt_at)
-                .bind(&job.session_id)
-                .bind(&job.request_id)
-                .execute(conn)?;
-            Ok(())
-        })
-        .await
     }
 
     async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {
@@ -659,52 +518,10 @@ impl Store for SqliteStore {
             .await?)
     }
 
-    async fn lark_message_sent(
-        &self,
-        message_id: String,
-        session_id: String,
-        chat_id: String,
-    ) -> Result<()> {
-        self.write(move |conn| {
-            sql::query(super::INSERT_SENT)
-                .bind(&message_id)
-                .bind(&session_id)
-                .bind(&chat_id)
-                .bind(now_ms())
-                .execute(conn)?;
-            Ok(())
-        })
-        .await
-    }
-
-    async fn record_reply(&self, outbound: Outbound, update: ReplyUpdate) -> Result<()> {
-        self.write(move |conn| {
-            let (statement, keys) = super::record_outbox(outbound.clone());
-            let mut query = sql::query(statement)
-                .bind(update.parts_sent)
-                .bind(update.state)
-                .bind(update.attempts)
-                .bind(update.failures)
-                .bind(update.error.clone())
-                .bind(update.next_attempt_at)
-                .bind(now_ms());
-            for key in keys {
-                query = query.bind(key);
-            }
-            query.execute(conn)?;
-            Ok(())
-        })
-        .await
-    }
-
     async fn queue_stats(&self) -> Result<(i64, Option<i64>)> {
         Ok(sqlx::query_as(QUEUE_STATS)
             .fetch_one(self.reads().await?)
             .await?)
-    }
-
-    async fn prune_step(&self, cutoff_ms: i64) -> Result<PruneStep> {
-        self.write(move |conn| prune_step(conn, cutoff_ms)).await
     }
 
     async fn last_event_no(&self, session_id: &str) -> Result<i64> {
@@ -759,20 +576,6 @@ impl Store for SqliteStore {
         Ok(paging.finish(turns))
     }
 
-    async fn put_blob(&self, blob: super::Blob) -> Result<()> {
-        self.write(move |conn| {
-            sql::query(super::UPSERT_BLOB)
-                .bind(&blob.sha256)
-                .bind(blob.bytes.len() as i64)
-                .bind(blob.sniffed_type)
-                .bind(blob.bytes.clone())
-                .bind(blob.at)
-                .execute(conn)?;
-            Ok(())
-        })
-        .await
-    }
-
     async fn session_attachment_bytes(&self, session_id: &str) -> Result<u64> {
         let held: i64 = sqlx::query_scalar(super::SESSION_ATTACHMENT_BYTES)
             .bind(session_id)
@@ -825,6 +628,8 @@ impl Store for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::turn::ClaimOutcome;
+    use crate::model::HostIdentity;
 
     /// A database written before migration 0013 (claims with a rowid and
     /// the `claims_session` index) keeps every claim through the rebuild:
@@ -871,7 +676,8 @@ mod tests {
             host_surface: "codex-cli".into(),
             host_session_id: "h".into(),
         };
-        let again = store
+        let decide: &dyn Store = &store;
+        let again = decide
             .claim("ses_1".into(), host.clone(), "c2".into())
             .await
             .unwrap();
@@ -879,7 +685,7 @@ mod tests {
             matches!(&again, ClaimOutcome::Claimed { turn, replayed: true, .. } if turn.turn_id == "trn_2"),
             "{again:?}"
         );
-        let refused = store
+        let refused = decide
             .claim("ses_1".into(), host, "c3".into())
             .await
             .unwrap_err();

@@ -64,7 +64,7 @@ pub(super) async fn click(conn: &mut PgConnection, click: &LarkClick) -> Step<Cl
 }
 
 pub(super) async fn sent(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     session_id: &str,
     request_id: &str,
     message_id: &str,
@@ -76,7 +76,7 @@ pub(super) async fn sent(
     .bind(message_id)
     .bind(session_id)
     .bind(request_id)
-    .execute(pool)
+    .execute(&mut *conn)
     .await?;
     Ok(())
 }
@@ -112,7 +112,7 @@ pub(super) async fn due(
 
 /// Records an update attempt (it replaces the lease).
 pub(super) async fn record(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     job: CardUpdateJob,
     update: ReplyUpdate,
 ) -> sqlx::Result<()> {
@@ -130,7 +130,7 @@ pub(super) async fn record(
     .bind(update.next_attempt_at)
     .bind(&job.session_id)
     .bind(&job.request_id)
-    .execute(pool)
+    .execute(&mut *conn)
     .await?;
     Ok(())
 }

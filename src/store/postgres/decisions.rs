@@ -131,9 +131,9 @@ pub(super) async fn together(
     then: &Command,
     minter: &Minter,
 ) -> Step<(Done, crate::error::Result<Done>)> {
-    let first = command(conn, first, minter).await?;
+    let first = super::commands::command(conn, first, minter).await?;
     let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
-    match command(&mut savepoint, then, minter).await {
+    match super::commands::command(&mut savepoint, then, minter).await {
         Ok(done) => {
             savepoint.commit().await?;
             Ok((first, Ok(done)))
@@ -143,24 +143,6 @@ pub(super) async fn together(
             Ok((first, Err(e)))
         }
         Err(fail) => Err(fail),
-    }
-}
-
-async fn command(conn: &mut PgConnection, command: &Command, minter: &Minter) -> Step<Done> {
-    match command {
-        Command::Enqueue {
-            session_id,
-            message,
-        } => Ok(Done::Enqueued(Box::new(
-            enqueue(conn, session_id, message, minter).await?,
-        ))),
-        Command::Claim {
-            session_id,
-            host,
-            claim_id,
-        } => Ok(Done::Claimed(
-            claim(conn, session_id, host, claim_id).await?,
-        )),
     }
 }
 

@@ -4,7 +4,7 @@
 //! decides nothing about what is sent.
 
 use sqlx::Row;
-use sqlx::postgres::PgPool;
+use sqlx::postgres::{PgConnection, PgPool};
 
 use super::rows::{text, utf8};
 use crate::store::{Outbound, OutboxRow, ReplyJob, ReplyUpdate};
@@ -98,7 +98,7 @@ pub(super) async fn due(pool: &PgPool, now_ms: i64, limit: u32) -> sqlx::Result<
 
 /// Records a dispatcher's attempt (it replaces the lease).
 pub(super) async fn record(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     outbound: Outbound,
     update: ReplyUpdate,
 ) -> sqlx::Result<()> {
@@ -116,6 +116,6 @@ pub(super) async fn record(
     for key in keys {
         query = query.bind(key);
     }
-    query.execute(pool).await?;
+    query.execute(&mut *conn).await?;
     Ok(())
 }

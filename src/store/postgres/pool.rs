@@ -208,7 +208,7 @@ pub(super) async fn settle<T>(
 /// a future of `Step<T>`) in its own transaction, again from the start after a
 /// conflict with a concurrent transaction.
 macro_rules! transaction {
-    ($store:expr, $what:literal, |$conn:ident| $body:expr) => {{
+    ($store:expr, $what:expr, |$conn:ident| $body:expr) => {{
         let store: &PgStore = $store;
         $crate::store::postgres::apply::CHANGED
             .scope(Default::default(), async {

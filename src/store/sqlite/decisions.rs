@@ -20,7 +20,6 @@ use crate::model::HostIdentity;
 use crate::model::{
     BindRequest, CompleteRequest, EnqueueRequest, NotificationKind, Receipt, Released,
 };
-use crate::store::{Command, Done};
 use crate::time::now_ms;
 
 /// The session's active claim, if it has one.
@@ -96,21 +95,6 @@ pub(super) fn enqueue(
     };
     let decision = decide::turn::enqueue(session, earlier, message, minter, now_ms())?;
     decided(conn, decision)
-}
-
-/// One of the decisions the broker composes ([`crate::store::Store::together`]).
-pub(super) fn command(conn: &Connection, command: Command, minter: &Minter) -> Result<Done> {
-    match command {
-        Command::Enqueue {
-            session_id,
-            message,
-        } => enqueue(conn, session_id, message, minter).map(|done| Done::Enqueued(Box::new(done))),
-        Command::Claim {
-            session_id,
-            host,
-            claim_id,
-        } => claim(conn, session_id, host, claim_id).map(Done::Claimed),
-    }
 }
 
 fn claim_rows(conn: &Connection, session_id: &str, claim_id: &str) -> Result<ClaimRows> {

@@ -528,7 +528,6 @@ mod tests {
         AgentState, BindRequest, CompleteRequest, EnqueueRequest, HostIdentity, Origin,
         RegisterAgentThread,
     };
-    use crate::store::Store;
     use crate::store::sqlite::{Durability, SqliteStore};
 
     /// What the writer decides on for the ids a test used: every row, each
@@ -591,6 +590,11 @@ mod tests {
         }
     }
 
+    /// The store as the broker holds it, with its typed calls.
+    fn as_dyn(store: &SqliteStore) -> &dyn crate::store::Store {
+        store
+    }
+
     async fn store_with_sessions(dir: &std::path::Path, n: usize) -> (SqliteStore, Ids) {
         let store = SqliteStore::open(&dir.join("broker.db"), Durability::Relaxed)
             .await
@@ -598,7 +602,7 @@ mod tests {
         let mut ids = Ids::default();
         for i in 0..n {
             let host = host(i);
-            store
+            as_dyn(&store)
                 .register(RegisterAgentThread {
                     goal_id: "g".into(),
                     agent_id: "a".into(),
@@ -607,7 +611,7 @@ mod tests {
                 })
                 .await
                 .unwrap();
-            let bound = store
+            let bound = as_dyn(&store)
                 .bind(BindRequest {
                     goal_id: "g".into(),
                     agent_id: "a".into(),
@@ -659,14 +663,16 @@ mod tests {
                         // Mostly the same text for an id (a duplicate), now
                         // and then another (refused).
                         let text = format!("t{n}-{}", rng.below(5) / 4);
-                        if let Ok(done) = store.enqueue(session.clone(), message(text, cmid)).await
+                        if let Ok(done) = as_dyn(&store)
+                            .enqueue(session.clone(), message(text, cmid))
+                            .await
                         {
                             ids.turns.push((session, done.turn.turn_id));
                         }
                     }
                     3 => {
                         let claim_id = format!("c{n}");
-                        if let Ok(ClaimOutcome::Claimed { turn, .. }) = store
+                        if let Ok(ClaimOutcome::Claimed { turn, .. }) = as_dyn(&store)
                             .claim(session.clone(), host(s), claim_id.clone())
                             .await
                         {
@@ -683,14 +689,14 @@ mod tests {
                             completion_id: format!("k{}", rng.below(ids.keys as u64)),
                             response: serde_json::Map::new(),
                         };
-                        let _ = store
+                        let _ = as_dyn(&store)
                             .complete(ids.sessions[s].clone(), turn_id, completion)
                             .await;
                     }
                     5 if !claims.is_empty() => {
                         let (s, claim_id, _) =
                             claims[rng.below(claims.len() as u64) as usize].clone();
-                        let _ = store
+                        let _ = as_dyn(&store)
                             .release(ids.sessions[s].clone(), claim_id, Releaser::Host(host(s)))
                             .await;
                     }
@@ -702,7 +708,7 @@ mod tests {
                             typing_in: (rng.below(4) == 0).then(|| rng.below(2) == 0),
                             ..Default::default()
                         };
-                        let _ = store.report_agent(session, host(s), report).await;
+                        let _ = as_dyn(&store).report_agent(session, host(s), report).await;
                     }
                 }
                 if step % 20 == 19 {
@@ -748,7 +754,7 @@ mod tests {
             writers.push(tokio::spawn(async move {
                 for i in 0..200 {
                     let text = format!("turn {w}-{i}");
-                    store
+                    as_dyn(&store)
                         .enqueue(session.clone(), message(text, None))
                         .await
                         .unwrap();
