@@ -510,6 +510,23 @@ macro_rules! reads {
             $( $variant(Box<$answer>), )*
         }
 
+        /// The plain reads a backend answers, each with its own SQL: what
+        /// its [`Store::read`] turns a [`Read`] into ([`Read::answer`]).
+        #[async_trait]
+        pub trait Reader<'a>: Sync {
+            $( $(#[$doc])* async fn $method(&self, $($field: $ty),*) -> Result<$answer>; )*
+        }
+
+        impl<'a> Read<'a> {
+            /// Answers this read from `reader`, the backend.
+            pub async fn answer<R: Reader<'a> + ?Sized>(self, reader: &R) -> Result<Found> {
+                Ok(match self {
+                    $( Read::$variant { $($field),* } =>
+                        Found::$variant(Box::new(reader.$method($($field),*).await?)), )*
+                })
+            }
+        }
+
         impl dyn Store {
             $(
                 $(#[$doc])*

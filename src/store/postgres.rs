@@ -110,7 +110,7 @@ mod reads;
 mod rows;
 
 use super::CardUpdateJob;
-use super::{Change, ChangeFeed, Command, Done, Found, Read, ReplyJob, Store};
+use super::{Change, ChangeFeed, Command, Done, Found, Read, Reader, ReplyJob, Store};
 use crate::decide::{self, Changed, EventRow, SessionRow, TurnRow};
 use crate::error::{Error, Result};
 use crate::ids::Minter;
@@ -197,86 +197,14 @@ impl Store for PgStore {
     }
 
     async fn read(&self, read: Read<'_>) -> Result<Found> {
-        Ok(match read {
-            Read::Session { session_id } => {
-                Found::Session(Box::new(self.session(session_id).await?))
-            }
-            Read::Sessions { filter, limit } => {
-                Found::Sessions(Box::new(self.sessions(filter, limit).await?))
-            }
-            Read::HeldSessions {} => Found::HeldSessions(Box::new(self.held_sessions().await?)),
-            Read::SilentSessions {
-                away_before,
-                stalled_before,
-            } => Found::SilentSessions(Box::new(
-                self.silent_sessions(away_before, stalled_before).await?,
-            )),
-            Read::Permission {
-                session_id,
-                request_id,
-            } => Found::Permission(Box::new(self.permission(session_id, request_id).await?)),
-            Read::Permissions { session_id, state } => {
-                Found::Permissions(Box::new(self.permissions(session_id, state).await?))
-            }
-            Read::LarkLinkStatus { session_id } => {
-                Found::LarkLinkStatus(Box::new(self.lark_link_status(session_id).await?))
-            }
-            Read::DueReplies { now_ms, limit } => {
-                Found::DueReplies(Box::new(self.due_replies(now_ms, limit).await?))
-            }
-            Read::NextReplyDue {} => Found::NextReplyDue(Box::new(self.next_reply_due().await?)),
-            Read::DueCardUpdates { now_ms, limit } => {
-                Found::DueCardUpdates(Box::new(self.due_card_updates(now_ms, limit).await?))
-            }
-            Read::QueueStats {} => Found::QueueStats(Box::new(self.queue_stats().await?)),
-            Read::LastEventNo { session_id } => {
-                Found::LastEventNo(Box::new(self.last_event_no(session_id).await?))
-            }
-            Read::Events {
-                session_id,
-                after,
-                limit,
-            } => Found::Events(Box::new(self.events(session_id, after, limit).await?)),
-            Read::Turn {
-                session_id,
-                turn_id,
-            } => Found::Turn(Box::new(self.turn(session_id, turn_id).await?)),
-            Read::Turns {
-                session_id,
-                page,
-                limit,
-            } => Found::Turns(Box::new(self.turns(session_id, page, limit).await?)),
-            Read::LarkFilesWanted {
-                app_id,
-                event_id,
-                chat_id,
-            } => Found::LarkFilesWanted(Box::new(
-                self.lark_files_wanted(app_id, event_id, chat_id).await?,
-            )),
-            Read::HasClientMessageId {
-                session_id,
-                client_message_id,
-            } => Found::HasClientMessageId(Box::new(
-                self.has_client_message_id(session_id, client_message_id)
-                    .await?,
-            )),
-            Read::SessionAttachmentBytes { session_id } => Found::SessionAttachmentBytes(Box::new(
-                self.session_attachment_bytes(session_id).await?,
-            )),
-            Read::Attachment {
-                session_id,
-                turn_id,
-                position,
-            } => Found::Attachment(Box::new(
-                self.attachment(session_id, turn_id, position).await?,
-            )),
-        })
+        read.answer(self).await
     }
 }
 
 /// The plain reads ([`Read`]), each with its SQL.
-impl PgStore {
-    async fn session(&self, session_id: &str) -> Result<Option<SessionRow>> {
+#[async_trait]
+impl<'a> Reader<'a> for PgStore {
+    async fn session(&self, session_id: &'a str) -> Result<Option<SessionRow>> {
         Ok(load_session(&self.pool, session_id).await?)
     }
 
@@ -298,7 +226,7 @@ impl PgStore {
         Ok(reads::held_sessions(&self.pool).await?)
     }
 
-    async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow> {
+    async fn permission(&self, session_id: &'a str, request_id: &'a str) -> Result<PermissionRow> {
         let session = load_session(&self.pool, session_id).await?;
         let request = load_permission(&self.pool, session_id, request_id).await?;
         decide::item(session, request, "permission request")
@@ -306,7 +234,7 @@ impl PgStore {
 
     async fn permissions(
         &self,
-        session_id: &str,
+        session_id: &'a str,
         state: Option<PermissionState>,
     ) -> Result<Vec<PermissionRow>> {
         decide::existing(load_session(&self.pool, session_id).await?)?;
@@ -326,7 +254,7 @@ impl PgStore {
             .collect::<sqlx::Result<_>>()?)
     }
 
-    async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink> {
+    async fn lark_link_status(&self, session_id: &'a str) -> Result<LarkLink> {
         decide::existing(load_session(&self.pool, session_id).await?)?;
         let link: Option<(String, String, i64)> = sqlx::query_as(super::LINK_STATUS)
             .bind(session_id)
@@ -363,7 +291,7 @@ impl PgStore {
         .await?)
     }
 
-    async fn last_event_no(&self, session_id: &str) -> Result<i64> {
+    async fn last_event_no(&self, session_id: &'a str) -> Result<i64> {
         if unstorable(session_id) {
             return decide::last_event_no(None);
         }
@@ -375,7 +303,7 @@ impl PgStore {
         decide::last_event_no(next)
     }
 
-    async fn events(&self, session_id: &str, after: i64, limit: u32) -> Result<Vec<EventRow>> {
+    async fn events(&self, session_id: &'a str, after: i64, limit: u32) -> Result<Vec<EventRow>> {
         if unstorable(session_id) {
             return Ok(Vec::new());
         }
@@ -390,7 +318,7 @@ impl PgStore {
         .await?)
     }
 
-    async fn turn(&self, session_id: &str, turn_id: &str) -> Result<TurnRow> {
+    async fn turn(&self, session_id: &'a str, turn_id: &'a str) -> Result<TurnRow> {
         let session = load_session(&self.pool, session_id).await?;
         let turn = load_turn(&self.pool, session_id, turn_id).await?;
         decide::item(session, turn, "turn")
@@ -398,14 +326,14 @@ impl PgStore {
 
     async fn turns(
         &self,
-        session_id: &str,
+        session_id: &'a str,
         page: ListTurns,
         limit: u32,
     ) -> Result<(Vec<TurnRow>, bool)> {
         reads::turns(&self.pool, session_id, page, limit).await
     }
 
-    async fn session_attachment_bytes(&self, session_id: &str) -> Result<u64> {
+    async fn session_attachment_bytes(&self, session_id: &'a str) -> Result<u64> {
         if unstorable(session_id) {
             return Ok(0);
         }
@@ -418,8 +346,8 @@ impl PgStore {
 
     async fn attachment(
         &self,
-        session_id: &str,
-        turn_id: &str,
+        session_id: &'a str,
+        turn_id: &'a str,
         position: u32,
     ) -> Result<Option<super::AttachmentBytes>> {
         if unstorable(session_id) || unstorable(turn_id) {
@@ -433,7 +361,12 @@ impl PgStore {
             .await?)
     }
 
-    async fn lark_files_wanted(&self, app_id: &str, event_id: &str, chat_id: &str) -> Result<bool> {
+    async fn lark_files_wanted(
+        &self,
+        app_id: &'a str,
+        event_id: &'a str,
+        chat_id: &'a str,
+    ) -> Result<bool> {
         if unstorable(app_id) || unstorable(event_id) || unstorable(chat_id) {
             return Ok(false);
         }
@@ -451,8 +384,8 @@ impl PgStore {
 
     async fn has_client_message_id(
         &self,
-        session_id: &str,
-        client_message_id: &str,
+        session_id: &'a str,
+        client_message_id: &'a str,
     ) -> Result<bool> {
         if unstorable(session_id) || unstorable(client_message_id) {
             return Ok(false);

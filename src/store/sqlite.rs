@@ -31,7 +31,7 @@ use commands::command as command_on;
 use writer::{Writer, nested};
 
 use super::CardUpdateJob;
-use super::{Change, ChangeFeed, Command, Done, Found, Read, ReplyJob, Store, TurnPage};
+use super::{Change, ChangeFeed, Command, Done, Found, Read, Reader, ReplyJob, Store, TurnPage};
 use crate::decide::{self, EventRow, SessionRow, TurnRow};
 use crate::error::{Error, Result};
 use crate::ids::Minter;
@@ -330,86 +330,14 @@ impl Store for SqliteStore {
     }
 
     async fn read(&self, read: Read<'_>) -> Result<Found> {
-        Ok(match read {
-            Read::Session { session_id } => {
-                Found::Session(Box::new(self.session(session_id).await?))
-            }
-            Read::Sessions { filter, limit } => {
-                Found::Sessions(Box::new(self.sessions(filter, limit).await?))
-            }
-            Read::HeldSessions {} => Found::HeldSessions(Box::new(self.held_sessions().await?)),
-            Read::SilentSessions {
-                away_before,
-                stalled_before,
-            } => Found::SilentSessions(Box::new(
-                self.silent_sessions(away_before, stalled_before).await?,
-            )),
-            Read::Permission {
-                session_id,
-                request_id,
-            } => Found::Permission(Box::new(self.permission(session_id, request_id).await?)),
-            Read::Permissions { session_id, state } => {
-                Found::Permissions(Box::new(self.permissions(session_id, state).await?))
-            }
-            Read::LarkLinkStatus { session_id } => {
-                Found::LarkLinkStatus(Box::new(self.lark_link_status(session_id).await?))
-            }
-            Read::DueReplies { now_ms, limit } => {
-                Found::DueReplies(Box::new(self.due_replies(now_ms, limit).await?))
-            }
-            Read::NextReplyDue {} => Found::NextReplyDue(Box::new(self.next_reply_due().await?)),
-            Read::DueCardUpdates { now_ms, limit } => {
-                Found::DueCardUpdates(Box::new(self.due_card_updates(now_ms, limit).await?))
-            }
-            Read::QueueStats {} => Found::QueueStats(Box::new(self.queue_stats().await?)),
-            Read::LastEventNo { session_id } => {
-                Found::LastEventNo(Box::new(self.last_event_no(session_id).await?))
-            }
-            Read::Events {
-                session_id,
-                after,
-                limit,
-            } => Found::Events(Box::new(self.events(session_id, after, limit).await?)),
-            Read::Turn {
-                session_id,
-                turn_id,
-            } => Found::Turn(Box::new(self.turn(session_id, turn_id).await?)),
-            Read::Turns {
-                session_id,
-                page,
-                limit,
-            } => Found::Turns(Box::new(self.turns(session_id, page, limit).await?)),
-            Read::LarkFilesWanted {
-                app_id,
-                event_id,
-                chat_id,
-            } => Found::LarkFilesWanted(Box::new(
-                self.lark_files_wanted(app_id, event_id, chat_id).await?,
-            )),
-            Read::HasClientMessageId {
-                session_id,
-                client_message_id,
-            } => Found::HasClientMessageId(Box::new(
-                self.has_client_message_id(session_id, client_message_id)
-                    .await?,
-            )),
-            Read::SessionAttachmentBytes { session_id } => Found::SessionAttachmentBytes(Box::new(
-                self.session_attachment_bytes(session_id).await?,
-            )),
-            Read::Attachment {
-                session_id,
-                turn_id,
-                position,
-            } => Found::Attachment(Box::new(
-                self.attachment(session_id, turn_id, position).await?,
-            )),
-        })
+        read.answer(self).await
     }
 }
 
 /// The plain reads ([`Read`]), each with its SQL.
-impl SqliteStore {
-    async fn session(&self, session_id: &str) -> Result<Option<SessionRow>> {
+#[async_trait]
+impl<'a> Reader<'a> for SqliteStore {
+    async fn session(&self, session_id: &'a str) -> Result<Option<SessionRow>> {
         read_session(self.reads().await?, session_id).await
     }
 
@@ -457,7 +385,7 @@ impl SqliteStore {
         Ok(held)
     }
 
-    async fn permission(&self, session_id: &str, request_id: &str) -> Result<PermissionRow> {
+    async fn permission(&self, session_id: &'a str, request_id: &'a str) -> Result<PermissionRow> {
         let session = read_session(self.reads().await?, session_id).await?;
         let request = sqlx::query_as(SELECT_PERMISSION)
             .bind(session_id)
@@ -469,7 +397,7 @@ impl SqliteStore {
 
     async fn permissions(
         &self,
-        session_id: &str,
+        session_id: &'a str,
         state: Option<PermissionState>,
     ) -> Result<Vec<PermissionRow>> {
         decide::existing(read_session(self.reads().await?, session_id).await?)?;
@@ -486,7 +414,7 @@ impl SqliteStore {
         .await?)
     }
 
-    async fn lark_link_status(&self, session_id: &str) -> Result<LarkLink> {
+    async fn lark_link_status(&self, session_id: &'a str) -> Result<LarkLink> {
         decide::existing(read_session(self.reads().await?, session_id).await?)?;
         let link: Option<(String, String, i64)> = sqlx::query_as(super::LINK_STATUS)
             .bind(session_id)
@@ -524,7 +452,7 @@ impl SqliteStore {
             .await?)
     }
 
-    async fn last_event_no(&self, session_id: &str) -> Result<i64> {
+    async fn last_event_no(&self, session_id: &'a str) -> Result<i64> {
         let next: Option<i64> =
             sqlx::query_scalar("select next_event_no from sessions where session_id = ?")
                 .bind(session_id)
@@ -533,7 +461,7 @@ impl SqliteStore {
         decide::last_event_no(next)
     }
 
-    async fn events(&self, session_id: &str, after: i64, limit: u32) -> Result<Vec<EventRow>> {
+    async fn events(&self, session_id: &'a str, after: i64, limit: u32) -> Result<Vec<EventRow>> {
         Ok(sqlx::query_as(
             "select event_no, kind, turn_id, seq, request_id, state, at from session_events
              where session_id = ? and event_no > ? order by event_no limit ?",
@@ -545,7 +473,7 @@ impl SqliteStore {
         .await?)
     }
 
-    async fn turn(&self, session_id: &str, turn_id: &str) -> Result<TurnRow> {
+    async fn turn(&self, session_id: &'a str, turn_id: &'a str) -> Result<TurnRow> {
         let session = read_session(self.reads().await?, session_id).await?;
         let turn = read_turn(self.reads().await?, session_id, turn_id).await?;
         decide::item(session, turn, "turn")
@@ -553,7 +481,7 @@ impl SqliteStore {
 
     async fn turns(
         &self,
-        session_id: &str,
+        session_id: &'a str,
         page: ListTurns,
         limit: u32,
     ) -> Result<(Vec<TurnRow>, bool)> {
@@ -576,7 +504,7 @@ impl SqliteStore {
         Ok(paging.finish(turns))
     }
 
-    async fn session_attachment_bytes(&self, session_id: &str) -> Result<u64> {
+    async fn session_attachment_bytes(&self, session_id: &'a str) -> Result<u64> {
         let held: i64 = sqlx::query_scalar(super::SESSION_ATTACHMENT_BYTES)
             .bind(session_id)
             .fetch_one(self.reads().await?)
@@ -586,8 +514,8 @@ impl SqliteStore {
 
     async fn attachment(
         &self,
-        session_id: &str,
-        turn_id: &str,
+        session_id: &'a str,
+        turn_id: &'a str,
         position: u32,
     ) -> Result<Option<super::AttachmentBytes>> {
         Ok(sqlx::query_as(super::ATTACHMENT_DOWNLOAD)
@@ -598,7 +526,12 @@ impl SqliteStore {
             .await?)
     }
 
-    async fn lark_files_wanted(&self, app_id: &str, event_id: &str, chat_id: &str) -> Result<bool> {
+    async fn lark_files_wanted(
+        &self,
+        app_id: &'a str,
+        event_id: &'a str,
+        chat_id: &'a str,
+    ) -> Result<bool> {
         let seen: i64 = sqlx::query_scalar(super::LARK_EVENT_SEEN)
             .bind(app_id)
             .bind(event_id)
@@ -613,8 +546,8 @@ impl SqliteStore {
 
     async fn has_client_message_id(
         &self,
-        session_id: &str,
-        client_message_id: &str,
+        session_id: &'a str,
+        client_message_id: &'a str,
     ) -> Result<bool> {
         let used: i64 = sqlx::query_scalar(super::CLIENT_MESSAGE_ID_USED)
             .bind(session_id)

@@ -509,7 +509,10 @@ async fn no_dialog_is_answered_by_a_message_and_a_killed_waker_loses_nothing() {
     // when none runs): killed again until none has run for a second.
     let mut quiet_since = Instant::now();
     while quiet_since.elapsed() < Duration::from_secs(1) {
-        assert!(started.elapsed() < Duration::from_secs(20), "a waker keeps coming back");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "a waker keeps coming back"
+        );
         if wakers(&tmux) > 0 {
             let _ = Command::new("pkill")
                 .args(["-9", "-f", &format!("tmux-waker.*{socket}")])
