@@ -542,7 +542,17 @@ async fn no_dialog_is_answered_by_a_message_and_a_killed_waker_loses_nothing() {
         (1, 1),
         "{got:#?}"
     );
-    // The person's prompt started a new waker: the next message is typed.
+    // The person's prompt started a new waker: the next message is typed
+    // (sent once that waker runs and the agent waits at its prompt, else the
+    // turn's own Stop delivers it, as it should).
+    let started = Instant::now();
+    while wakers(&tmux) == 0
+        || broker.client.session(&session).await.unwrap().body.agent.state
+            != loopx::model::AgentState::Waiting
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "no new waker");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let next = send(&broker, &session, "And typed again.").await;
     let turn = &answered(&broker, &session, &[next]).await[0];
     assert!(
