@@ -547,7 +547,14 @@ async fn no_dialog_is_answered_by_a_message_and_a_killed_waker_loses_nothing() {
     // turn's own Stop delivers it, as it should).
     let started = Instant::now();
     while wakers(&tmux) == 0
-        || broker.client.session(&session).await.unwrap().body.agent.state
+        || broker
+            .client
+            .session(&session)
+            .await
+            .unwrap()
+            .body
+            .agent
+            .state
             != loopx::model::AgentState::Waiting
     {
         assert!(started.elapsed() < Duration::from_secs(10), "no new waker");
