@@ -163,29 +163,7 @@ impl Client {
         if let Some(timeout) = timeout {
             request = request.timeout(timeout);
         }
-        let unreachable = |e: reqwest::Error| ClientError::Unreachable {
-            url: self.base.clone(),
-            reason: error_chain(&e),
-        };
-        let response = request.send().await.map_err(unreachable)?;
-        let status = response.status();
-        let header = |name: &str| {
-            response
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let replayed = header("idempotent-replayed") == "true";
-        let content_type = header("content-type");
-        let text = response.text().await.map_err(unreachable)?;
-        Ok(Reply {
-            status,
-            replayed,
-            content_type,
-            text,
-        })
+        self.finish(request).await
     }
 
     /// Sends and decodes a 2xx answer as `T`; a JSON error becomes `Refused`.

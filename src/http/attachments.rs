@@ -87,21 +87,8 @@ pub async fn enqueue_with_attachments(
     request: Request,
 ) -> Result<Response> {
     let deadline = request.extensions().get::<BodyDeadline>().copied();
-    let reading = read_parts(request, &state);
-    let (message, files) = match deadline {
-        Some(deadline) => tokio::time::timeout_at(deadline.at, reading)
-            .await
-            .map_err(|_| {
-                Error::new(
-                    ErrorCode::RequestTimeout,
-                    format!(
-                        "The request body did not arrive within {} s.",
-                        deadline.after.as_secs()
-                    ),
-                )
-            })??,
-        None => reading.await?,
-    };
+    let (message, files) =
+        super::within_body_deadline(deadline, read_parts(request, &state)).await??;
     let message: EnqueueRequest = serde_json::from_slice(&message)
         .map_err(|e| Error::invalid(format!("Invalid `message` part: {e}.")))?;
     let uploads = files

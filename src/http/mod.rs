@@ -253,21 +253,7 @@ fn is_json(headers: &HeaderMap) -> bool {
 /// server's body deadline (408 past it).
 async fn read_bytes<S: Send + Sync>(request: Request, state: &S) -> Result<Bytes> {
     let deadline = request.extensions().get::<server::BodyDeadline>().copied();
-    let reading = Bytes::from_request(request, state);
-    let read = match deadline {
-        Some(deadline) => tokio::time::timeout_at(deadline.at, reading)
-            .await
-            .map_err(|_| {
-                Error::new(
-                    ErrorCode::RequestTimeout,
-                    format!(
-                        "The request body did not arrive within {} s.",
-                        deadline.after.as_secs()
-                    ),
-                )
-            })?,
-        None => reading.await,
-    };
+    let read = within_body_deadline(deadline, Bytes::from_request(request, state)).await?;
     read.map_err(|rejection| {
         if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             Error::new(
@@ -278,6 +264,28 @@ async fn read_bytes<S: Send + Sync>(request: Request, state: &S) -> Result<Bytes
             Error::invalid("The request body could not be read.")
         }
     })
+}
+
+/// Reads a body within the server's body deadline, if the request has one
+/// (408 `request_timeout` past it).
+pub(crate) async fn within_body_deadline<T>(
+    deadline: Option<server::BodyDeadline>,
+    reading: impl std::future::Future<Output = T>,
+) -> Result<T> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline.at, reading)
+            .await
+            .map_err(|_| {
+                Error::new(
+                    ErrorCode::RequestTimeout,
+                    format!(
+                        "The request body did not arrive within {} s.",
+                        deadline.after.as_secs()
+                    ),
+                )
+            }),
+        None => Ok(reading.await),
+    }
 }
 
 async fn read_body<S: Send + Sync>(request: Request, state: &S) -> Result<(HeaderMap, Bytes)> {
