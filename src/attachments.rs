@@ -78,6 +78,26 @@ pub fn list_json(list: &[Stored]) -> Option<String> {
     (!list.is_empty()).then(|| serde_json::to_string(list).unwrap_or_default())
 }
 
+/// Stores each upload's bytes under their sha256 (once however often), before
+/// the decision that names them; what the turn keeps of each.
+pub async fn store_files(
+    store: &dyn crate::store::Store,
+    uploads: &[Upload],
+) -> crate::error::Result<Vec<Stored>> {
+    let now = crate::time::now_ms();
+    for upload in uploads {
+        store
+            .put_blob(crate::store::Blob {
+                sha256: upload.stored.sha256.clone(),
+                sniffed_type: sniff_image(&upload.bytes),
+                bytes: upload.bytes.clone(),
+                at: now,
+            })
+            .await?;
+    }
+    Ok(uploads.iter().map(|u| u.stored.clone()).collect())
+}
+
 /// One file of an upload: its bytes and what is stored about it.
 #[derive(Debug, Clone)]
 pub struct Upload {

@@ -85,6 +85,8 @@ pub struct Broker {
     metrics: Arc<Metrics>,
     /// The Lark reply dispatcher, woken by completions.
     outbox: Arc<tokio::sync::Notify>,
+    /// Wakes the Lark download jobs' fetcher.
+    fetches: Arc<tokio::sync::Notify>,
     /// The wait cap: 1800 s, lowered only for fuzzing a live broker.
     max_wait_seconds: u64,
     /// How long a holder that names its claim may be silent before the
@@ -154,6 +156,7 @@ impl Broker {
             handoffs: Default::default(),
             metrics: Default::default(),
             outbox: Default::default(),
+            fetches: Default::default(),
             max_wait_seconds: MAX_WAIT_SECONDS,
             holder_silence: holders::DEFAULT_SILENCE,
             stall_after: holders::DEFAULT_STALL_AFTER,
@@ -321,18 +324,7 @@ impl Broker {
         &self,
         uploads: &[crate::attachments::Upload],
     ) -> Result<Vec<crate::attachments::Stored>> {
-        let now = crate::time::now_ms();
-        for upload in uploads {
-            self.store
-                .put_blob(crate::store::Blob {
-                    sha256: upload.stored.sha256.clone(),
-                    sniffed_type: crate::attachments::sniff_image(&upload.bytes),
-                    bytes: upload.bytes.clone(),
-                    at: now,
-                })
-                .await?;
-        }
-        Ok(uploads.iter().map(|u| u.stored.clone()).collect())
+        crate::attachments::store_files(self.store.as_ref(), uploads).await
     }
 
     /// A turn's file at `position`, for its download (404 when none).
@@ -678,12 +670,28 @@ impl Broker {
         tokio::spawn(dispatcher.run())
     }
 
+    /// Starts the Lark download jobs' fetcher ([`crate::lark::resources::Fetcher`]);
+    /// it stops with the broker.
+    pub fn spawn_lark_fetcher(&self, config: LarkConfig) -> tokio::task::JoinHandle<()> {
+        let fetcher = crate::lark::resources::Fetcher::new(
+            self.store.clone(),
+            config,
+            self.fetches.clone(),
+            self.shutdown.clone(),
+        );
+        tokio::spawn(fetcher.run())
+    }
+
     /// Records a verified Lark event once and enqueues its text into the
     /// linked session, in one transaction.
     pub async fn lark_event(&self, event: LarkEvent) -> Result<LarkIngest> {
         let ingest = self.store.lark_event(event).await?;
         match &ingest {
-            LarkIngest::Enqueued { .. } => self.metrics.turn("enqueued", 1),
+            LarkIngest::Enqueued { .. } => {
+                self.metrics.turn("enqueued", 1);
+                // Its files, if any, are fetched now.
+                self.fetches.notify_one();
+            }
             LarkIngest::Answered { decision, .. } => {
                 self.count(decision, decision.row().state.as_str())
             }

@@ -226,6 +226,7 @@ impl App {
         let mut lark_connector = None;
         if let Some(lark) = &config.lark {
             lark_tasks.push(broker.spawn_lark_dispatcher(lark.clone()));
+            lark_tasks.push(broker.spawn_lark_fetcher(lark.clone()));
         }
         if let Some(lark) = config
             .lark

@@ -13,11 +13,12 @@ use super::permission::{AnswerRows, Decision, answer};
 use super::turn::enqueue;
 use super::{CardWrite, Decided, LinkChange, NewLink, SeenLarkEvent, SentMessage, Writes};
 use super::{SessionRow, TurnRow};
-use super::{existing, open};
+use super::{Subject, existing, log, open};
 use crate::error::Result;
 use crate::ids::Minter;
 use crate::model::{
     AnsweredVia, Behavior, EnqueueRequest, Ingress, LarkLink, LarkRef, Origin, PermissionState,
+    TurnState,
 };
 use crate::permission::{LarkCommand, PermissionRow, approvers_from_stored, approvers_to_stored};
 
@@ -38,8 +39,119 @@ pub struct LarkEvent {
     pub chat_command: Option<ChatCommand>,
     /// The messages it replies to: its parent, and its thread's root.
     pub replies_to: Vec<String>,
-    /// The files it carried, their bytes already stored (issue 39).
+    /// The files it names, to download after the event is committed
+    /// (issue 39): its turn holds its place in the queue until they are
+    /// stored or failed for good ([`fetched`]).
+    pub files: Vec<Resource>,
+}
+
+/// A file a Lark message names (an `image_key` or a `file_key`), to fetch
+/// through LARK.md's resource route.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Resource {
+    pub key: String,
+    /// `image` for an `image_key`, `file` for everything else (LARK.md).
+    pub kind: String,
+    pub name: Option<String>,
+}
+
+/// A Lark turn's download job (`lark_fetches`): started with the event that
+/// enqueues the turn, finished once the turn's files are stored or failed.
+#[derive(Debug, Clone)]
+pub enum FetchWrite {
+    Start {
+        turn_id: String,
+        session_id: String,
+        message_id: String,
+        /// The [`Resource`]s, as JSON.
+        resources: String,
+        at: i64,
+    },
+    /// The job is deleted; `turn`, still queued, takes its files and text.
+    Finish {
+        turn_id: String,
+        turn: Option<Box<TurnRow>>,
+    },
+}
+
+/// What a download job fetched: the files stored, and a line for each that
+/// could not be fetched, saying which and why.
+#[derive(Debug, Clone)]
+pub struct Fetched {
+    pub session_id: String,
+    pub turn_id: String,
     pub attachments: Vec<crate::attachments::Stored>,
+    pub failures: Vec<String>,
+}
+
+/// What [`fetched`] reads: the session (locked), the turn, and whether its
+/// job is still pending.
+#[derive(Debug, Default)]
+pub struct FetchedRows {
+    pub session: Option<SessionRow>,
+    pub turn: Option<TurnRow>,
+    pub pending: bool,
+}
+
+/// A download job's end: once (a job already finished, by a replica that
+/// fetched the same files, changes nothing: `false`). A turn still queued
+/// takes the files and the failure lines (after its text), and is logged
+/// `queued` again, which wakes the claims its job held back; a turn no
+/// longer queued (its session closed) only ends the job.
+pub fn fetched(rows: FetchedRows, fetched: Fetched, now: i64) -> Decided<bool> {
+    if !rows.pending {
+        return Decided::nothing(false);
+    }
+    let finish = |turn: Option<Box<TurnRow>>| FetchWrite::Finish {
+        turn_id: fetched.turn_id.clone(),
+        turn,
+    };
+    let (Some(mut session), Some(turn)) = (rows.session, rows.turn) else {
+        return Decided {
+            writes: Writes {
+                fetch: Some(finish(None)),
+                ..Writes::default()
+            },
+            answer: false,
+        };
+    };
+    if turn.state != TurnState::Queued {
+        return Decided {
+            writes: Writes {
+                fetch: Some(finish(None)),
+                ..Writes::default()
+            },
+            answer: false,
+        };
+    }
+    let text = match fetched.failures.is_empty() {
+        true => turn.text,
+        false => crate::broker::fit_text(format!(
+            "{}\n\n{}",
+            turn.text,
+            fetched.failures.join("\n")
+        )),
+    };
+    let turn = TurnRow {
+        text,
+        attachments: crate::attachments::list_json(&fetched.attachments),
+        ..turn
+    };
+    let event = log(
+        &mut session,
+        Subject::Turn(&turn.turn_id, turn.seq),
+        "queued",
+        now,
+    );
+    Decided {
+        writes: Writes {
+            fetch: Some(finish(Some(Box::new(turn)))),
+            session: Some(session),
+            event: Some(event),
+            ..Writes::default()
+        },
+        answer: true,
+    }
 }
 
 impl LarkEvent {
@@ -284,7 +396,7 @@ pub fn event(
                 at: now,
             };
             let message = EnqueueRequest {
-                attachments: event.attachments,
+                attachments: Vec::new(),
                 origin: Origin::Lark,
                 text,
                 client_message_id: Some(seen.event_id.clone()),
@@ -295,9 +407,22 @@ pub fn event(
                 }),
             };
             let enqueued = enqueue(Some(session), rows.earlier, message, minter, now)?;
+            let turn = &enqueued.answer.turn;
+            // Its files are fetched once it is committed; until then it
+            // holds its place ([`fetched`]).
+            let fetch = (!event.files.is_empty() && !enqueued.answer.duplicate).then(|| {
+                FetchWrite::Start {
+                    turn_id: turn.turn_id.clone(),
+                    session_id: session_id.clone(),
+                    message_id: sent.message_id.clone(),
+                    resources: serde_json::to_string(&event.files).unwrap_or_default(),
+                    at: now,
+                }
+            });
             recorded(Decided {
                 writes: Writes {
                     sent: Some(sent),
+                    fetch,
                     ..enqueued.writes
                 },
                 answer: LarkIngest::Enqueued {
@@ -597,7 +722,7 @@ mod tests {
             command: text.and_then(lark_command),
             chat_command: None,
             replies_to: Vec::new(),
-            attachments: Vec::new(),
+            files: Vec::new(),
         }
     }
 

@@ -272,6 +272,9 @@ pub struct Writes {
     /// A Lark message remembered as the session's.
     #[serde(skip)]
     pub sent: Option<SentMessage>,
+    /// A Lark turn's download job, started or finished.
+    #[serde(skip)]
+    pub fetch: Option<lark::FetchWrite>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn: Option<Change<TurnRow>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -312,6 +315,7 @@ impl Writes {
             && self.chat.is_none()
             && self.note.is_none()
             && self.sent.is_none()
+            && self.fetch.is_none()
     }
 
     /// What these writes change, once committed: `None` when they log no

@@ -143,13 +143,19 @@ pub struct ClaimRows {
     pub active: Option<ClaimRow>,
     /// The session's oldest queued turn.
     pub head: Option<TurnRow>,
+    /// Whether that turn's files are still being fetched (a Lark turn's
+    /// download job, [`crate::decide::lark::fetched`]): then it holds the
+    /// queue, and no turn behind it is taken before it.
+    pub head_fetching: bool,
 }
 
 /// A claim, in this order: unknown session 404; another host 403
 /// `host_mismatch`; a claim id used on another session 409 `claim_id_reused`,
 /// released 409 `claim_released`, else its turn answered again (also on a
 /// closed session); closed 409 `session_closed`; another active claim 409
-/// `claim_active`; an empty queue [`ClaimOutcome::Empty`] (nothing written).
+/// `claim_active`; an empty queue, or one whose oldest turn waits for its
+/// files ([`ClaimRows::head_fetching`]), [`ClaimOutcome::Empty`] (nothing
+/// written).
 pub fn claim(
     rows: ClaimRows,
     host: &HostIdentity,
@@ -181,7 +187,7 @@ pub fn claim(
     }
     open(&session)?;
     no_active_claim(&session, rows.active.as_ref())?;
-    let Some(head) = rows.head else {
+    let Some(head) = rows.head.filter(|_| !rows.head_fetching) else {
         return Ok(Decided::nothing(ClaimOutcome::Empty));
     };
     let attempt = head.claim_count + 1;
@@ -677,9 +683,18 @@ mod tests {
         };
         let refused = claim(rows, &host("h"), "c2", 9).expect_err("a refusal");
         assert_eq!(refused.code, ErrorCode::ClaimActive);
-        let empty = claim(claim_rows(open, None), &host("h"), "c2", 9).unwrap();
+        let empty = claim(claim_rows(open.clone(), None), &host("h"), "c2", 9).unwrap();
         assert!(matches!(empty.answer, ClaimOutcome::Empty));
         assert!(empty.writes.session.is_none());
+        // A head whose files are on their way holds the queue.
+        let head = enqueued(&open).answer.turn;
+        let rows = ClaimRows {
+            head_fetching: true,
+            ..claim_rows(open, Some(head))
+        };
+        let held_back = claim(rows, &host("h"), "c3", 9).unwrap();
+        assert!(matches!(held_back.answer, ClaimOutcome::Empty));
+        assert!(held_back.writes.turn.is_none());
     }
 
     fn completion(claim_id: &str, completion_id: &str, message: &str) -> CompleteRequest {

@@ -14,15 +14,15 @@
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use backon::BackoffBuilder;
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::api::{self, Api, Failure};
 use super::{LarkConfig, card, markdown};
 use crate::decide::pairing::SessionName;
 use crate::metrics::Metrics;
@@ -33,34 +33,16 @@ use crate::time::now_ms;
 /// Lark's limit on a card (30 KB), less room for the rest of the request
 /// body: the card's own JSON, the uuid, msg_type.
 const CARD_BYTES: usize = 30 * 1024 - 1024;
-/// Token codes: refresh the tenant token and retry once.
-const TOKEN_CODES: [i64; 3] = [99991663, 99991671, 99991677];
-/// Rate-limit codes (also HTTP 429).
-const RATE_CODES: [i64; 2] = [99991400, 230020];
-/// Final codes: recorded on the turn, never retried.
-const FINAL_CODES: [i64; 5] = [230002, 230011, 230035, 230025, 230001];
 /// Final codes of a card's update, besides those: too old (14 days),
 /// recalled, deleted.
 const CARD_FINAL_CODES: [i64; 3] = [230031, 230011, 230110];
 
-/// Why a send did not go through.
-enum Failure {
-    /// Lark asked us to wait: try again after this long. Not a failed attempt.
-    Wait(Duration, String),
-    /// Try again after this long.
-    Retry(Duration, String),
-    /// Never try again.
-    Final(String),
-}
-
 pub struct Dispatcher {
     store: Arc<dyn Store>,
-    config: LarkConfig,
-    http: reqwest::Client,
+    api: Api,
     wake: Arc<Notify>,
     shutdown: CancellationToken,
     metrics: Arc<Metrics>,
-    token: Option<(String, Instant)>,
     per_chat: DefaultKeyedRateLimiter<String>,
     per_app: DefaultDirectRateLimiter,
 }
@@ -76,15 +58,10 @@ impl Dispatcher {
         let quota = |n| Quota::per_second(NonZeroU32::new(n).expect("a positive quota"));
         Self {
             store,
-            config,
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .expect("the HTTP client builds"),
+            api: Api::new(config, Duration::from_secs(10)),
             wake,
             shutdown,
             metrics,
-            token: None,
             per_chat: RateLimiter::keyed(quota(5)),
             per_app: RateLimiter::direct(quota(50)),
         }
@@ -159,7 +136,7 @@ impl Dispatcher {
         while (update.parts_sent as usize) < parts.len() {
             let index = update.parts_sent as usize;
             update.attempts += 1;
-            let (url, body) = request(&self.config.base_url, &job, index, &parts[index]);
+            let (url, body) = request(&self.api.config.base_url, &job, index, &parts[index]);
             let sent = self
                 .call(
                     reqwest::Method::POST,
@@ -198,7 +175,7 @@ impl Dispatcher {
                 update.next_attempt_at = now_ms() + after.as_millis() as i64;
             }
             Failure::Retry(after, error)
-                if update.failures + 1 < i64::from(self.config.max_attempts) =>
+                if update.failures + 1 < i64::from(self.api.config.max_attempts) =>
             {
                 update.failures += 1;
                 outcome("retried");
@@ -292,7 +269,7 @@ impl Dispatcher {
                 let content = card::settled(&row, &name, job.answered_by.as_deref()).to_string();
                 let url = format!(
                     "{}/open-apis/im/v1/messages/{}",
-                    self.config.base_url, job.message_id
+                    self.api.config.base_url, job.message_id
                 );
                 let body = json!({ "content": content });
                 self.call(
@@ -305,7 +282,7 @@ impl Dispatcher {
                 .await
             }
             Err(e) => Err(Failure::Retry(
-                self.backoff(job.update_failures),
+                self.api.backoff(job.update_failures),
                 format!("could not read the request: {}", e.message),
             )),
         };
@@ -344,112 +321,36 @@ impl Dispatcher {
         let patch = method == reqwest::Method::PATCH;
         let mut refreshed = false;
         loop {
-            let token = self.token().await?;
+            let token = self.api.token().await?;
             let response = self
+                .api
                 .http
                 .request(method.clone(), url)
                 .bearer_auth(&token)
                 .json(body)
                 .send()
                 .await
-                .map_err(|e| self.retry(failures, format!("network error: {}", e.without_url())))?;
+                .map_err(|e| {
+                    self.api
+                        .retry(failures, format!("network error: {}", e.without_url()))
+                })?;
             let status = response.status();
-            let reset = response
-                .headers()
-                .get("x-ogw-ratelimit-reset")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok());
+            let reset = api::reset(&response);
             let answer: Value = response.json().await.unwrap_or(Value::Null);
-            let code = answer.get("code").and_then(Value::as_i64);
-            let msg = answer
-                .get("msg")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            match code {
-                Some(0) => return Ok(answer.get("data").cloned().unwrap_or(Value::Null)),
-                Some(code) if TOKEN_CODES.contains(&code) && !refreshed => {
-                    refreshed = true;
-                    self.token = None;
-                }
-                _ if status.as_u16() == 429 || code.is_some_and(|c| RATE_CODES.contains(&c)) => {
-                    let after = reset.map_or_else(|| self.backoff(failures), Duration::from_secs);
-                    return Err(Failure::Wait(
-                        after,
-                        format!("rate limited by Lark (code {code:?})"),
-                    ));
-                }
-                Some(code)
-                    if FINAL_CODES.contains(&code) || patch && CARD_FINAL_CODES.contains(&code) =>
-                {
-                    return Err(Failure::Final(format!(
-                        "Lark refused it: code {code} ({msg})"
-                    )));
-                }
-                Some(code) => {
-                    return Err(self.retry(failures, format!("Lark answered code {code} ({msg})")));
-                }
-                None => {
-                    return Err(self.retry(
-                        failures,
-                        format!("Lark answered HTTP {status} without a code"),
-                    ));
-                }
+            if answer.get("code").and_then(Value::as_i64) == Some(0) {
+                return Ok(answer.get("data").cloned().unwrap_or(Value::Null));
+            }
+            let also_final: &[i64] = if patch { &CARD_FINAL_CODES } else { &[] };
+            match self
+                .api
+                .judge(status, reset, &answer, failures, also_final, refreshed)
+            {
+                None => refreshed = true,
+                Some(failure) => return Err(failure),
             }
         }
     }
 
-    /// The cached tenant token, fetched when missing or within 10 minutes of expiry.
-    async fn token(&mut self) -> Result<String, Failure> {
-        if let Some((token, expires)) = &self.token
-            && Instant::now() + Duration::from_secs(600) < *expires
-        {
-            return Ok(token.clone());
-        }
-        let url = format!(
-            "{}/open-apis/auth/v3/tenant_access_token/internal",
-            self.config.base_url
-        );
-        let retry = |error: String| Failure::Retry(self.config.retry_base, error);
-        let answer: Value = self
-            .http
-            .post(&url)
-            .json(&json!({"app_id": self.config.app_id, "app_secret": self.config.app_secret}))
-            .send()
-            .await
-            .map_err(|e| retry(format!("token request failed: {}", e.without_url())))?
-            .json()
-            .await
-            .map_err(|_| retry("token answer is not JSON".into()))?;
-        let code = answer.get("code").and_then(Value::as_i64);
-        let token = answer.get("tenant_access_token").and_then(Value::as_str);
-        let (Some(0), Some(token)) = (code, token) else {
-            return Err(retry(format!(
-                "Lark refused the tenant token: code {code:?}"
-            )));
-        };
-        let expire = answer.get("expire").and_then(Value::as_u64).unwrap_or(7200);
-        self.token = Some((
-            token.to_owned(),
-            Instant::now() + Duration::from_secs(expire),
-        ));
-        Ok(token.to_owned())
-    }
-
-    fn retry(&self, failures: i64, error: String) -> Failure {
-        Failure::Retry(self.backoff(failures), error)
-    }
-
-    /// Jittered exponential backoff by the failed attempts so far.
-    fn backoff(&self, failures: i64) -> Duration {
-        backon::ExponentialBuilder::default()
-            .with_min_delay(self.config.retry_base)
-            .with_max_delay(self.config.retry_max)
-            .with_jitter()
-            .without_max_times()
-            .build()
-            .nth(failures.clamp(0, 30) as usize)
-            .unwrap_or(self.config.retry_max)
-    }
 }
 
 /// The URL and body that send part `index` of a job: a reply to the turn's

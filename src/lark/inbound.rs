@@ -53,7 +53,7 @@ pub struct EnvelopeHeader {
 pub async fn take(broker: &Broker, config: &LarkConfig, envelope: Envelope) -> Result<Value> {
     let app_id = config.app_id.as_str();
     let event = match envelope.header.event_type.as_str() {
-        MESSAGE_RECEIVE => with_files(broker, config, message_event(app_id, envelope)).await?,
+        MESSAGE_RECEIVE => message_event(app_id, envelope),
         CARD_ACTION => match click_of(app_id, &envelope) {
             Some(click) => return clicked(broker, click).await,
             None => bare_event(app_id, envelope.header.event_id),
@@ -119,38 +119,6 @@ async fn clicked(broker: &Broker, click: LarkClick) -> Result<Value> {
     })
 }
 
-/// A message's files downloaded and stored, named in the event; a file that
-/// could not be fetched is a line of its text instead.
-async fn with_files(
-    broker: &Broker,
-    config: &LarkConfig,
-    (mut event, resources): (LarkEvent, Vec<resources::Resource>),
-) -> Result<LarkEvent> {
-    let (Some(message_id), Some(chat_id)) = (event.message_id.clone(), event.chat_id.clone())
-    else {
-        return Ok(event);
-    };
-    // Nothing is fetched for a redelivery or for a chat no session hears.
-    if resources.is_empty()
-        || !broker
-            .store()
-            .lark_files_wanted(&event.app_id, &event.event_id, &chat_id)
-            .await?
-    {
-        return Ok(event);
-    }
-    let fetched = resources::fetch(config, &message_id, &resources).await;
-    event.attachments = broker.store_files(&fetched.uploads).await?;
-    if !fetched.failures.is_empty() {
-        let text = event.text.take().unwrap_or_default();
-        event.text = Some(fit_text(format!(
-            "{text}\n\n{}",
-            fetched.failures.join("\n")
-        )));
-    }
-    Ok(event)
-}
-
 /// An event that holds nothing to enqueue: recorded as seen, acknowledged.
 fn bare_event(app_id: &str, event_id: String) -> LarkEvent {
     LarkEvent {
@@ -163,7 +131,7 @@ fn bare_event(app_id: &str, event_id: String) -> LarkEvent {
         command: None,
         chat_command: None,
         replies_to: Vec::new(),
-        attachments: Vec::new(),
+        files: Vec::new(),
     }
 }
 
@@ -193,16 +161,16 @@ struct Mention {
 
 /// An `im.message.receive_v1` event read: its text (a text message's, or
 /// what an image, file or post says), chat, message id, sender and
-/// permission command, and the resources it names (to download).
-fn message_event(app_id: &str, envelope: Envelope) -> (LarkEvent, Vec<resources::Resource>) {
+/// permission command, and the files it names (to download once the event
+/// is committed).
+fn message_event(app_id: &str, envelope: Envelope) -> LarkEvent {
     let mut event = bare_event(app_id, envelope.header.event_id);
     let Ok(message) = serde_json::from_value::<Message>(envelope.event["message"].clone()) else {
-        return (event, Vec::new());
+        return event;
     };
-    let mut files = Vec::new();
-    if let Some((text, resources)) = resources::read(&message.message_type, &message.content) {
+    if let Some((text, files)) = resources::read(&message.message_type, &message.content) {
         event.text = Some(fit_text(text));
-        files = resources;
+        event.files = files;
     }
     event.message_id = Some(message.message_id);
     event.chat_id = Some(message.chat_id);
@@ -228,7 +196,7 @@ fn message_event(app_id: &str, envelope: Envelope) -> (LarkEvent, Vec<resources:
             None => text_of(&message.content, &message.mentions),
         };
     }
-    (event, files)
+    event
 }
 
 /// A `text` message's text as Lark sent it (`@_user_N` placeholders in).

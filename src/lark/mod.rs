@@ -5,6 +5,7 @@
 //! sent by one background dispatcher) answers. The wire is Lark's: its event
 //! envelope (schema 2.0), its message APIs and its long connection's frames.
 
+pub mod api;
 pub mod card;
 pub mod crypto;
 pub mod dispatcher;

@@ -1,27 +1,40 @@
 //! A person's files from Lark (issue 39): what an `image`, `file`,
 //! `audio`, `media` or `post` message carries (its text and its resources),
-//! and their download through LARK.md's resource route with the bot's
-//! tenant token, each checked against the attachments' limits as it
-//! arrives. The downloads run before the event is committed: a redelivery
-//! (Lark's, after a restart or a slow download) is the retry, and the
-//! event's guard keeps it one turn. A file that cannot be fetched becomes a
-//! line of the turn's text saying which and why.
+//! and the durable download of those resources ([`Fetcher`]).
+//!
+//! The event is committed with its turn and a download job
+//! (`lark_fetches`) before Lark is acknowledged; the turn keeps its place
+//! in the queue and no claim takes it, or any turn behind it, until the job
+//! ends. One fetcher per broker runs the due jobs: each resource through
+//! LARK.md's resource route with the tenant token, under the reply path's
+//! rules ([`super::api`]): a rate limit waits (not a failure), a network
+//! error, a 5xx or an unknown code is tried again with backoff up to
+//! [`FETCH_ATTEMPTS`] failed attempts, and a JSON error with a code under a
+//! 4xx, a final code or a file over the limits fails that file for good. The
+//! job ends in one transaction ([`crate::decide::lark::fetched`]): the files
+//! stored on the turn, and a line of its text for each that failed, saying
+//! which and why. A restart mid-download finds the job and fetches again;
+//! files are content-addressed, stored once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use super::LarkConfig;
+use super::api::{self, Api, Failure};
 use crate::attachments::{self, Upload};
+pub use crate::decide::lark::Resource;
+use crate::decide::lark::Fetched;
+use crate::store::{FetchJob, Store};
+use crate::time::now_ms;
 
-/// A resource a message names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resource {
-    pub key: String,
-    /// `image` for an `image_key`, `file` for everything else (LARK.md).
-    pub kind: &'static str,
-    pub name: Option<String>,
-}
+/// A download job's failed attempts (a rate-limit wait is none) before the
+/// files still missing fail for good: its turn holds its session's queue
+/// meanwhile, so it gives up within about a minute of backoff.
+pub const FETCH_ATTEMPTS: i64 = 6;
 
 /// A message's text and resources, for the types that carry files; `None`
 /// for any other type.
@@ -35,7 +48,7 @@ pub fn read(message_type: &str, content: &str) -> Option<(String, Vec<Resource>)
                 "(an image)".into(),
                 vec![Resource {
                     key,
-                    kind: "image",
+                    kind: "image".into(),
                     name: None,
                 }],
             ))
@@ -51,7 +64,7 @@ pub fn read(message_type: &str, content: &str) -> Option<(String, Vec<Resource>)
                 said,
                 vec![Resource {
                     key,
-                    kind: "file",
+                    kind: "file".into(),
                     name,
                 }],
             ))
@@ -94,7 +107,7 @@ fn read_post(content: &Value) -> (String, Vec<Resource>) {
                     if !key.is_empty() {
                         resources.push(Resource {
                             key: key.to_owned(),
-                            kind,
+                            kind: kind.to_owned(),
                             name: None,
                         });
                     }
@@ -113,62 +126,227 @@ fn read_post(content: &Value) -> (String, Vec<Resource>) {
     (text, resources)
 }
 
-/// What the downloads gave: the files, and a line for each that failed.
-#[derive(Debug, Default)]
-pub struct Fetched {
-    pub uploads: Vec<Upload>,
-    pub failures: Vec<String>,
+/// Runs the due download jobs until shutdown; one per broker with a Lark
+/// connector. Woken when an event starts a job, and at the next job's due
+/// time (or a minute, as a safety net).
+pub struct Fetcher {
+    store: Arc<dyn Store>,
+    api: Api,
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
 }
 
-/// Downloads each resource of `message_id`, in order. A 5xx or a network
-/// failure is tried again twice (after 200 ms, then 400 ms); a JSON error
-/// with a code, a file over the limits, or a third failure is final for
-/// that file. At most [`attachments::MAX_FILES`] files are taken.
-pub async fn fetch(config: &LarkConfig, message_id: &str, resources: &[Resource]) -> Fetched {
-    let mut fetched = Fetched::default();
-    if resources.is_empty() {
-        return fetched;
+impl Fetcher {
+    pub fn new(
+        store: Arc<dyn Store>,
+        config: LarkConfig,
+        wake: Arc<Notify>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self {
+            store,
+            // A file of up to 20 MiB.
+            api: Api::new(config, Duration::from_secs(60)),
+            wake,
+            shutdown,
+        }
     }
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap_or_default();
-    let token = match tenant_token(&http, config).await {
-        Ok(token) => token,
-        Err(why) => {
-            fetched.failures = resources.iter().map(|r| failure_line(r, &why)).collect();
-            return fetched;
-        }
-    };
-    let mut total = 0u64;
-    for resource in resources {
-        let position = fetched.uploads.len();
-        if position >= attachments::MAX_FILES {
-            fetched
-                .failures
-                .push(failure_line(resource, "a message carries at most 10 files"));
-            continue;
-        }
-        match download(&http, config, &token, message_id, resource).await {
-            Ok((bytes, declared, name)) => {
-                total += bytes.len() as u64;
-                let checked = attachments::check_message(position + 1, total).and_then(|()| {
-                    Upload::new(
-                        position as u32,
-                        name.as_deref().or(resource.name.as_deref()),
-                        declared.as_deref(),
-                        bytes,
-                    )
-                });
-                match checked {
-                    Ok(upload) => fetched.uploads.push(upload),
-                    Err(e) => fetched.failures.push(failure_line(resource, &e.message)),
+
+    pub async fn run(mut self) {
+        let wake = self.wake.clone();
+        let shutdown = self.shutdown.clone();
+        loop {
+            let woken = wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let due = match self.store.due_fetches(now_ms(), 8).await {
+                Ok(due) => due,
+                Err(e) => {
+                    tracing::warn!(error = %e.message, "could not read the lark download jobs");
+                    Vec::new()
+                }
+            };
+            let busy = !due.is_empty();
+            for job in due {
+                // A hanging Lark never holds up a shutdown: the job stays,
+                // and runs again after the restart.
+                tokio::select! {
+                    _ = self.fetch(job) => {}
+                    _ = shutdown.cancelled() => return,
                 }
             }
-            Err(why) => fetched.failures.push(failure_line(resource, &why)),
+            if busy {
+                continue;
+            }
+            let next = self.store.next_fetch_due().await.ok().flatten();
+            let wait = next.map_or(Duration::from_secs(60), |at| {
+                Duration::from_millis((at - now_ms()).clamp(0, 60_000) as u64)
+            });
+            tokio::select! {
+                _ = woken => {}
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.cancelled() => return,
+            }
         }
     }
-    fetched
+
+    /// One job: every resource downloaded in order, then the job ended with
+    /// the files and the failure lines; or, on a wait or a retry, the job
+    /// put off (what was downloaded is downloaded again then).
+    async fn fetch(&mut self, job: FetchJob) {
+        let resources: Vec<Resource> = serde_json::from_str(&job.resources).unwrap_or_default();
+        let mut uploads: Vec<Upload> = Vec::new();
+        let mut failures = Vec::new();
+        let mut total = 0u64;
+        for resource in &resources {
+            let position = uploads.len();
+            if position >= attachments::MAX_FILES {
+                failures.push(failure_line(resource, "a message carries at most 10 files"));
+                continue;
+            }
+            let (bytes, declared, name) = match self.download(&job, resource).await {
+                Ok(downloaded) => downloaded,
+                Err(Failure::Final(why)) => {
+                    failures.push(failure_line(resource, &why));
+                    continue;
+                }
+                Err(Failure::Retry(_, why)) if job.failures + 1 >= FETCH_ATTEMPTS => {
+                    failures.push(failure_line(resource, &why));
+                    continue;
+                }
+                Err(Failure::Retry(after, why)) => {
+                    tracing::warn!(failures = job.failures + 1, error = %why, "lark download will be retried");
+                    return self.put_off(&job, job.failures + 1, after).await;
+                }
+                Err(Failure::Wait(after, _)) => {
+                    tracing::debug!("lark download rate limited, waiting");
+                    return self.put_off(&job, job.failures, after).await;
+                }
+            };
+            total += bytes.len() as u64;
+            let checked = attachments::check_message(position + 1, total).and_then(|()| {
+                Upload::new(
+                    position as u32,
+                    name.as_deref().or(resource.name.as_deref()),
+                    declared.as_deref(),
+                    bytes,
+                )
+            });
+            match checked {
+                Ok(upload) => uploads.push(upload),
+                Err(e) => failures.push(failure_line(resource, &e.message)),
+            }
+        }
+        let ended = async {
+            let stored = attachments::store_files(self.store.as_ref(), &uploads).await?;
+            let fetched = Fetched {
+                session_id: job.session_id.clone(),
+                turn_id: job.turn_id.clone(),
+                attachments: stored,
+                failures,
+            };
+            self.store.lark_fetched(fetched).await
+        };
+        if let Err(e) = ended.await {
+            tracing::error!(error = %e.message, "could not store a lark message's files");
+            let after = self.api.backoff(job.failures);
+            self.put_off(&job, job.failures + 1, after).await;
+        }
+    }
+
+    async fn put_off(&self, job: &FetchJob, failures: i64, after: Duration) {
+        let at = now_ms() + after.as_millis() as i64;
+        let recorded = self
+            .store
+            .record_fetch(job.turn_id.clone(), failures, at)
+            .await;
+        if let Err(e) = recorded {
+            tracing::error!(error = %e.message, "could not record a lark download attempt");
+        }
+    }
+
+    /// One resource's bytes, its declared type and its file name (from
+    /// `Content-Disposition`), within the per-file limit as it streams.
+    async fn download(
+        &mut self,
+        job: &FetchJob,
+        resource: &Resource,
+    ) -> Result<(bytes::Bytes, Option<String>, Option<String>), Failure> {
+        let url = format!(
+            "{}/open-apis/im/v1/messages/{}/resources/{}",
+            self.api.config.base_url,
+            urlencode(&job.message_id),
+            urlencode(&resource.key)
+        );
+        let mut refreshed = false;
+        loop {
+            let token = self.api.token().await?;
+            let response = self
+                .api
+                .http
+                .get(&url)
+                .query(&[("type", resource.kind.as_str())])
+                .bearer_auth(&token)
+                .send()
+                .await
+                .map_err(|e| {
+                    self.api.retry(
+                        job.failures,
+                        format!("the download failed ({})", e.without_url()),
+                    )
+                })?;
+            let status = response.status();
+            let header = |name: &str| {
+                response
+                    .headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            };
+            let declared = header("content-type");
+            if status.is_success() && !declared.as_deref().is_some_and(|t| t.contains("json")) {
+                let name = header("content-disposition").and_then(|d| disposition_name(&d));
+                return self
+                    .read_limited(response, job.failures)
+                    .await
+                    .map(|bytes| (bytes, declared, name));
+            }
+            let reset = api::reset(&response);
+            let answer: Value = response.json().await.unwrap_or(Value::Null);
+            let coded = answer.get("code").and_then(Value::as_i64).is_some();
+            match self
+                .api
+                .judge(status, reset, &answer, job.failures, &[], refreshed)
+            {
+                None => refreshed = true,
+                // A resource refused with a code (not there, not this
+                // message's, not the app's to read) stays refused.
+                Some(Failure::Retry(_, why)) if coded && status.is_client_error() => {
+                    return Err(Failure::Final(why));
+                }
+                Some(failure) => return Err(failure),
+            }
+        }
+    }
+
+    async fn read_limited(
+        &self,
+        mut response: reqwest::Response,
+        failures: i64,
+    ) -> Result<bytes::Bytes, Failure> {
+        let mut bytes = bytes::BytesMut::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| {
+            self.api.retry(
+                failures,
+                format!("the download broke off ({})", e.without_url()),
+            )
+        })? {
+            bytes.extend_from_slice(&chunk);
+            attachments::check_file(bytes.len() as u64)
+                .map_err(|e| Failure::Final(e.message.to_string()))?;
+        }
+        Ok(bytes.freeze())
+    }
 }
 
 fn failure_line(resource: &Resource, why: &str) -> String {
@@ -178,103 +356,6 @@ fn failure_line(resource: &Resource, why: &str) -> String {
         .map(attachments::sanitize_name)
         .unwrap_or_else(|| format!("the {}", resource.kind));
     format!("A file sent from Lark, {name}, could not be fetched: {why}")
-}
-
-async fn tenant_token(http: &reqwest::Client, config: &LarkConfig) -> Result<String, String> {
-    let url = format!(
-        "{}/open-apis/auth/v3/tenant_access_token/internal",
-        config.base_url
-    );
-    let answer: Value = http
-        .post(&url)
-        .json(&json!({"app_id": config.app_id, "app_secret": config.app_secret}))
-        .send()
-        .await
-        .map_err(|e| format!("the token request failed ({})", e.without_url()))?
-        .json()
-        .await
-        .map_err(|_| "the token answer is not JSON".to_owned())?;
-    match (
-        answer["code"].as_i64(),
-        answer["tenant_access_token"].as_str(),
-    ) {
-        (Some(0), Some(token)) => Ok(token.to_owned()),
-        (code, _) => Err(format!("Lark refused the tenant token (code {code:?})")),
-    }
-}
-
-/// One resource's bytes, its declared type and its file name (from
-/// `Content-Disposition`), within the per-file limit as it streams.
-async fn download(
-    http: &reqwest::Client,
-    config: &LarkConfig,
-    token: &str,
-    message_id: &str,
-    resource: &Resource,
-) -> Result<(bytes::Bytes, Option<String>, Option<String>), String> {
-    let url = format!(
-        "{}/open-apis/im/v1/messages/{}/resources/{}",
-        config.base_url,
-        urlencode(message_id),
-        urlencode(&resource.key)
-    );
-    let mut last = String::new();
-    for attempt in 0..3u32 {
-        if attempt > 0 {
-            tokio::time::sleep(Duration::from_millis(200 << (attempt - 1))).await;
-        }
-        let response = match http
-            .get(&url)
-            .query(&[("type", resource.kind)])
-            .bearer_auth(token)
-            .send()
-            .await
-        {
-            Ok(response) => response,
-            Err(e) => {
-                last = format!("the download failed ({})", e.without_url());
-                continue;
-            }
-        };
-        let status = response.status();
-        if status.is_server_error() {
-            last = format!("Lark answered HTTP {status}");
-            continue;
-        }
-        let header = |name: &str| {
-            response
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let declared = header("content-type");
-        if !status.is_success() || declared.as_deref().is_some_and(|t| t.contains("json")) {
-            let body: Value = response.json().await.unwrap_or(Value::Null);
-            return Err(format!(
-                "Lark answered HTTP {status} with code {}",
-                body["code"].as_i64().unwrap_or(-1)
-            ));
-        }
-        let name = header("content-disposition").and_then(|d| disposition_name(&d));
-        return read_limited(response)
-            .await
-            .map(|bytes| (bytes, declared, name));
-    }
-    Err(last)
-}
-
-async fn read_limited(mut response: reqwest::Response) -> Result<bytes::Bytes, String> {
-    let mut bytes = bytes::BytesMut::new();
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| format!("the download broke off ({})", e.without_url()))?
-    {
-        bytes.extend_from_slice(&chunk);
-        attachments::check_file(bytes.len() as u64).map_err(|e| e.message.to_string())?;
-    }
-    Ok(bytes.freeze())
 }
 
 /// `filename="…"` of a `Content-Disposition` value.

@@ -489,6 +489,14 @@ commands! {
     /// Stores a file's bytes under their sha256 ([`UPSERT_BLOB`]), before
     /// the enqueue that names them; one already stored is only touched.
     PutBlob { blob: Blob } -> (), put_blob, "storing a file";
+    /// Ends a Lark turn's download job, once ([`crate::decide::lark::fetched`]):
+    /// the turn takes its files, and the claims it held back may take it.
+    LarkFetched { fetched: crate::decide::lark::Fetched } -> bool, lark_fetched,
+        "storing a Lark message's files";
+    /// Records a download job's attempt that is to be tried again: its
+    /// failures so far, and when.
+    RecordFetch { turn_id: String, failures: i64, next_attempt_at: i64 } -> (), record_fetch,
+        "recording a Lark download attempt";
 }
 
 /// The store's plain reads, each once, as [`commands!`] makes the
@@ -583,10 +591,11 @@ reads! {
     Turn { session_id: &'a str, turn_id: &'a str } -> TurnRow, turn;
     /// A page of a session's turns in seq order, and whether more lie beyond it.
     Turns { session_id: &'a str, page: ListTurns, limit: u32 } -> (Vec<TurnRow>, bool), turns;
-    /// Whether a Lark message event's files are worth fetching: the event
-    /// is not one already taken, and its chat is linked to a session.
-    LarkFilesWanted { app_id: &'a str, event_id: &'a str, chat_id: &'a str } -> bool,
-        lark_files_wanted;
+    /// Lark download jobs due at `now_ms`, oldest first (on PostgreSQL,
+    /// leased to this replica for [`FETCH_LEASE_MS`]).
+    DueFetches { now_ms: i64, limit: u32 } -> Vec<FetchJob>, due_fetches;
+    /// When the next Lark download job falls due.
+    NextFetchDue {} -> Option<i64>, next_fetch_due;
     /// Whether the session holds a turn enqueued with this `client_message_id`
     /// (a replay: its files are counted in the session's already).
     HasClientMessageId { session_id: &'a str, client_message_id: &'a str } -> bool,
@@ -653,11 +662,43 @@ pub trait Store: Send + Sync + 'static {
     async fn ping(&self) -> Result<()>;
 }
 
-/// [`Read::LarkFilesWanted`]: the event taken already (`$1` app, `$2` event).
-pub const LARK_EVENT_SEEN: &str =
-    "select count(*) from lark_events where app_id = $1 and event_id = $2";
-/// [`Read::LarkFilesWanted`]: the chat's linked sessions (`$1`).
-pub const CHAT_LINKED: &str = "select count(*) from lark_links where chat_id = $1";
+/// A Lark turn's download job, as [`Read::DueFetches`] gives it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct FetchJob {
+    pub turn_id: String,
+    pub session_id: String,
+    pub message_id: String,
+    /// The [`crate::decide::lark::Resource`]s, as JSON.
+    pub resources: String,
+    /// Failed attempts so far (a rate-limit wait is none).
+    pub failures: i64,
+}
+
+/// How long a PostgreSQL replica holds the download jobs it took before
+/// another may take them (a replica that died mid-download); on SQLite the
+/// one broker takes every due job, a restart's at once.
+pub const FETCH_LEASE_MS: i64 = 10 * 60_000;
+
+/// [`Read::DueFetches`] (`$1` now, `$2` limit).
+pub const DUE_FETCHES: &str = "select turn_id, session_id, message_id, resources, failures \
+     from lark_fetches where next_attempt_at <= $1 order by next_attempt_at limit $2";
+/// [`Read::NextFetchDue`].
+pub const NEXT_FETCH_DUE: &str = "select min(next_attempt_at) from lark_fetches";
+/// A download job started (`$1` turn, `$2` session, `$3` message, `$4`
+/// resources, `$5` now).
+pub const INSERT_FETCH: &str = "insert into lark_fetches \
+     (turn_id, session_id, message_id, resources, failures, next_attempt_at, created_at) \
+     values ($1, $2, $3, $4, 0, $5, $5)";
+/// A download job over (`$1` turn).
+pub const DELETE_FETCH: &str = "delete from lark_fetches where turn_id = $1";
+/// Whether a download job is pending (`$1` turn).
+pub const FETCH_PENDING: &str = "select count(*) from lark_fetches where turn_id = $1";
+/// [`Command::RecordFetch`] (`$1` failures, `$2` next attempt, `$3` turn).
+pub const RECORD_FETCH: &str =
+    "update lark_fetches set failures = $1, next_attempt_at = $2 where turn_id = $3";
+/// A queued turn takes its fetched files and text (`$1` text, `$2`
+/// attachments JSON, `$3` turn); its `turn_attachments` rows follow.
+pub const FETCHED_TURN: &str = "update turns set text = $1, attachments = $2 where turn_id = $3";
 
 /// A file's bytes to store ([`Command::PutBlob`]).
 #[derive(Debug, Clone)]

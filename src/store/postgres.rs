@@ -361,25 +361,14 @@ impl<'a> Reader<'a> for PgStore {
             .await?)
     }
 
-    async fn lark_files_wanted(
-        &self,
-        app_id: &'a str,
-        event_id: &'a str,
-        chat_id: &'a str,
-    ) -> Result<bool> {
-        if unstorable(app_id) || unstorable(event_id) || unstorable(chat_id) {
-            return Ok(false);
-        }
-        let seen: i64 = sqlx::query_scalar(super::LARK_EVENT_SEEN)
-            .bind(app_id)
-            .bind(event_id)
+    async fn due_fetches(&self, now_ms: i64, limit: u32) -> Result<Vec<super::FetchJob>> {
+        Ok(outbox::due_fetches(&self.pool, now_ms, limit).await?)
+    }
+
+    async fn next_fetch_due(&self) -> Result<Option<i64>> {
+        Ok(sqlx::query_scalar(super::NEXT_FETCH_DUE)
             .fetch_one(&self.pool)
-            .await?;
-        let linked: i64 = sqlx::query_scalar(super::CHAT_LINKED)
-            .bind(chat_id)
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(seen == 0 && linked > 0)
+            .await?)
     }
 
     async fn has_client_message_id(

@@ -526,22 +526,18 @@ impl<'a> Reader<'a> for SqliteStore {
             .await?)
     }
 
-    async fn lark_files_wanted(
-        &self,
-        app_id: &'a str,
-        event_id: &'a str,
-        chat_id: &'a str,
-    ) -> Result<bool> {
-        let seen: i64 = sqlx::query_scalar(super::LARK_EVENT_SEEN)
-            .bind(app_id)
-            .bind(event_id)
+    async fn due_fetches(&self, now_ms: i64, limit: u32) -> Result<Vec<super::FetchJob>> {
+        Ok(sqlx::query_as(super::DUE_FETCHES)
+            .bind(now_ms)
+            .bind(limit)
+            .fetch_all(self.reads().await?)
+            .await?)
+    }
+
+    async fn next_fetch_due(&self) -> Result<Option<i64>> {
+        Ok(sqlx::query_scalar(super::NEXT_FETCH_DUE)
             .fetch_one(self.reads().await?)
-            .await?;
-        let linked: i64 = sqlx::query_scalar(super::CHAT_LINKED)
-            .bind(chat_id)
-            .fetch_one(self.reads().await?)
-            .await?;
-        Ok(seen == 0 && linked > 0)
+            .await?)
     }
 
     async fn has_client_message_id(

@@ -19,6 +19,8 @@ use super::rows::text;
 use crate::decide::pairing::PairCodeWrite;
 use crate::decide::{Change, Changed, ClaimRow, Decided, NewEvent, NewReply, Sweep, Writes};
 use crate::decide::{SessionRow, TurnRow};
+use crate::decide::lark::FetchWrite;
+use crate::store::{DELETE_FETCH, FETCHED_TURN, INSERT_FETCH};
 use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, INSERT_SENT, SPEND_PAIR_CODE, UPSERT_CHAT};
 
 type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
@@ -205,6 +207,9 @@ async fn apply_step(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
     if let Some(sweep) = &writes.sweep {
         sweep_session(conn, sweep).await?;
     }
+    if let Some(fetch) = &writes.fetch {
+        write_fetch(conn, fetch).await?;
+    }
     let mut parts = Vec::new();
     if let Some(change) = &writes.turn {
         parts.push(match change {
@@ -268,6 +273,45 @@ async fn insert_attachments(conn: &mut PgConnection, t: &TurnRow) -> sqlx::Resul
             .bind(a.sha256)
             .execute(&mut *conn)
             .await?;
+    }
+    Ok(())
+}
+
+/// A Lark turn's download job started, or finished (the turn taking its
+/// files and text).
+async fn write_fetch(conn: &mut PgConnection, fetch: &FetchWrite) -> sqlx::Result<()> {
+    match fetch {
+        FetchWrite::Start {
+            turn_id,
+            session_id,
+            message_id,
+            resources,
+            at,
+        } => {
+            sqlx::query(INSERT_FETCH)
+                .bind(turn_id)
+                .bind(session_id)
+                .bind(message_id)
+                .bind(resources)
+                .bind(at)
+                .execute(&mut *conn)
+                .await?;
+        }
+        FetchWrite::Finish { turn_id, turn } => {
+            if let Some(t) = turn {
+                sqlx::query(FETCHED_TURN)
+                    .bind(t.text.as_bytes())
+                    .bind(&t.attachments)
+                    .bind(&t.turn_id)
+                    .execute(&mut *conn)
+                    .await?;
+                insert_attachments(conn, t).await?;
+            }
+            sqlx::query(DELETE_FETCH)
+                .bind(turn_id)
+                .execute(&mut *conn)
+                .await?;
+        }
     }
     Ok(())
 }

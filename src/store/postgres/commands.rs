@@ -181,5 +181,21 @@ pub(super) async fn command(
                 .await?;
             Done::PutBlob(Box::new(()))
         }
+        Command::LarkFetched { fetched } => {
+            Done::LarkFetched(Box::new(lark::fetched(conn, fetched).await?))
+        }
+        Command::RecordFetch {
+            turn_id,
+            failures,
+            next_attempt_at,
+        } => {
+            sqlx::query(crate::store::RECORD_FETCH)
+                .bind(failures)
+                .bind(next_attempt_at)
+                .bind(turn_id)
+                .execute(&mut *conn)
+                .await?;
+            Done::RecordFetch(Box::new(()))
+        }
     })
 }

@@ -238,6 +238,23 @@ pub(super) async fn pair_code(
     .await
 }
 
+/// Ends a download job ([`lark::fetched`]): the session (locked), its
+/// turn, and whether the job is still pending.
+pub(super) async fn fetched(conn: &mut PgConnection, fetched: &lark::Fetched) -> Step<bool> {
+    let session = lock_session(conn, &fetched.session_id).await?;
+    let turn = super::load_turn(&mut *conn, &fetched.session_id, &fetched.turn_id).await?;
+    let pending: i64 = sqlx::query_scalar(crate::store::FETCH_PENDING)
+        .bind(&fetched.turn_id)
+        .fetch_one(&mut *conn)
+        .await?;
+    let rows = lark::FetchedRows {
+        session,
+        turn,
+        pending: pending > 0,
+    };
+    decided(conn, lark::fetched(rows, fetched.clone(), now_ms())).await
+}
+
 pub(super) async fn event(
     conn: &mut PgConnection,
     event: &LarkEvent,

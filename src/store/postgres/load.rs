@@ -53,7 +53,7 @@ static ENQUEUE: LazyLock<String> = LazyLock::new(|| {
 
 /// Claim: the claim stored under the claim id (`$2`, on any session) and its
 /// turn if it is this session's, the session's active claim, and its oldest
-/// queued turn.
+/// queued turn, with whether its files are still being fetched.
 static CLAIM: LazyLock<String> = LazyLock::new(|| {
     statement(
         &[
@@ -61,6 +61,8 @@ static CLAIM: LazyLock<String> = LazyLock::new(|| {
             select_as("et", TURN_COLUMNS, "et_"),
             select_as("ac", CLAIM_COLUMNS, "ac_"),
             select_as("h", TURN_COLUMNS, "h_"),
+            "exists (select 1 from lark_fetches f where f.turn_id = h.turn_id) as h_fetching"
+                .to_owned(),
         ],
         &format!(
             "left join claims ec on ec.claim_id = $2
@@ -177,6 +179,7 @@ pub(super) async fn claim_rows(
         earlier_turn: optional_turn(Cols::new(&row, "et_"))?,
         active: optional_claim(Cols::new(&row, "ac_"))?,
         head: optional_turn(Cols::new(&row, "h_"))?,
+        head_fetching: row.try_get("h_fetching")?,
     })
 }
 

@@ -7,7 +7,7 @@ use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgPool};
 
 use super::rows::{text, utf8};
-use crate::store::{Outbound, OutboxRow, ReplyJob, ReplyUpdate};
+use crate::store::{FetchJob, Outbound, OutboxRow, ReplyJob, ReplyUpdate};
 use crate::time::now_ms;
 
 /// How long a dispatcher holds the replies it took before another may.
@@ -94,6 +94,33 @@ pub(super) async fn due(pool: &PgPool, now_ms: i64, limit: u32) -> sqlx::Result<
     // leased and is sent after the lease, as after a dispatcher's death.
     jobs.sort_by_key(|(due_at, _)| *due_at);
     Ok(jobs.into_iter().map(|(_, job)| job).collect())
+}
+
+/// Takes and leases due download jobs (`$1` now, `$2` limit, `$3` lease).
+const LEASE_FETCHES: &str = "with due as (
+         select turn_id, next_attempt_at from lark_fetches
+         where next_attempt_at <= $1
+         order by next_attempt_at limit $2
+         for update skip locked
+     )
+     update lark_fetches f set next_attempt_at = $1 + $3
+     from due where f.turn_id = due.turn_id
+     returning f.turn_id, f.session_id, f.message_id, f.resources, f.failures";
+
+/// Due download jobs, each leased to this replica for
+/// [`crate::store::FETCH_LEASE_MS`] (a replica that dies mid-download
+/// leaves it to another after the lease).
+pub(super) async fn due_fetches(
+    pool: &PgPool,
+    now_ms: i64,
+    limit: u32,
+) -> sqlx::Result<Vec<FetchJob>> {
+    sqlx::query_as(LEASE_FETCHES)
+        .bind(now_ms)
+        .bind(i64::from(limit))
+        .bind(crate::store::FETCH_LEASE_MS)
+        .fetch_all(pool)
+        .await
 }
 
 /// Records a dispatcher's attempt (it replaces the lease).

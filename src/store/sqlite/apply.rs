@@ -10,6 +10,8 @@ use crate::decide::pairing::PairCodeWrite;
 use crate::decide::{Change, ClaimRow, NewEvent, NewReply, SessionRow, Sweep, TurnRow, Writes};
 use crate::error::Result;
 use crate::model::{SessionState, TurnState};
+use crate::decide::lark::FetchWrite;
+use crate::store::{DELETE_FETCH, FETCHED_TURN, INSERT_FETCH};
 use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, INSERT_SENT, SPEND_PAIR_CODE, UPSERT_CHAT};
 
 /// Applies a decision's writes, in their order, to the tables.
@@ -25,6 +27,9 @@ pub(super) fn apply(conn: &Connection, mut writes: Writes) -> Result<()> {
     }
     if let Some(turn) = writes.turn {
         write_turn(conn, turn)?;
+    }
+    if let Some(fetch) = writes.fetch {
+        write_fetch(conn, fetch)?;
     }
     if let Some(claim) = writes.claim {
         write_claim(conn, claim)?;
@@ -147,6 +152,57 @@ fn sweep_session(conn: &Connection, sweep: &Sweep) -> Result<()> {
     Ok(())
 }
 
+/// A turn's files (its `attachments` list), one `turn_attachments` row each.
+fn insert_attachments(conn: &Connection, t: &TurnRow) -> Result<()> {
+    for a in crate::attachments::parse_list(t.attachments.as_deref()) {
+        sql::query(crate::store::INSERT_TURN_ATTACHMENT)
+            .bind(&t.turn_id)
+            .bind(a.position)
+            .bind(&t.session_id)
+            .bind(a.name)
+            .bind(a.declared_type)
+            .bind(a.content_type)
+            .bind(a.size as i64)
+            .bind(a.sha256)
+            .execute(conn)?;
+    }
+    Ok(())
+}
+
+/// A Lark turn's download job started, or finished (the turn taking its
+/// files and text).
+fn write_fetch(conn: &Connection, fetch: FetchWrite) -> Result<()> {
+    match fetch {
+        FetchWrite::Start {
+            turn_id,
+            session_id,
+            message_id,
+            resources,
+            at,
+        } => {
+            sql::query(INSERT_FETCH)
+                .bind(turn_id)
+                .bind(session_id)
+                .bind(message_id)
+                .bind(resources)
+                .bind(at)
+                .execute(conn)?;
+        }
+        FetchWrite::Finish { turn_id, turn } => {
+            if let Some(t) = turn {
+                sql::query(FETCHED_TURN)
+                    .bind(&t.text)
+                    .bind(&t.attachments)
+                    .bind(&t.turn_id)
+                    .execute(conn)?;
+                insert_attachments(conn, &t)?;
+            }
+            sql::query(DELETE_FETCH).bind(turn_id).execute(conn)?;
+        }
+    }
+    Ok(())
+}
+
 fn write_turn(conn: &Connection, change: Change<TurnRow>) -> Result<()> {
     match change {
         Change::Insert(t) => {
@@ -168,18 +224,7 @@ fn write_turn(conn: &Connection, change: Change<TurnRow>) -> Result<()> {
             .bind(t.claimed_at)
             .bind(&t.attachments)
             .execute(conn)?;
-            for a in crate::attachments::parse_list(t.attachments.as_deref()) {
-                sql::query(crate::store::INSERT_TURN_ATTACHMENT)
-                    .bind(&t.turn_id)
-                    .bind(a.position)
-                    .bind(&t.session_id)
-                    .bind(a.name)
-                    .bind(a.declared_type)
-                    .bind(a.content_type)
-                    .bind(a.size as i64)
-                    .bind(a.sha256)
-                    .execute(conn)?;
-            }
+            insert_attachments(conn, &t)?;
         }
         // A claim or a release leaves the completion's columns as they were
         // (unset: a completed turn is final), so its statement does not name

@@ -157,6 +157,21 @@ pub(super) fn command(conn: &Connection, command: Command, minter: &Minter) -> R
             Done::PruneStep(Box::new(super::prune_step(conn, cutoff_ms)?))
         }
         Command::PutBlob { blob } => Done::PutBlob(Box::new(put_blob(conn, &blob)?)),
+        Command::LarkFetched { fetched } => {
+            Done::LarkFetched(Box::new(lark::fetched(conn, fetched)?))
+        }
+        Command::RecordFetch {
+            turn_id,
+            failures,
+            next_attempt_at,
+        } => {
+            sql::query(crate::store::RECORD_FETCH)
+                .bind(failures)
+                .bind(next_attempt_at)
+                .bind(&turn_id)
+                .execute(conn)?;
+            Done::RecordFetch(Box::new(()))
+        }
     })
 }
 

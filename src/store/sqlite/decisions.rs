@@ -16,7 +16,7 @@ use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows, Releaser};
 use crate::decide::{self, ClaimRow};
 use crate::error::Result;
 use crate::ids::Minter;
-use crate::model::HostIdentity;
+use crate::model::{HostIdentity, Origin};
 use crate::model::{
     BindRequest, CompleteRequest, EnqueueRequest, NotificationKind, Receipt, Released,
 };
@@ -107,7 +107,13 @@ fn claim_rows(conn: &Connection, session_id: &str, claim_id: &str) -> Result<Cla
         None => None,
     };
     let head = journal::head(conn, session_id)?;
+    // Only a Lark turn can wait for its files.
+    let head_fetching = match &head {
+        Some(turn) if turn.origin == Origin::Lark => super::lark::fetching(conn, &turn.turn_id)?,
+        _ => false,
+    };
     Ok(ClaimRows {
+        head_fetching,
         active: active_claim(conn, Some(&session))?,
         session: Some(session),
         earlier,

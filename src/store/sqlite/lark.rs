@@ -6,7 +6,7 @@
 use rusqlite::Connection;
 
 use super::journal::decided;
-use super::{journal, load_permission, load_session, sql};
+use super::{journal, load_permission, load_session, load_turn, sql};
 use crate::decide::chat::{ChatRows, ChatSession};
 use crate::decide::lark::{self, EventRows, LinkRows};
 use crate::decide::lark::{LarkEvent, LarkIngest};
@@ -144,6 +144,25 @@ fn pair_rows(conn: &Connection, chat_id: &str, code: &str) -> Result<PairRows> {
 pub(super) fn pair_code(conn: &Connection, session_id: &str, code_hash: String) -> Result<i64> {
     let session = load_session(conn, session_id)?;
     decided(conn, pairing::new_code(session, code_hash, now_ms())?)
+}
+
+/// Ends a download job ([`lark::fetched`]): its session, its turn, and
+/// whether it is still pending.
+pub(super) fn fetched(conn: &Connection, fetched: lark::Fetched) -> Result<bool> {
+    let rows = lark::FetchedRows {
+        session: load_session(conn, &fetched.session_id)?,
+        turn: load_turn(conn, &fetched.session_id, &fetched.turn_id)?,
+        pending: fetching(conn, &fetched.turn_id)?,
+    };
+    decided(conn, lark::fetched(rows, fetched, now_ms()))
+}
+
+/// Whether the turn's download job is pending.
+pub(super) fn fetching(conn: &Connection, turn_id: &str) -> Result<bool> {
+    let pending: i64 = sql::query_scalar(crate::store::FETCH_PENDING)
+        .bind(turn_id)
+        .fetch_one(conn)?;
+    Ok(pending > 0)
 }
 
 pub(super) fn event(conn: &Connection, event: LarkEvent, minter: &Minter) -> Result<LarkIngest> {
