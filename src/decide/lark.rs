@@ -126,11 +126,9 @@ pub fn fetched(rows: FetchedRows, fetched: Fetched, now: i64) -> Decided<bool> {
     }
     let text = match fetched.failures.is_empty() {
         true => turn.text,
-        false => crate::broker::fit_text(format!(
-            "{}\n\n{}",
-            turn.text,
-            fetched.failures.join("\n")
-        )),
+        false => {
+            crate::broker::fit_text(format!("{}\n\n{}", turn.text, fetched.failures.join("\n")))
+        }
     };
     let turn = TurnRow {
         text,

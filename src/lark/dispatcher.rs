@@ -350,7 +350,6 @@ impl Dispatcher {
             }
         }
     }
-
 }
 
 /// The URL and body that send part `index` of a job: a reply to the turn's

@@ -26,8 +26,8 @@ use tokio_util::sync::CancellationToken;
 use super::LarkConfig;
 use super::api::{self, Api, Failure};
 use crate::attachments::{self, Upload};
-pub use crate::decide::lark::Resource;
 use crate::decide::lark::Fetched;
+pub use crate::decide::lark::Resource;
 use crate::store::{FetchJob, Store};
 use crate::time::now_ms;
 

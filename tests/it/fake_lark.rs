@@ -130,17 +130,23 @@ struct Inner {
     resources: HashMap<String, FakeResource>,
     /// Resource downloads answered with their bytes, by key.
     downloads: HashMap<String, usize>,
+    /// Resource downloads held open with no answer, by key.
+    hung_downloads: HashMap<String, usize>,
 }
 
 /// A file the resource route serves: its bytes, type and name, after
-/// `fail_first` answers of HTTP 500; or, with `final_code`, a JSON error.
+/// `rate_limited_first` answers of HTTP 429 (code 99991400, reset 0 s) and
+/// `fail_first` answers of HTTP 500; or, with `final_code`, a JSON error;
+/// or, `hang`ing, no answer at all.
 #[derive(Debug, Clone, Default)]
 pub struct FakeResource {
     pub bytes: Vec<u8>,
     pub content_type: String,
     pub name: String,
+    pub rate_limited_first: usize,
     pub fail_first: usize,
     pub final_code: Option<i64>,
+    pub hang: bool,
 }
 
 /// The fake Lark server.
@@ -257,6 +263,17 @@ impl FakeLark {
     }
 
     /// How many times the file under `key` was downloaded whole.
+    /// Downloads of `key` held open with no answer (a `hang`ing resource).
+    pub fn hung_downloads(&self, key: &str) -> usize {
+        self.inner
+            .lock()
+            .unwrap()
+            .hung_downloads
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
+
     pub fn downloads(&self, key: &str) -> usize {
         self.inner
             .lock()
@@ -456,6 +473,22 @@ async fn resource(
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
+    match resource_answer(&inner, key, &query, &headers) {
+        Some(answer) => answer,
+        // A hanging Lark: no answer until the broker gives up.
+        None => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            StatusCode::GATEWAY_TIMEOUT.into_response()
+        }
+    }
+}
+
+fn resource_answer(
+    inner: &Mutex<Inner>,
+    key: String,
+    query: &HashMap<String, String>,
+    headers: &HeaderMap,
+) -> Option<Response> {
     let mut inner = inner.lock().unwrap();
     let bearer = headers
         .get(header::AUTHORIZATION)
@@ -463,32 +496,53 @@ async fn resource(
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or_default();
     if !inner.tokens.contains_key(bearer) {
-        return lark_json(
+        let refused = lark_json(
             StatusCode::BAD_REQUEST,
             99991663,
             "invalid access token",
             None,
         );
+        return Some(refused);
     }
     if !matches!(
         query.get("type").map(String::as_str),
         Some("image" | "file")
     ) {
-        return lark_json(StatusCode::BAD_REQUEST, 234001, "invalid type", None);
+        let refused = lark_json(StatusCode::BAD_REQUEST, 234001, "invalid type", None);
+        return Some(refused);
     }
     let Some(found) = inner.resources.get_mut(&key) else {
-        return lark_json(StatusCode::BAD_REQUEST, 234003, "file not found", None);
+        let refused = lark_json(StatusCode::BAD_REQUEST, 234003, "file not found", None);
+        return Some(refused);
     };
+    if found.hang {
+        *inner.hung_downloads.entry(key).or_default() += 1;
+        return None;
+    }
+    if found.rate_limited_first > 0 {
+        found.rate_limited_first -= 1;
+        let mut limited = lark_json(
+            StatusCode::TOO_MANY_REQUESTS,
+            99991400,
+            "request trigger frequency limit",
+            None,
+        );
+        limited
+            .headers_mut()
+            .insert("x-ogw-ratelimit-reset", "0".parse().unwrap());
+        return Some(limited);
+    }
     if found.fail_first > 0 {
         found.fail_first -= 1;
-        return (StatusCode::INTERNAL_SERVER_ERROR, "busy").into_response();
+        return Some((StatusCode::INTERNAL_SERVER_ERROR, "busy").into_response());
     }
     if let Some(code) = found.final_code {
-        return lark_json(StatusCode::BAD_REQUEST, code, "resource refused", None);
+        let refused = lark_json(StatusCode::BAD_REQUEST, code, "resource refused", None);
+        return Some(refused);
     }
     let found = found.clone();
     *inner.downloads.entry(key).or_default() += 1;
-    (
+    let served = (
         StatusCode::OK,
         [
             (header::CONTENT_TYPE, found.content_type),
@@ -498,8 +552,8 @@ async fn resource(
             ),
         ],
         found.bytes,
-    )
-        .into_response()
+    );
+    Some(served.into_response())
 }
 
 /// `POST /open-apis/auth/v3/tenant_access_token/internal`.

@@ -16,10 +16,10 @@ use sqlx::query::Query;
 
 use super::Step;
 use super::rows::text;
+use crate::decide::lark::FetchWrite;
 use crate::decide::pairing::PairCodeWrite;
 use crate::decide::{Change, Changed, ClaimRow, Decided, NewEvent, NewReply, Sweep, Writes};
 use crate::decide::{SessionRow, TurnRow};
-use crate::decide::lark::FetchWrite;
 use crate::store::{DELETE_FETCH, FETCHED_TURN, INSERT_FETCH};
 use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, INSERT_SENT, SPEND_PAIR_CODE, UPSERT_CHAT};
 

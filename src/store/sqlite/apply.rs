@@ -6,11 +6,11 @@
 use rusqlite::Connection;
 
 use super::sql;
+use crate::decide::lark::FetchWrite;
 use crate::decide::pairing::PairCodeWrite;
 use crate::decide::{Change, ClaimRow, NewEvent, NewReply, SessionRow, Sweep, TurnRow, Writes};
 use crate::error::Result;
 use crate::model::{SessionState, TurnState};
-use crate::decide::lark::FetchWrite;
 use crate::store::{DELETE_FETCH, FETCHED_TURN, INSERT_FETCH};
 use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, INSERT_SENT, SPEND_PAIR_CODE, UPSERT_CHAT};
 

@@ -16,10 +16,10 @@ use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows, Releaser};
 use crate::decide::{self, ClaimRow};
 use crate::error::Result;
 use crate::ids::Minter;
-use crate::model::{HostIdentity, Origin};
 use crate::model::{
     BindRequest, CompleteRequest, EnqueueRequest, NotificationKind, Receipt, Released,
 };
+use crate::model::{HostIdentity, Origin};
 use crate::time::now_ms;
 
 /// The session's active claim, if it has one.
