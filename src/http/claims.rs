@@ -47,6 +47,14 @@ pub fn router() -> axum::Router<AppState> {
 /// turn by another claim answers 409 `claim_active`. Long-poll clients must set
 /// their HTTP timeout above `wait_seconds`.
 ///
+/// A turn from Lark that carries files (an image, a file, a post with
+/// pictures) is in the queue from the moment Lark's event is committed, but
+/// is handed out only once its files are downloaded and stored, or have
+/// failed for good (each failure a line of its text): until then the queue
+/// counts as empty for claims, and no turn behind it is handed out before
+/// it. When its files are in, the session's event log has the turn `queued`
+/// once more, and a parked claim wakes.
+///
 /// The two modes are one operation chosen by `Accept`, each media type with its
 /// own schema. Without `text/event-stream` in `Accept` the answer is
 /// `application/json`, a `ClaimAnswer` (a typed client that only speaks JSON,

@@ -169,10 +169,17 @@ impl Fetcher {
             let busy = !due.is_empty();
             for job in due {
                 // A hanging Lark never holds up a shutdown: the job stays,
-                // and runs again after the restart.
+                // handed back (a PostgreSQL lease ended), and runs again
+                // after the restart, here or on another replica.
+                let turn_id = job.turn_id.clone();
+                let failures = job.failures;
                 tokio::select! {
                     _ = self.fetch(job) => {}
-                    _ = shutdown.cancelled() => return,
+                    _ = shutdown.cancelled() => {
+                        let handed_back = self.store.record_fetch(turn_id, failures, now_ms());
+                        let _ = tokio::time::timeout(Duration::from_secs(2), handed_back).await;
+                        return;
+                    }
                 }
             }
             if busy {
