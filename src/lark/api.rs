@@ -147,6 +147,24 @@ impl Api {
     }
 }
 
+/// Sleeps until `next` (a job's due time, ms since the epoch; a minute
+/// at most, as a safety net, and when none is due) or until `woken`; false
+/// on shutdown. The outbox's and the download jobs' loops wait here.
+pub async fn until_due(
+    next: Option<i64>,
+    woken: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> bool {
+    let wait = next.map_or(Duration::from_secs(60), |at| {
+        Duration::from_millis((at - crate::time::now_ms()).clamp(0, 60_000) as u64)
+    });
+    tokio::select! {
+        _ = woken => true,
+        _ = tokio::time::sleep(wait) => true,
+        _ = shutdown.cancelled() => false,
+    }
+}
+
 /// Lark's `x-ogw-ratelimit-reset` (seconds), when an answer carries it.
 pub fn reset(response: &reqwest::Response) -> Option<u64> {
     response

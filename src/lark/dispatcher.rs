@@ -103,15 +103,10 @@ impl Dispatcher {
             if busy {
                 continue;
             }
-            // Sleep until the next retry falls due (or a minute, as a safety net).
+            // Sleep until the next retry falls due.
             let next = self.store.next_reply_due().await.ok().flatten();
-            let wait = next.map_or(Duration::from_secs(60), |at| {
-                Duration::from_millis((at - now_ms()).clamp(0, 60_000) as u64)
-            });
-            tokio::select! {
-                _ = woken => {}
-                _ = tokio::time::sleep(wait) => {}
-                _ = self.shutdown.cancelled() => return,
+            if !api::until_due(next, woken, &self.shutdown).await {
+                return;
             }
         }
     }

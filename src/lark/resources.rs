@@ -186,13 +186,8 @@ impl Fetcher {
                 continue;
             }
             let next = self.store.next_fetch_due().await.ok().flatten();
-            let wait = next.map_or(Duration::from_secs(60), |at| {
-                Duration::from_millis((at - now_ms()).clamp(0, 60_000) as u64)
-            });
-            tokio::select! {
-                _ = woken => {}
-                _ = tokio::time::sleep(wait) => {}
-                _ = shutdown.cancelled() => return,
+            if !api::until_due(next, woken, &shutdown).await {
+                return;
             }
         }
     }
