@@ -283,8 +283,10 @@ impl Broker {
     /// written; then each file's bytes are stored under their sha256, and
     /// the turn, naming them, is enqueued as [`Broker::enqueue`] does (the
     /// same idempotency: a replay must name the same files). The session's
-    /// limit is read before the write, not under its lock: two uploads at
-    /// the same moment may pass it together, by at most one message each. Bytes stored
+    /// limit is read here first, so an upload over it writes nothing; the
+    /// enqueue checks it again under the session's lock
+    /// ([`crate::decide::turn::enqueue_within`]), so uploads racing for the
+    /// last bytes never pass it together. Bytes stored
     /// for an enqueue that is then refused are named by no turn, and
     /// retention removes them.
     pub async fn enqueue_with_attachments(

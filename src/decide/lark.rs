@@ -91,14 +91,17 @@ pub struct FetchedRows {
     pub session: Option<SessionRow>,
     pub turn: Option<TurnRow>,
     pub pending: bool,
+    /// The bytes the session's files hold already.
+    pub held: u64,
 }
 
 /// A download job's end: once (a job already finished, by a replica that
 /// fetched the same files, changes nothing: `false`). A turn still queued
-/// takes the files and the failure lines (after its text), and is logged
+/// takes the files (none, each a failure line, if they would take the
+/// session over its limit) and the failure lines (after its text), and is logged
 /// `queued` again, which wakes the claims its job held back; a turn no
 /// longer queued (its session closed) only ends the job.
-pub fn fetched(rows: FetchedRows, fetched: Fetched, now: i64) -> Decided<bool> {
+pub fn fetched(rows: FetchedRows, mut fetched: Fetched, now: i64) -> Decided<bool> {
     if !rows.pending {
         return Decided::nothing(false);
     }
@@ -123,6 +126,16 @@ pub fn fetched(rows: FetchedRows, fetched: Fetched, now: i64) -> Decided<bool> {
             },
             answer: false,
         };
+    }
+    let adding = fetched.attachments.iter().map(|a| a.size).sum();
+    if let Err(over) = crate::attachments::check_session(rows.held, adding) {
+        // None is kept: each is a line of the text instead.
+        for file in std::mem::take(&mut fetched.attachments) {
+            fetched.failures.push(format!(
+                "A file sent from Lark, {}, could not be kept: {}",
+                file.name, over.message
+            ));
+        }
     }
     let text = match fetched.failures.is_empty() {
         true => turn.text,

@@ -60,11 +60,26 @@ fn same_message(turn: &TurnRow, message: &EnqueueRequest) -> bool {
 /// 404; a known client_message_id answers its turn again (409
 /// `session_closed` once closed, 422 `idempotency_key_reused` for another
 /// body); closed 409; live steering 409 `live_steering_unavailable`; 429
-/// `queue_full` at [`MAX_QUEUED`].
+/// `queue_full` at [`MAX_QUEUED`]. A message without files.
 pub fn enqueue(
     session: Option<SessionRow>,
     earlier: Option<TurnRow>,
     message: EnqueueRequest,
+    minter: &Minter,
+    now: i64,
+) -> Result<Decided<Enqueue>> {
+    enqueue_within(session, earlier, message, 0, minter, now)
+}
+
+/// [`enqueue`], given also the bytes the session's files hold (`held`,
+/// read under the session's lock): a message whose files would take the
+/// session over its limit is 413 `payload_too_large`
+/// ([`crate::attachments::check_session`]), after the queue's own checks.
+pub fn enqueue_within(
+    session: Option<SessionRow>,
+    earlier: Option<TurnRow>,
+    message: EnqueueRequest,
+    held: u64,
     minter: &Minter,
     now: i64,
 ) -> Result<Decided<Enqueue>> {
@@ -91,6 +106,10 @@ pub fn enqueue(
             ErrorCode::QueueFull,
             format!("The session already holds {MAX_QUEUED} queued turns."),
         ));
+    }
+    let adding = message.attachments.iter().map(|a| a.size).sum();
+    if adding > 0 {
+        crate::attachments::check_session(held, adding)?;
     }
     let (lark_chat_id, lark_message_id) = message
         .lark

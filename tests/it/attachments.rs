@@ -755,3 +755,34 @@ async fn the_session_limit_refuses_new_files_and_still_answers_a_replay() {
     .await
     .unwrap();
 }
+
+/// Uploads racing for the session's last bytes: the limit is checked under
+/// the session's lock, so exactly one of them fits.
+#[tokio::test]
+async fn racing_uploads_never_take_a_session_over_its_limit() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    // The session holds all but 150 bytes of its 500 MiB.
+    let db = Db::of(&broker).await;
+    db.execute(
+        "insert into turn_attachments (turn_id, position, session_id, name, declared_type, \
+         content_type, size, sha256) values ('turn_fake', 0, $2, 'big', 'x', 'x', $1, 'none')",
+        500 * 1024 * 1024 - 150,
+        host.session_id(),
+    )
+    .await;
+    let upload = async |i: u8| {
+        let files = [file(&format!("f{i}.bin"), "", vec![i; 100])];
+        c.enqueue_with_attachments(host.session_id(), &web(&format!("race {i}")), &files)
+            .await
+    };
+    let (a, b, d, e) = tokio::join!(upload(0), upload(1), upload(2), upload(3));
+    let answers = [a, b, d, e];
+    let taken = answers.iter().filter(|a| a.is_ok()).count();
+    assert_eq!(taken, 1, "{answers:?}");
+    for refused in answers.into_iter().filter(|a| a.is_err()) {
+        assert_eq!(code(refused), (413, "payload_too_large".into()));
+    }
+    assert_eq!(all_turns(c, &host).await.len(), 1);
+}

@@ -117,7 +117,12 @@ pub(super) async fn enqueue(
 ) -> Step<Enqueue> {
     let client_message_id = message.client_message_id.as_deref();
     let (session, earlier) = enqueue_rows(conn, session_id, client_message_id).await?;
-    let decision = decide::turn::enqueue(session, earlier, message.clone(), minter, now_ms())?;
+    let held = match (&session, message.attachments.is_empty()) {
+        (Some(_), false) => super::lark::attachment_bytes(conn, session_id).await?,
+        _ => 0,
+    };
+    let decision =
+        decide::turn::enqueue_within(session, earlier, message.clone(), held, minter, now_ms())?;
     decided(conn, decision).await
 }
 

@@ -238,6 +238,18 @@ pub(super) async fn pair_code(
     .await
 }
 
+/// The bytes the session's files hold (read under the session's lock).
+pub(super) async fn attachment_bytes(
+    conn: &mut PgConnection,
+    session_id: &str,
+) -> sqlx::Result<u64> {
+    let held: i64 = sqlx::query_scalar(crate::store::SESSION_ATTACHMENT_BYTES)
+        .bind(session_id)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(held.max(0) as u64)
+}
+
 /// Ends a download job ([`lark::fetched`]): the session (locked), its
 /// turn, and whether the job is still pending.
 pub(super) async fn fetched(conn: &mut PgConnection, fetched: &lark::Fetched) -> Step<bool> {
@@ -251,6 +263,7 @@ pub(super) async fn fetched(conn: &mut PgConnection, fetched: &lark::Fetched) ->
         session,
         turn,
         pending: pending > 0,
+        held: attachment_bytes(conn, &fetched.session_id).await?,
     };
     decided(conn, lark::fetched(rows, fetched.clone(), now_ms())).await
 }

@@ -93,7 +93,11 @@ pub(super) fn enqueue(
         }
         _ => None,
     };
-    let decision = decide::turn::enqueue(session, earlier, message, minter, now_ms())?;
+    let held = match (&session, message.attachments.is_empty()) {
+        (Some(_), false) => super::lark::attachment_bytes(conn, &session_id)?,
+        _ => 0,
+    };
+    let decision = decide::turn::enqueue_within(session, earlier, message, held, minter, now_ms())?;
     decided(conn, decision)
 }
 

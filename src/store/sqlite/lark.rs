@@ -153,8 +153,19 @@ pub(super) fn fetched(conn: &Connection, fetched: lark::Fetched) -> Result<bool>
         session: load_session(conn, &fetched.session_id)?,
         turn: load_turn(conn, &fetched.session_id, &fetched.turn_id)?,
         pending: fetching(conn, &fetched.turn_id)?,
+        held: attachment_bytes(conn, &fetched.session_id)?,
     };
     decided(conn, lark::fetched(rows, fetched, now_ms()))
+}
+
+/// The bytes the session's files hold, journaled turns' included (the
+/// journal is folded first: only a message with files pays for it).
+pub(super) fn attachment_bytes(conn: &Connection, session_id: &str) -> Result<u64> {
+    journal::fold_all(conn)?;
+    let held: i64 = sql::query_scalar(crate::store::SESSION_ATTACHMENT_BYTES)
+        .bind(session_id)
+        .fetch_one(conn)?;
+    Ok(held.max(0) as u64)
 }
 
 /// Whether the turn's download job is pending.
