@@ -1,7 +1,9 @@
 //! The tests' fake Lark (REST API and long connection) as a standalone
 //! process, for what runs outside `cargo test`:
 //!
-//! - `fake_lark_ws check`: waits for one long-connection client (Lark's
+//! - `fake_lark_ws check`: serves two resources for the official client's
+//!   download (`img_sdk_check`, a PNG named `sdk.png`; `img_sdk_limited`,
+//!   rate limited once); waits for one long-connection client (Lark's
 //!   official one, in `tests/lark_sdk/check_fake.py`), checks that it pings
 //!   with the endpoint's service id, delivers a text event in 3 fragments and
 //!   waits for its acknowledgement; prints a JSON verdict, exits 0 or 1.
@@ -26,6 +28,9 @@ async fn main() -> std::process::ExitCode {
     let fake = fake_lark::FakeLark::start().await;
     let ping: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1);
     fake.ws.set_client_config(json!({"ReconnectCount": -1, "ReconnectInterval": 1, "ReconnectNonce": 0, "PingInterval": ping}));
+    // What the official client downloads (LARK.md's resource route).
+    fake.serve_resource("img_sdk_check", sdk_resource(0));
+    fake.serve_resource("img_sdk_limited", sdk_resource(1));
     println!("FAKE_LARK_URL={}", fake.url);
     std::io::stdout().flush().unwrap();
     match args.first().map(String::as_str) {
@@ -38,6 +43,17 @@ async fn main() -> std::process::ExitCode {
             eprintln!("usage: fake_lark_ws check | serve [PING_SECONDS]");
             std::process::ExitCode::from(2)
         }
+    }
+}
+
+/// The PNG the official client downloads, rate limited `limited` times first.
+fn sdk_resource(limited: usize) -> fake_lark::FakeResource {
+    fake_lark::FakeResource {
+        bytes: b"\x89PNG\r\n\x1a\nsdk-check".to_vec(),
+        content_type: "image/png".into(),
+        name: "sdk.png".into(),
+        rate_limited_first: limited,
+        ..Default::default()
     }
 }
 

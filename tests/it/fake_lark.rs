@@ -187,12 +187,7 @@ impl FakeLark {
         let app = app.merge(ws.router());
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
-                .unwrap();
-        });
+        let server = tokio::spawn(serve(listener, app, stop));
         FakeLark {
             url,
             ws,
@@ -399,6 +394,40 @@ impl FakeLark {
     pub async fn stop(mut self) {
         self.shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.server).await;
+    }
+}
+
+/// Serves the fake's routes until `stop`, each answer's header names in
+/// title case (`Content-Type`, `Content-Disposition`), as Lark's servers
+/// send them: Lark's official SDK looks them up case-sensitively
+/// (`tests/lark_sdk/check_fake.py` downloads a resource through it).
+async fn serve(listener: tokio::net::TcpListener, app: Router, stop: CancellationToken) {
+    use tower::ServiceExt;
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => continue,
+            },
+            _ = stop.cancelled() => return,
+        };
+        let app = app.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let service =
+                hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                    app.clone().oneshot(request.map(axum::body::Body::new))
+                });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .title_case_headers(true)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .with_upgrades();
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = stop.cancelled() => {}
+            }
+        });
     }
 }
 

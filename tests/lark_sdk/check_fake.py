@@ -7,6 +7,10 @@ at it with its `domain` option. The client must fetch an endpoint, connect,
 ping with the endpoint's service id, receive an event the fake sends in 3
 fragments (joined into the whole envelope), and acknowledge it with code 200;
 the fake judges the wire side and prints its verdict, this script the event.
+First, the REST side of the fake's resource route (issue 39): the official
+`lark.Client` fetches a tenant token from the fake and downloads an image
+(`im.v1.message_resource.get`): its bytes and its file name must come through,
+and a rate-limited download must read as code 99991400.
 
 Usage: python check_fake.py path/to/fake_lark_ws
 """
@@ -21,7 +25,44 @@ APP_ID = "cli_9f5343c580712544"
 APP_SECRET = "fake-app-secret-0123456789"
 EXPECTED_TEXT = "fragmented event " * 200
 
+EXPECTED_BYTES = b"\x89PNG\r\n\x1a\nsdk-check"
+
 received = []
+downloads = {}
+
+
+def check_resources(url: str) -> bool:
+    import lark_oapi as lark
+    from lark_oapi.api.im.v1 import GetMessageResourceRequest
+
+    api = lark.Client.builder().app_id(APP_ID).app_secret(APP_SECRET).domain(url).build()
+
+    def get(key):
+        request = (
+            GetMessageResourceRequest.builder()
+            .message_id("om_sdk_check")
+            .file_key(key)
+            .type("image")
+            .build()
+        )
+        return api.im.v1.message_resource.get(request)
+
+    image = get("img_sdk_check")
+    limited = get("img_sdk_limited")
+    downloads["image"] = {
+        "code": image.code,
+        "bytes_equal": image.file is not None and image.file.read() == EXPECTED_BYTES,
+        "file_name": image.file_name,
+    }
+    downloads["limited"] = {"code": limited.code, "status": limited.raw.status_code}
+    print(f"official client downloads: {json.dumps(downloads)}")
+    return (
+        image.code == 0
+        and downloads["image"]["bytes_equal"]
+        and image.file_name == "sdk.png"
+        and limited.code == 99991400
+        and limited.raw.status_code == 429
+    )
 
 
 def main() -> None:
@@ -31,6 +72,7 @@ def main() -> None:
         print(f"the fake did not start: {first!r}")
         sys.exit(1)
     url = first.split("=", 1)[1]
+    resources_ok = check_resources(url)
 
     def judge() -> None:
         verdict_line = fake.stdout.read().strip()
@@ -39,7 +81,13 @@ def main() -> None:
         verdict = json.loads(verdict_line.splitlines()[-1]) if verdict_line else {}
         event_ok = len(received) == 1 and received[0] == EXPECTED_TEXT
         print(f"official client received {len(received)} event(s), text intact: {event_ok}")
-        ok = code == 0 and verdict.get("ok") is True and verdict.get("pings", 0) >= 1 and event_ok
+        ok = (
+            code == 0
+            and verdict.get("ok") is True
+            and verdict.get("pings", 0) >= 1
+            and event_ok
+            and resources_ok
+        )
         print("check_fake: OK" if ok else "check_fake: FAILED")
         sys.stdout.flush()
         os._exit(0 if ok else 1)
