@@ -414,10 +414,11 @@ async fn serve(listener: tokio::net::TcpListener, app: Router, stop: Cancellatio
         let app = app.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
-            let service =
-                hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            let service = hyper::service::service_fn(
+                move |request: hyper::Request<hyper::body::Incoming>| {
                     app.clone().oneshot(request.map(axum::body::Body::new))
-                });
+                },
+            );
             let connection = hyper::server::conn::http1::Builder::new()
                 .title_case_headers(true)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
