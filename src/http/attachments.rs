@@ -220,7 +220,14 @@ fn multipart_error(e: axum::extract::multipart::MultipartError) -> Error {
         ("position" = u32, Path, description = "The file's position in the turn's `attachments`."),
     ),
     responses(
-        (status = 200, description = "The file's bytes.", content_type = "application/octet-stream", body = Vec<u8>,
+        (status = 200, description = "The file's bytes: an image recognized by its bytes as its type, anything else as `application/octet-stream`.",
+            content(
+                (Vec<u8> = "application/octet-stream"),
+                (Vec<u8> = "image/png"),
+                (Vec<u8> = "image/jpeg"),
+                (Vec<u8> = "image/gif"),
+                (Vec<u8> = "image/webp"),
+            ),
             headers(
                 ("Content-Disposition" = String, description = "`inline` for a recognized image, else `attachment`; with the file's safe name."),
                 ("X-Content-Type-Options" = String, description = "`nosniff`."),
