@@ -632,6 +632,52 @@ mod tests {
         assert!(table.contains("without rowid"), "{table}");
     }
 
+    /// A turn's cycle writes its rows without building a b-tree per row:
+    /// no CHECK lists its values as `in (…)` (SQLite evaluates a list of
+    /// more than two through an ephemeral index, migration 0042), and each
+    /// check still refuses what it refused.
+    #[tokio::test]
+    async fn a_cycles_writes_check_their_rows_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("broker.db");
+        let _store = SqliteStore::open(&path, Durability::Relaxed).await.unwrap();
+        let conn = Connection::open(&path).unwrap();
+        for statement in [
+            "insert into turns (turn_id, session_id, seq, origin, text, state, enqueued_at) \
+             values (?, ?, ?, ?, ?, ?, ?)",
+            "update turns set state = ?, claimed_at = ? where turn_id = ?",
+            "update sessions set agent_state = ?, queued_count = ? where session_id = ?",
+            "insert into session_events (session_id, event_no, kind, turn_id, seq, request_id, \
+             state, at) values (?, ?, ?, ?, ?, ?, ?, ?)",
+            "insert into claims (claim_id, session_id, turn_id, attempt, state, claimed_at) \
+             values (?, ?, ?, ?, ?, ?)",
+            "update claims set state = ?, released_at = ? where claim_id = ?",
+            "update lark_replies set state = ? where turn_id = ?",
+            "update permission_requests set state = ? where request_id = ?",
+        ] {
+            let mut program = conn.prepare(&format!("explain {statement}")).unwrap();
+            let params = vec![rusqlite::types::Null; program.parameter_count()];
+            let ops: Vec<String> = program
+                .query_map(rusqlite::params_from_iter(params), |row| row.get(1))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            assert!(
+                !ops.iter().any(|op| op == "OpenEphemeral"),
+                "{statement} builds an ephemeral table"
+            );
+        }
+        let bogus = conn.execute(
+            "insert into claims (claim_id, session_id, turn_id, attempt, state, claimed_at) \
+             values ('c', 's', 't', 1, 'bogus', 1)",
+            [],
+        );
+        assert!(
+            format!("{bogus:?}").contains("CHECK constraint failed"),
+            "{bogus:?}"
+        );
+    }
+
     /// `/metrics` and every retention statement go through indexes: none
     /// scans a whole table, however large the history.
     #[tokio::test]
