@@ -316,17 +316,8 @@ impl Broker {
                 return Err(over);
             }
         }
-        message.attachments = self.store_files(&uploads).await?;
+        message.attachments = attachments::store_files(self.store.as_ref(), &uploads).await?;
         self.enqueue(session_id, message).await
-    }
-
-    /// Stores files' bytes before the enqueue that names them (a Lark
-    /// message's, downloaded); what the turn lists.
-    pub async fn store_files(
-        &self,
-        uploads: &[crate::attachments::Upload],
-    ) -> Result<Vec<crate::attachments::Stored>> {
-        crate::attachments::store_files(self.store.as_ref(), uploads).await
     }
 
     /// A turn's file at `position`, for its download (404 when none).

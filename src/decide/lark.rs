@@ -109,7 +109,8 @@ pub fn fetched(rows: FetchedRows, mut fetched: Fetched, now: i64) -> Decided<boo
         turn_id: fetched.turn_id.clone(),
         turn,
     };
-    let (Some(mut session), Some(turn)) = (rows.session, rows.turn) else {
+    let queued = rows.turn.filter(|t| t.state == TurnState::Queued);
+    let (Some(mut session), Some(turn)) = (rows.session, queued) else {
         return Decided {
             writes: Writes {
                 fetch: Some(finish(None)),
@@ -118,15 +119,6 @@ pub fn fetched(rows: FetchedRows, mut fetched: Fetched, now: i64) -> Decided<boo
             answer: false,
         };
     };
-    if turn.state != TurnState::Queued {
-        return Decided {
-            writes: Writes {
-                fetch: Some(finish(None)),
-                ..Writes::default()
-            },
-            answer: false,
-        };
-    }
     let adding = fetched.attachments.iter().map(|a| a.size).sum();
     if let Err(over) = crate::attachments::check_session(rows.held, adding) {
         // None is kept: each is a line of the text instead.
