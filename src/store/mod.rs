@@ -19,6 +19,7 @@
 //! decisions into one commit ([`Store::together`]): that is how it hands a
 //! parked claim the turn an enqueue brings.
 
+mod dispatch;
 pub mod postgres;
 pub mod retention;
 pub mod sqlite;
@@ -219,6 +220,36 @@ pub const LINK_STATUS: &str =
 /// typed at the agent's terminal.
 pub const TERMINAL_FEED: &str =
     "select chat_id from lark_links where session_id = $1 and terminal_turns = 1";
+
+/// Whether a Lark event was seen (`$1` app, `$2` event id, `$3` its
+/// message's id, or null).
+pub const EVENT_SEEN: &str =
+    "select 1 from lark_events where app_id = $1 and (event_id = $2 or message_id = $3)";
+
+/// A pairing code (`$1` its hash), as [`crate::decide::pairing::PairCodeRow`] reads it.
+pub const PAIR_CODE: &str =
+    "select code_hash, session_id, expires_at, used_at from lark_pair_codes where code_hash = $1";
+
+/// A permission request's card (`$1` session, `$2` request): its chat, and
+/// who answered on it.
+pub const CARD: &str = "select chat_id, answered_by from lark_permission_messages \
+     where session_id = $1 and request_id = $2";
+
+/// A permission request's card was sent (`$1` its message id, `$2`
+/// session, `$3` request).
+pub const CARD_SENT: &str = "update lark_permission_messages set message_id = $1 \
+     where session_id = $2 and request_id = $3";
+
+/// A session a bind created (`$1`…`$10`, in this order).
+pub const INSERT_SESSION: &str = "insert into sessions (session_id, goal_id, agent_id, \
+     host_surface, host_session_id, executor_endpoint_id, state, created_at, next_seq, \
+     next_event_no) values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+
+/// An agent thread registered (`$1` goal, `$2` agent, `$3` host surface,
+/// `$4` host session, `$5` now); a second registration inserts nothing.
+pub const REGISTER: &str = "insert into agent_threads \
+     (goal_id, agent_id, host_surface, host_session_id, registered_at) \
+     values ($1, $2, $3, $4, $5) on conflict do nothing";
 
 /// A chat (`$1`), as [`crate::decide::pairing::ChatRow`] reads it.
 pub const CHAT: &str = "select chat_id, failed_codes, failed_since, current_session_id \

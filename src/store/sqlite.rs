@@ -17,17 +17,14 @@ use sqlx::sqlite::{
 
 mod apply;
 mod cards;
-mod commands;
 mod crash;
-mod decisions;
 mod journal;
-mod lark;
-mod permissions;
+mod tx;
 mod writer;
 
 use super::retention::{self, PruneStep};
 use super::sync_sql as sql;
-use commands::command as command_on;
+use tx::command as command_on;
 use writer::{Writer, nested};
 
 use super::CardUpdateJob;

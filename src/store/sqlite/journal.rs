@@ -37,19 +37,19 @@ use rusqlite::Connection;
 
 use super::apply::apply;
 use super::sql;
-use crate::decide::{Change, Changed, ClaimRow, Decided, SessionRow, TurnRow, Writes};
+use crate::decide::{Change, Changed, ClaimRow, SessionRow, TurnRow, Writes};
 use crate::error::{Error, Result};
 use crate::model::TurnState;
 
-/// Records a decision's writes (journaled, or applied now) and answers its
-/// answer; what they change is kept for [`take_changed`].
-pub(super) fn decided<T>(conn: &Connection, decided: Decided<T>) -> Result<T> {
-    let changed = decided.writes.changed();
-    record(conn, decided.writes)?;
+/// Records a decision's writes (journaled, or applied now); what they
+/// change is kept for [`take_changed`].
+pub(super) fn decided(conn: &Connection, writes: Writes) -> Result<()> {
+    let changed = writes.changed();
+    record(conn, writes)?;
     if let Some(changed) = changed {
         CHANGED.with(|all| all.borrow_mut().push(changed));
     }
-    Ok(decided.answer)
+    Ok(())
 }
 
 thread_local! {

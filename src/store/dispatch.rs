@@ -1,0 +1,577 @@
+//! Each [`Command`] to its rule, once for every store: the rows the rule
+//! needs, loaded through the backend's [`Tx`], the rule of [`crate::decide`]
+//! called, and the [`Writes`] it returns handed back to the backend to
+//! apply, all in the backend's one transaction. A backend keeps its SQL (the
+//! loads, the writes, the bookkeeping statements) and decides nothing; which
+//! rows a rule reads, in what order, and which session is locked before
+//! which row is read, is said here once.
+//!
+//! On SQLite every step runs at once on the writer's thread (its futures
+//! are never pending: [`at_once`] drives them); on PostgreSQL each is a
+//! round trip in the call's transaction.
+
+use std::future::Future;
+use std::task::{Context, Poll, Waker};
+
+use crate::decide::chat::{ChatRows, ChatSession};
+use crate::decide::lark::{self, ClickRows, EventRows, LarkEvent, LinkRow, LinkRows};
+use crate::decide::pairing::{self, ChatRow, PairCodeRow, PairRows};
+use crate::decide::permission::{self, AnswerRows, CreateRows};
+use crate::decide::presence::{self, ReportRows};
+use crate::decide::session::{self, BindRows, Bound, CloseRows};
+use crate::decide::turn::{self, ClaimRows, CompleteRows, ReleaseRows};
+use crate::decide::{Decided, SessionRow, TurnRow, Writes};
+use crate::error::Error;
+use crate::ids::Minter;
+use crate::model::BindRequest;
+use crate::permission::PermissionRow;
+use crate::store::retention::PruneStep;
+use crate::store::{Blob, CardUpdateJob, Command, Done, Outbound, ReplyUpdate};
+use crate::time::now_ms;
+
+/// A backend's transaction, as the decisions use it: the rows they read
+/// (a session read to decide on is locked, on a store that other processes
+/// share), the writes they return applied, and the bookkeeping statements
+/// no rule decides. Each method is one step of the caller's transaction.
+#[allow(async_fn_in_trait)]
+pub(crate) trait Tx {
+    /// How a step fails: the contract's refusal (an [`Error`] a rule
+    /// returned) or the database's own failure.
+    type Fail: From<Error>;
+
+    /// The session, and its turn enqueued with `client_message_id`.
+    async fn enqueue_rows(
+        &mut self,
+        session_id: &str,
+        client_message_id: Option<&str>,
+    ) -> Result<(Option<SessionRow>, Option<TurnRow>), Self::Fail>;
+    async fn claim_rows(
+        &mut self,
+        session_id: &str,
+        claim_id: &str,
+    ) -> Result<ClaimRows, Self::Fail>;
+    async fn complete_rows(
+        &mut self,
+        session_id: &str,
+        turn_id: &str,
+        completion_id: &str,
+    ) -> Result<CompleteRows, Self::Fail>;
+    async fn release_rows(
+        &mut self,
+        session_id: &str,
+        claim_id: &str,
+    ) -> Result<ReleaseRows, Self::Fail>;
+    async fn close_rows(&mut self, session_id: &str) -> Result<CloseRows, Self::Fail>;
+    async fn bind_rows(&mut self, bind: &BindRequest) -> Result<BindRows, Self::Fail>;
+
+    /// The session, locked for the decision.
+    async fn lock_session(&mut self, session_id: &str) -> Result<Option<SessionRow>, Self::Fail>;
+    /// The session as it stands, not locked.
+    async fn session(&mut self, session_id: &str) -> Result<Option<SessionRow>, Self::Fail>;
+    async fn turn(
+        &mut self,
+        session_id: &str,
+        turn_id: &str,
+    ) -> Result<Option<TurnRow>, Self::Fail>;
+    /// The session's turn enqueued with this `client_message_id`.
+    async fn earlier_turn(
+        &mut self,
+        session_id: &str,
+        client_message_id: &str,
+    ) -> Result<Option<TurnRow>, Self::Fail>;
+    async fn permission(
+        &mut self,
+        session_id: &str,
+        request_id: &str,
+    ) -> Result<Option<PermissionRow>, Self::Fail>;
+    /// The bytes the session's files hold.
+    async fn attachment_bytes(&mut self, session_id: &str) -> Result<u64, Self::Fail>;
+    /// Whether the turn's Lark download job is pending.
+    async fn fetching(&mut self, turn_id: &str) -> Result<bool, Self::Fail>;
+    /// The chat the session's link sends terminal turns to.
+    async fn terminal_feed(&mut self, session_id: &str) -> Result<Option<String>, Self::Fail>;
+    async fn session_link(&mut self, session_id: &str) -> Result<Option<LinkRow>, Self::Fail>;
+    async fn chat(&mut self, chat_id: &str) -> Result<Option<ChatRow>, Self::Fail>;
+    /// The chat's open sessions (id, approvers), in link order.
+    async fn chat_links(&mut self, chat_id: &str) -> Result<Vec<(String, String)>, Self::Fail>;
+    /// The session a message the broker sent was for.
+    async fn sent_for(&mut self, message_id: &str) -> Result<Option<String>, Self::Fail>;
+    /// The session of the chat's linked sessions that asked `request_id`.
+    async fn asked_in_chat(
+        &mut self,
+        chat_id: &str,
+        request_id: &str,
+    ) -> Result<Option<String>, Self::Fail>;
+    /// Whether a Lark event was seen: by its event id, or its message's id.
+    async fn event_seen(
+        &mut self,
+        app_id: &str,
+        event_id: &str,
+        message_id: Option<&str>,
+    ) -> Result<bool, Self::Fail>;
+    async fn pair_code(&mut self, code_hash: &str) -> Result<Option<PairCodeRow>, Self::Fail>;
+    /// A permission request's card: its chat, and who answered on it.
+    async fn card(
+        &mut self,
+        session_id: &str,
+        request_id: &str,
+    ) -> Result<Option<(String, Option<String>)>, Self::Fail>;
+
+    /// Applies a decision's writes (or, on SQLite, journals them).
+    async fn apply(&mut self, writes: Writes) -> Result<(), Self::Fail>;
+    /// A session a bind created.
+    async fn insert_session(&mut self, session: &SessionRow) -> Result<(), Self::Fail>;
+
+    /// The bookkeeping no rule decides.
+    async fn register(
+        &mut self,
+        thread: &crate::model::RegisterAgentThread,
+    ) -> Result<bool, Self::Fail>;
+    async fn record_reply(
+        &mut self,
+        outbound: Outbound,
+        update: ReplyUpdate,
+    ) -> Result<(), Self::Fail>;
+    async fn message_sent(
+        &mut self,
+        message_id: &str,
+        session_id: &str,
+        chat_id: &str,
+    ) -> Result<(), Self::Fail>;
+    async fn card_sent(
+        &mut self,
+        session_id: &str,
+        request_id: &str,
+        message_id: &str,
+    ) -> Result<(), Self::Fail>;
+    async fn record_card_update(
+        &mut self,
+        job: CardUpdateJob,
+        update: ReplyUpdate,
+    ) -> Result<(), Self::Fail>;
+    async fn prune_step(&mut self, cutoff_ms: i64) -> Result<PruneStep, Self::Fail>;
+    async fn put_blob(&mut self, blob: &Blob) -> Result<(), Self::Fail>;
+    async fn record_fetch(
+        &mut self,
+        turn_id: &str,
+        failures: i64,
+        next_attempt_at: i64,
+    ) -> Result<(), Self::Fail>;
+}
+
+/// Applies a decision's writes and answers its answer.
+async fn decided<X: Tx, T>(tx: &mut X, decided: Decided<T>) -> Result<T, X::Fail> {
+    tx.apply(decided.writes).await?;
+    Ok(decided.answer)
+}
+
+/// Takes `command` in the caller's transaction: what it decided.
+pub(crate) async fn command<X: Tx>(
+    tx: &mut X,
+    command: Command,
+    minter: &Minter,
+) -> Result<Done, X::Fail> {
+    let now = now_ms();
+    Ok(match command {
+        Command::Register { thread } => Done::Register(Box::new(tx.register(&thread).await?)),
+        Command::PreviewBind { bind } => {
+            let rows = tx.bind_rows(&bind).await?;
+            Done::PreviewBind(Box::new(session::check_bind(rows, &bind)?))
+        }
+        Command::Bind { bind } => {
+            let rows = tx.bind_rows(&bind).await?;
+            let bound = session::bind(rows, bind, minter, now)?;
+            if let Bound::Created(s) = &bound {
+                tx.insert_session(s).await?;
+            }
+            Done::Bind(Box::new(bound))
+        }
+        Command::Enqueue {
+            session_id,
+            message,
+        } => {
+            let client_message_id = message.client_message_id.as_deref();
+            let (session, earlier) = tx.enqueue_rows(&session_id, client_message_id).await?;
+            // Only a message with files counts the session's.
+            let held = match (&session, message.attachments.is_empty()) {
+                (Some(_), false) => tx.attachment_bytes(&session_id).await?,
+                _ => 0,
+            };
+            let decision = turn::enqueue_within(session, earlier, message, held, minter, now)?;
+            Done::Enqueue(Box::new(decided(tx, decision).await?))
+        }
+        Command::Claim {
+            session_id,
+            host,
+            claim_id,
+        } => {
+            let rows = tx.claim_rows(&session_id, &claim_id).await?;
+            let decision = turn::claim(rows, &host, &claim_id, now)?;
+            Done::Claim(Box::new(decided(tx, decision).await?))
+        }
+        Command::Complete {
+            session_id,
+            turn_id,
+            completion,
+        } => {
+            let completion_id = &completion.completion_id;
+            let rows = tx
+                .complete_rows(&session_id, &turn_id, completion_id)
+                .await?;
+            let decision = turn::complete(rows, completion, now)?;
+            Done::Complete(Box::new(decided(tx, decision).await?))
+        }
+        Command::Release {
+            session_id,
+            claim_id,
+            by,
+        } => {
+            let rows = tx.release_rows(&session_id, &claim_id).await?;
+            Done::Release(Box::new(decided(tx, turn::release(rows, &by, now)?).await?))
+        }
+        Command::Close {
+            session_id,
+            release_active_claim,
+        } => {
+            let rows = tx.close_rows(&session_id).await?;
+            let decision = session::close(rows, release_active_claim, now)?;
+            Done::Close(Box::new(decided(tx, decision).await?))
+        }
+        Command::CreatePermission {
+            session_id,
+            host,
+            request,
+        } => {
+            let session = tx.lock_session(&session_id).await?;
+            let existing = tx.permission(&session_id, &request.request_id).await?;
+            let chat_id = match &session {
+                Some(_) => tx.session_link(&session_id).await?.map(|l| l.chat_id),
+                None => None,
+            };
+            let rows = CreateRows {
+                session,
+                existing,
+                chat_id,
+            };
+            let decision = permission::create(rows, &host, request, now)?;
+            Done::CreatePermission(Box::new(decided(tx, decision).await?))
+        }
+        Command::AnswerPermission {
+            session_id,
+            request_id,
+            behavior,
+            via,
+        } => {
+            let rows = answer_rows(tx, &session_id, &request_id).await?;
+            let decision = permission::answer(rows, behavior, via, now)?;
+            Done::AnswerPermission(Box::new(decided(tx, decision).await?))
+        }
+        Command::WithdrawPermission {
+            session_id,
+            request_id,
+            host,
+        } => {
+            let rows = answer_rows(tx, &session_id, &request_id).await?;
+            let decision = permission::withdraw(rows, &host, now)?;
+            Done::WithdrawPermission(Box::new(decided(tx, decision).await?))
+        }
+        Command::RelayedPermission {
+            session_id,
+            request_id,
+            host,
+        } => {
+            let rows = answer_rows(tx, &session_id, &request_id).await?;
+            let decision = permission::relayed(rows, &host, now)?;
+            Done::RelayedPermission(Box::new(decided(tx, decision).await?))
+        }
+        Command::ReportAgent {
+            session_id,
+            host,
+            report,
+        } => {
+            let session = tx.lock_session(&session_id).await?;
+            let terminal = match session.as_ref().and_then(|s| s.terminal_turn_id.as_deref()) {
+                Some(turn_id) => tx.turn(&session_id, turn_id).await?,
+                None => None,
+            };
+            let terminal_feed = if ReportRows::feeds(session.as_ref(), &report) {
+                tx.terminal_feed(&session_id).await?
+            } else {
+                None
+            };
+            let rows = ReportRows {
+                session,
+                terminal,
+                terminal_feed,
+            };
+            let decision = presence::report(rows, &host, &report, minter, now)?;
+            Done::ReportAgent(Box::new(decided(tx, decision).await?))
+        }
+        Command::LapseAgent {
+            session_id,
+            stall_after_ms,
+            now,
+        } => {
+            let session = tx.lock_session(&session_id).await?;
+            let lark_chat = tx.session_link(&session_id).await?.map(|l| l.chat_id);
+            let decision = presence::lapse(session, lark_chat, stall_after_ms, now)?;
+            Done::LapseAgent(Box::new(decided(tx, decision).await?))
+        }
+        Command::Notify {
+            session_id,
+            host,
+            kind,
+        } => {
+            let session = tx.lock_session(&session_id).await?;
+            let decision = presence::notify(session, &host, kind, now)?;
+            Done::Notify(Box::new(decided(tx, decision).await?))
+        }
+        Command::LarkLink {
+            session_id,
+            chat_id,
+            options,
+        } => {
+            let rows = LinkRows {
+                session: tx.lock_session(&session_id).await?,
+                link: tx.session_link(&session_id).await?,
+                chat: tx.chat(&chat_id).await?,
+            };
+            let decision = lark::link(rows, chat_id, options, now)?;
+            Done::LarkLink(Box::new(decided(tx, decision).await?))
+        }
+        Command::LarkPairCode {
+            session_id,
+            code_hash,
+        } => {
+            let session = tx.lock_session(&session_id).await?;
+            let decision = pairing::new_code(session, code_hash, now)?;
+            Done::LarkPairCode(Box::new(decided(tx, decision).await?))
+        }
+        Command::LarkUnlink { session_id } => {
+            let session = tx.lock_session(&session_id).await?;
+            Done::LarkUnlink(Box::new(decided(tx, lark::unlink(session)?).await?))
+        }
+        Command::LarkEvent { event } => {
+            let rows = event_rows(tx, &event).await?;
+            let decision = lark::event(rows, event, minter, now)?;
+            Done::LarkEvent(Box::new(decided(tx, decision).await?))
+        }
+        Command::LarkClick { click } => {
+            let rows = click_rows(tx, &click).await?;
+            let decision = lark::click(rows, click, now)?;
+            Done::LarkClick(Box::new(decided(tx, decision).await?))
+        }
+        Command::LarkFetched { fetched } => {
+            let rows = lark::FetchedRows {
+                session: tx.lock_session(&fetched.session_id).await?,
+                turn: tx.turn(&fetched.session_id, &fetched.turn_id).await?,
+                pending: tx.fetching(&fetched.turn_id).await?,
+                held: tx.attachment_bytes(&fetched.session_id).await?,
+            };
+            let decision = lark::fetched(rows, fetched, now);
+            Done::LarkFetched(Box::new(decided(tx, decision).await?))
+        }
+        Command::RecordReply { outbound, update } => {
+            Done::RecordReply(Box::new(tx.record_reply(outbound, update).await?))
+        }
+        Command::LarkMessageSent {
+            message_id,
+            session_id,
+            chat_id,
+        } => Done::LarkMessageSent(Box::new(
+            tx.message_sent(&message_id, &session_id, &chat_id).await?,
+        )),
+        Command::LarkCardSent {
+            session_id,
+            request_id,
+            message_id,
+        } => Done::LarkCardSent(Box::new(
+            tx.card_sent(&session_id, &request_id, &message_id).await?,
+        )),
+        Command::RecordCardUpdate { job, update } => {
+            Done::RecordCardUpdate(Box::new(tx.record_card_update(job, update).await?))
+        }
+        Command::PruneStep { cutoff_ms } => {
+            Done::PruneStep(Box::new(tx.prune_step(cutoff_ms).await?))
+        }
+        Command::PutBlob { blob } => Done::PutBlob(Box::new(tx.put_blob(&blob).await?)),
+        Command::RecordFetch {
+            turn_id,
+            failures,
+            next_attempt_at,
+        } => Done::RecordFetch(Box::new(
+            tx.record_fetch(&turn_id, failures, next_attempt_at).await?,
+        )),
+    })
+}
+
+/// What an answer, a withdrawal or a relay of one request reads.
+async fn answer_rows<X: Tx>(
+    tx: &mut X,
+    session_id: &str,
+    request_id: &str,
+) -> Result<AnswerRows, X::Fail> {
+    Ok(AnswerRows {
+        session: tx.lock_session(session_id).await?,
+        existing: tx.permission(session_id, request_id).await?,
+    })
+}
+
+/// A card's click: whether it was seen, and else its session (locked),
+/// the session's link, the request and its card.
+async fn click_rows<X: Tx>(tx: &mut X, click: &lark::LarkClick) -> Result<ClickRows, X::Fail> {
+    if tx.event_seen(&click.app_id, &click.event_id, None).await? {
+        return Ok(ClickRows {
+            seen: true,
+            ..ClickRows::default()
+        });
+    }
+    let session = tx.lock_session(&click.session_id).await?;
+    if session.is_none() {
+        return Ok(ClickRows::default());
+    }
+    let link = tx.session_link(&click.session_id).await?;
+    let card = tx.card(&click.session_id, &click.request_id).await?;
+    Ok(ClickRows {
+        seen: false,
+        request: tx.permission(&click.session_id, &click.request_id).await?,
+        session,
+        link: link.map(|l| (l.chat_id, l.approvers)),
+        card_chat: card.as_ref().map(|(chat, _)| chat.clone()),
+        answered_by: card.and_then(|(_, by)| by),
+    })
+}
+
+/// A chat's open sessions, each with its approvers.
+async fn chat_sessions<X: Tx>(tx: &mut X, chat_id: &str) -> Result<Vec<ChatSession>, X::Fail> {
+    let links = tx.chat_links(chat_id).await?;
+    let mut sessions = Vec::with_capacity(links.len());
+    for (session_id, approvers) in links {
+        if let Some(session) = tx.session(&session_id).await? {
+            sessions.push(ChatSession { session, approvers });
+        }
+    }
+    Ok(sessions)
+}
+
+/// A chat's row and sessions, the session the message replies to, and the
+/// one that asked what it answers; the session the message goes to locked
+/// (and the chat's sessions read again under that lock, until the target
+/// is the same: a link or unlink of another replica may have moved it).
+async fn chat_rows<X: Tx>(
+    tx: &mut X,
+    chat_id: &str,
+    event: &LarkEvent,
+) -> Result<ChatRows, X::Fail> {
+    let mut replied = None;
+    for message_id in &event.replies_to {
+        replied = tx.sent_for(message_id).await?;
+        if replied.is_some() {
+            break;
+        }
+    }
+    let asked = match event.named_request() {
+        Some(request_id) => tx.asked_in_chat(chat_id, request_id).await?,
+        None => None,
+    };
+    let mut rows = ChatRows {
+        chat: tx.chat(chat_id).await?,
+        sessions: chat_sessions(tx, chat_id).await?,
+        replied,
+        asked,
+    };
+    loop {
+        let Some(target) = rows.target().map(|t| t.session.session_id.clone()) else {
+            return Ok(rows);
+        };
+        let locked = tx.lock_session(&target).await?;
+        rows.sessions = chat_sessions(tx, chat_id).await?;
+        let still = rows.target().map(|t| t.session.session_id.clone());
+        if still.as_deref() == Some(target.as_str()) {
+            if let (Some(locked), Some(slot)) = (
+                locked,
+                rows.sessions
+                    .iter_mut()
+                    .find(|s| s.session.session_id == target),
+            ) {
+                slot.session = locked;
+            }
+            return Ok(rows);
+        }
+    }
+}
+
+/// What an incoming Lark message reads ([`EventRows`]).
+async fn event_rows<X: Tx>(tx: &mut X, event: &LarkEvent) -> Result<EventRows, X::Fail> {
+    let message_id = event.message_id.as_deref();
+    if tx
+        .event_seen(&event.app_id, &event.event_id, message_id)
+        .await?
+    {
+        return Ok(EventRows {
+            seen: true,
+            ..EventRows::default()
+        });
+    }
+    let pairing = match (event.link_code(), &event.chat_id) {
+        (Some(code), Some(chat_id)) => pair_rows(tx, chat_id, code).await?,
+        _ => PairRows::default(),
+    };
+    let chat = match &event.chat_id {
+        Some(chat_id) => chat_rows(tx, chat_id, event).await?,
+        None => ChatRows::default(),
+    };
+    let Some(session_id) = chat.target().map(|t| t.session.session_id.clone()) else {
+        return Ok(EventRows {
+            pairing,
+            chat,
+            ..EventRows::default()
+        });
+    };
+    let request = match event.named_request() {
+        Some(request_id) => tx.permission(&session_id, request_id).await?,
+        None => None,
+    };
+    Ok(EventRows {
+        seen: false,
+        earlier: tx.earlier_turn(&session_id, &event.event_id).await?,
+        chat,
+        request,
+        pairing,
+    })
+}
+
+/// What a `/link <code>` from `chat_id` reads ([`PairRows`]): the code read
+/// again under its session's lock (another replica may have spent it).
+async fn pair_rows<X: Tx>(tx: &mut X, chat_id: &str, code: &str) -> Result<PairRows, X::Fail> {
+    let hash = pairing::code_hash(code);
+    let chat = tx.chat(chat_id).await?;
+    let Some(found) = tx.pair_code(&hash).await? else {
+        return Ok(PairRows {
+            chat,
+            ..PairRows::default()
+        });
+    };
+    let session = tx.lock_session(&found.session_id).await?;
+    Ok(PairRows {
+        code: tx.pair_code(&hash).await?,
+        session,
+        link: tx.session_link(&found.session_id).await?,
+        chat,
+    })
+}
+
+/// Drives a step that never waits (the SQLite writer's, on its own thread)
+/// to its end; one that would wait is the store's failure, not a hang.
+pub(crate) fn at_once<T>(
+    step: impl Future<Output = crate::error::Result<T>>,
+) -> crate::error::Result<T> {
+    let mut step = std::pin::pin!(step);
+    match step.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(done) => done,
+        Poll::Pending => Err(Error::store(
+            "deciding",
+            "a step of the writer's transaction waited",
+        )),
+    }
+}
