@@ -26,7 +26,8 @@ use crate::ids::Minter;
 use crate::model::BindRequest;
 use crate::permission::PermissionRow;
 use crate::store::retention::PruneStep;
-use crate::store::{Blob, CardUpdateJob, Command, Done, Outbound, ReplyUpdate};
+use crate::store::statement::{self, Statement};
+use crate::store::{Command, Done};
 use crate::time::now_ms;
 
 /// A backend's transaction, as the decisions use it: the rows they read
@@ -119,44 +120,11 @@ pub(crate) trait Tx {
 
     /// Applies a decision's writes (or, on SQLite, journals them).
     async fn apply(&mut self, writes: Writes) -> Result<(), Self::Fail>;
-    /// A session a bind created.
-    async fn insert_session(&mut self, session: &SessionRow) -> Result<(), Self::Fail>;
+    /// Runs one of the statements both stores share; the rows it changed.
+    async fn execute(&mut self, statement: Statement) -> Result<u64, Self::Fail>;
 
-    /// The bookkeeping no rule decides.
-    async fn register(
-        &mut self,
-        thread: &crate::model::RegisterAgentThread,
-    ) -> Result<bool, Self::Fail>;
-    async fn record_reply(
-        &mut self,
-        outbound: Outbound,
-        update: ReplyUpdate,
-    ) -> Result<(), Self::Fail>;
-    async fn message_sent(
-        &mut self,
-        message_id: &str,
-        session_id: &str,
-        chat_id: &str,
-    ) -> Result<(), Self::Fail>;
-    async fn card_sent(
-        &mut self,
-        session_id: &str,
-        request_id: &str,
-        message_id: &str,
-    ) -> Result<(), Self::Fail>;
-    async fn record_card_update(
-        &mut self,
-        job: CardUpdateJob,
-        update: ReplyUpdate,
-    ) -> Result<(), Self::Fail>;
+    /// The bookkeeping no rule decides that is not a shared statement.
     async fn prune_step(&mut self, cutoff_ms: i64) -> Result<PruneStep, Self::Fail>;
-    async fn put_blob(&mut self, blob: &Blob) -> Result<(), Self::Fail>;
-    async fn record_fetch(
-        &mut self,
-        turn_id: &str,
-        failures: i64,
-        next_attempt_at: i64,
-    ) -> Result<(), Self::Fail>;
 }
 
 /// Applies a decision's writes and answers its answer.
@@ -173,7 +141,10 @@ pub(crate) async fn command<X: Tx>(
 ) -> Result<Done, X::Fail> {
     let now = now_ms();
     Ok(match command {
-        Command::Register { thread } => Done::Register(Box::new(tx.register(&thread).await?)),
+        Command::Register { thread } => {
+            let inserted = tx.execute(statement::register(&thread, now)).await?;
+            Done::Register(Box::new(inserted == 1))
+        }
         Command::PreviewBind { bind } => {
             let rows = tx.bind_rows(&bind).await?;
             Done::PreviewBind(Box::new(session::check_bind(rows, &bind)?))
@@ -182,7 +153,7 @@ pub(crate) async fn command<X: Tx>(
             let rows = tx.bind_rows(&bind).await?;
             let bound = session::bind(rows, bind, minter, now)?;
             if let Bound::Created(s) = &bound {
-                tx.insert_session(s).await?;
+                tx.execute(statement::insert_session(s)).await?;
             }
             Done::Bind(Box::new(bound))
         }
@@ -372,36 +343,49 @@ pub(crate) async fn command<X: Tx>(
             Done::LarkFetched(Box::new(decided(tx, decision).await?))
         }
         Command::RecordReply { outbound, update } => {
-            Done::RecordReply(Box::new(tx.record_reply(outbound, update).await?))
+            tx.execute(statement::record_reply(outbound, update, now))
+                .await?;
+            Done::RecordReply(Box::new(()))
         }
         Command::LarkMessageSent {
             message_id,
             session_id,
             chat_id,
-        } => Done::LarkMessageSent(Box::new(
-            tx.message_sent(&message_id, &session_id, &chat_id).await?,
-        )),
+        } => {
+            let sent = statement::message_sent(&message_id, &session_id, &chat_id, now);
+            tx.execute(sent).await?;
+            Done::LarkMessageSent(Box::new(()))
+        }
         Command::LarkCardSent {
             session_id,
             request_id,
             message_id,
-        } => Done::LarkCardSent(Box::new(
-            tx.card_sent(&session_id, &request_id, &message_id).await?,
-        )),
+        } => {
+            tx.execute(statement::card_sent(&session_id, &request_id, &message_id))
+                .await?;
+            Done::LarkCardSent(Box::new(()))
+        }
         Command::RecordCardUpdate { job, update } => {
-            Done::RecordCardUpdate(Box::new(tx.record_card_update(job, update).await?))
+            tx.execute(statement::record_card_update(&job, update))
+                .await?;
+            Done::RecordCardUpdate(Box::new(()))
         }
         Command::PruneStep { cutoff_ms } => {
             Done::PruneStep(Box::new(tx.prune_step(cutoff_ms).await?))
         }
-        Command::PutBlob { blob } => Done::PutBlob(Box::new(tx.put_blob(&blob).await?)),
+        Command::PutBlob { blob } => {
+            tx.execute(statement::put_blob(&blob)).await?;
+            Done::PutBlob(Box::new(()))
+        }
         Command::RecordFetch {
             turn_id,
             failures,
             next_attempt_at,
-        } => Done::RecordFetch(Box::new(
-            tx.record_fetch(&turn_id, failures, next_attempt_at).await?,
-        )),
+        } => {
+            tx.execute(statement::record_fetch(&turn_id, failures, next_attempt_at))
+                .await?;
+            Done::RecordFetch(Box::new(()))
+        }
     })
 }
 

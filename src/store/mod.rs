@@ -23,6 +23,7 @@ mod dispatch;
 pub mod postgres;
 pub mod retention;
 pub mod sqlite;
+mod statement;
 mod sync_sql;
 
 use async_trait::async_trait;
@@ -239,6 +240,13 @@ pub const CARD: &str = "select chat_id, answered_by from lark_permission_message
 /// session, `$3` request).
 pub const CARD_SENT: &str = "update lark_permission_messages set message_id = $1 \
      where session_id = $2 and request_id = $3";
+
+/// Records a card update attempt: `$1`..`$5` state, attempts, failures,
+/// error, next attempt; `$6` session, `$7` request.
+pub const RECORD_CARD_UPDATE: &str = "update lark_permission_messages \
+     set update_state = $1, update_attempts = $2, update_failures = $3, update_error = $4, \
+         update_next_at = $5 \
+     where session_id = $6 and request_id = $7";
 
 /// A session a bind created (`$1`…`$10`, in this order).
 pub const INSERT_SESSION: &str = "insert into sessions (session_id, goal_id, agent_id, \

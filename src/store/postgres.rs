@@ -48,11 +48,11 @@
 //! Inside: `pool` (opening the store, running a call in its transaction,
 //! deciding again after a conflict), `load` (each turn decision's rows in one
 //! locked statement), `apply` (a decision's writes, a turn decision's in one
-//! statement), `decisions` (load, decide, apply for each turn and session
-//! decision), `permissions` and `lark` (the same for permission requests and
-//! for Lark links and events, with their row access), `reads` (row access
-//! and listings outside the decisions, retention), `outbox` (leasing and
-//! recording Lark replies), `notify` (announcing and listening across
+//! statement), `tx` (every row a decision reads and the bookkeeping
+//! statements, for [`crate::store::dispatch`], which decides), `permissions`
+//! (permission request rows), `reads` (row access and listings outside the
+//! decisions, retention), `outbox` and `cards` (leasing Lark replies and
+//! card updates), `notify` (announcing and listening across
 //! replicas), `rows` (decoding PostgreSQL rows); this file answers the
 //! [`Store`] calls.
 //!
@@ -99,15 +99,13 @@ mod pool;
 
 mod apply;
 mod cards;
-mod commands;
-mod decisions;
-mod lark;
 mod load;
 mod notify;
 mod outbox;
 mod permissions;
 mod reads;
 mod rows;
+mod tx;
 
 use super::CardUpdateJob;
 use super::{Change, ChangeFeed, Command, Done, Found, Read, Reader, ReplyJob, Store};
@@ -118,11 +116,10 @@ use crate::model::PermissionState;
 use crate::model::{LarkLink, ListSessions, ListTurns};
 use crate::permission;
 use crate::permission::PermissionRow;
-use decisions::together;
 use notify::Announcer;
 use permissions::{PERMISSION_COLUMNS, load_permission, permission_row};
 use pool::{Step, settle};
-use reads::{load_session, load_turn, lock_session};
+use reads::{load_session, load_turn};
 use rows::unstorable;
 
 /// The channel every change is announced on; the payload is the session id.
@@ -180,7 +177,7 @@ impl Store for PgStore {
     }
 
     async fn decide(&self, command: Command) -> Result<Done> {
-        transaction!(self, command.what(), |conn| commands::command(
+        transaction!(self, command.what(), |conn| tx::command(
             conn,
             &command,
             &self.minter
@@ -188,7 +185,7 @@ impl Store for PgStore {
     }
 
     async fn together(&self, first: Command, then: Command) -> Result<(Done, Result<Done>)> {
-        transaction!(self, "deciding", |conn| together(
+        transaction!(self, "deciding", |conn| tx::together(
             conn,
             &first,
             &then,

@@ -1,8 +1,8 @@
 //! The embedded SQLite store (WAL). Every write goes through one writer
 //! thread that owns the only writing connection (`writer`: group commit,
 //! the waiting writes in one transaction, one sync per batch); a
-//! decision's rows are loaded and its writes applied there (`decisions` for
-//! turns and sessions, `permissions`, `lark`). Reads use a small pool of
+//! decision ([`crate::store::dispatch`]) has its rows loaded and its
+//! writes journaled there (`tx`, `journal`). Reads use a small pool of
 //! their own. This file opens the database and answers the [`Store`] calls.
 
 use std::path::Path;

@@ -20,6 +20,7 @@ use crate::model::{
     TurnState,
 };
 use crate::permission::PermissionRow;
+use crate::store::statement::{Arg, Statement};
 
 /// A value a statement can bind.
 pub trait Bind {
@@ -65,6 +66,25 @@ impl<T: Bind + Clone> Bind for &Option<T> {
     fn value(self) -> Value {
         self.clone().value()
     }
+}
+
+impl Bind for &Arg {
+    fn value(self) -> Value {
+        match self {
+            Arg::Int(v) => v.map_or(Value::Null, Value::Integer),
+            Arg::Text(v) | Arg::Body(v) => v.clone().map_or(Value::Null, Value::Text),
+            Arg::Bytes(b) => Value::Blob(b.to_vec()),
+        }
+    }
+}
+
+/// Runs a statement both stores share: the rows it changed.
+pub fn execute(statement: &Statement, conn: &Connection) -> Result<u64> {
+    let query = statement
+        .args
+        .iter()
+        .fold(query(statement.sql), Query::bind);
+    Ok(query.execute(conn)?.rows_affected())
 }
 
 /// The contract's enums are stored as their snake_case wire names.

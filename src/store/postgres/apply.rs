@@ -1,8 +1,10 @@
 //! A decision's [`Writes`] in ONE statement: each part present (the turn,
 //! the claim, the session, the event, the reply) is one data-modifying CTE of
 //! `with … select 1`, so a turn decision costs one round trip to write
-//! however many rows it changes (the rarer permission and Lark parts keep
-//! their own statements, in `permissions` and `lark`). The statement's text depends only on which parts are
+//! however many rows it changes (the rarer Lark, permission, sweep, file and
+//! download writes are the statements both stores share,
+//! [`crate::store::statement`], run before and after it). The statement's
+//! text depends only on which parts are
 //! present (a handful of shapes), so each connection prepares each shape once
 //! and sqlx's statement cache reuses it. It decides nothing; the caller holds
 //! the session's row lock and announces the change after its commit.
@@ -16,12 +18,9 @@ use sqlx::query::Query;
 
 use super::Step;
 use super::rows::text;
-use crate::decide::lark::FetchWrite;
-use crate::decide::pairing::PairCodeWrite;
-use crate::decide::{Change, Changed, ClaimRow, Decided, NewEvent, NewReply, Sweep, Writes};
+use crate::decide::{Change, Changed, ClaimRow, NewEvent, NewReply, Writes};
 use crate::decide::{SessionRow, TurnRow};
-use crate::store::{DELETE_FETCH, FETCHED_TURN, INSERT_FETCH};
-use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, INSERT_SENT, SPEND_PAIR_CODE, UPSERT_CHAT};
+use crate::store::statement::{self, Arg, Statement};
 
 type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
 
@@ -82,7 +81,7 @@ fn renumber(template: &str, after: usize) -> (String, usize) {
 }
 
 /// The statement for the parts present, in the order they are bound.
-fn statement(parts: &[&str]) -> String {
+fn combined(parts: &[&str]) -> String {
     let mut after = 0;
     let ctes: Vec<String> = parts
         .iter()
@@ -201,14 +200,8 @@ pub(super) async fn apply(conn: &mut PgConnection, writes: &Writes) -> Step<()> 
 
 /// One step's writes (not the step taken before it).
 async fn apply_step(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
-    lark_writes(conn, writes).await?;
-    permission_writes(conn, writes).await?;
-    card_writes(conn, writes).await?;
-    if let Some(sweep) = &writes.sweep {
-        sweep_session(conn, sweep).await?;
-    }
-    if let Some(fetch) = &writes.fetch {
-        write_fetch(conn, fetch).await?;
+    for side in statement::side_writes(writes) {
+        execute(conn, &side).await?;
     }
     let mut parts = Vec::new();
     if let Some(change) = &writes.turn {
@@ -232,10 +225,30 @@ async fn apply_step(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
     if writes.reply.is_some() {
         parts.push(INSERT_REPLY);
     }
-    if parts.is_empty() {
-        return Ok(());
+    if !parts.is_empty() {
+        write_turn_decision(conn, writes, &parts).await?;
     }
-    let sql = statement(&parts);
+    let mut after = Vec::new();
+    if let Some(Change::Insert(t)) = &writes.turn {
+        after.extend(statement::attachment_rows(t));
+    }
+    if let Some(fetch) = &writes.fetch {
+        after.extend(statement::fetch_writes(fetch));
+    }
+    for write in after {
+        execute(conn, &write).await?;
+    }
+    Ok(())
+}
+
+/// A turn decision's rows (turn, claim, session, event, reply), `parts` of
+/// one statement.
+async fn write_turn_decision(
+    conn: &mut PgConnection,
+    writes: &Writes,
+    parts: &[&str],
+) -> sqlx::Result<()> {
+    let sql = combined(parts);
     let mut query = sqlx::query(&sql);
     if let Some(change) = &writes.turn {
         query = bind_turn(query, change);
@@ -253,127 +266,31 @@ async fn apply_step(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
         query = bind_reply(query, r);
     }
     query.execute(&mut *conn).await?;
-    if let Some(Change::Insert(t)) = &writes.turn {
-        insert_attachments(conn, t).await?;
+    Ok(())
+}
+
+/// Runs a statement both stores share: the rows it changed.
+pub(super) async fn execute(conn: &mut PgConnection, statement: &Statement) -> sqlx::Result<u64> {
+    let mut query = sqlx::query(statement.sql);
+    for arg in &statement.args {
+        query = match arg {
+            Arg::Int(v) => query.bind(*v),
+            Arg::Text(v) => query.bind(v.as_deref()),
+            Arg::Body(v) => query.bind(v.as_ref().map(String::as_bytes)),
+            Arg::Bytes(b) => query.bind(b.as_ref()),
+        };
     }
-    Ok(())
+    Ok(query.execute(conn).await?.rows_affected())
 }
 
-/// A new turn's files, one row each (after the turn: in its transaction).
-async fn insert_attachments(conn: &mut PgConnection, t: &TurnRow) -> sqlx::Result<()> {
-    for a in crate::attachments::parse_list(t.attachments.as_deref()) {
-        sqlx::query(crate::store::INSERT_TURN_ATTACHMENT)
-            .bind(&t.turn_id)
-            .bind(i64::from(a.position))
-            .bind(&t.session_id)
-            .bind(a.name)
-            .bind(a.declared_type)
-            .bind(a.content_type)
-            .bind(a.size as i64)
-            .bind(a.sha256)
-            .execute(&mut *conn)
-            .await?;
-    }
-    Ok(())
-}
-
-/// A Lark turn's download job started, or finished (the turn taking its
-/// files and text).
-async fn write_fetch(conn: &mut PgConnection, fetch: &FetchWrite) -> sqlx::Result<()> {
-    match fetch {
-        FetchWrite::Start {
-            turn_id,
-            session_id,
-            message_id,
-            resources,
-            at,
-        } => {
-            sqlx::query(INSERT_FETCH)
-                .bind(turn_id)
-                .bind(session_id)
-                .bind(message_id)
-                .bind(resources)
-                .bind(at)
-                .execute(&mut *conn)
-                .await?;
-        }
-        FetchWrite::Finish { turn_id, turn } => {
-            if let Some(t) = turn {
-                sqlx::query(FETCHED_TURN)
-                    .bind(t.text.as_bytes())
-                    .bind(&t.attachments)
-                    .bind(&t.turn_id)
-                    .execute(&mut *conn)
-                    .await?;
-                insert_attachments(conn, t).await?;
-            }
-            sqlx::query(DELETE_FETCH)
-                .bind(turn_id)
-                .execute(&mut *conn)
-                .await?;
-        }
-    }
-    Ok(())
-}
-
-/// A close's sweep: the session's queued turns cancelled and its pending
-/// permission requests expired, each with its numbered event.
-async fn sweep_session(conn: &mut PgConnection, sweep: &Sweep) -> sqlx::Result<()> {
-    sqlx::query(
-        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
-         select session_id, $1 - 1 + row_number() over (order by seq), 'turn', turn_id, seq,
-                $2, $3
-         from turns where session_id = $4 and (state = 'queued' or turn_id = $5)",
-    )
-    .bind(sweep.cancelled_from)
-    .bind(text(&sweep.cancelled))
-    .bind(sweep.at)
-    .bind(&sweep.session_id)
-    .bind(&sweep.terminal)
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query(
-        "update turns set state = $1, cancel_reason = $2
-         where session_id = $3 and (state = 'queued' or turn_id = $4)",
-    )
-    .bind(text(&sweep.cancelled))
-    .bind(text(&sweep.cancel_reason))
-    .bind(&sweep.session_id)
-    .bind(&sweep.terminal)
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query(
-        "insert into session_events (session_id, event_no, kind, request_id, state, at)
-         select session_id, $1 - 1 + row_number() over (order by created_at, request_id),
-                'permission', request_id, $2, $3
-         from permission_requests where session_id = $4 and state = 'pending'",
-    )
-    .bind(sweep.expired_from)
-    .bind(sweep.expired.as_str())
-    .bind(sweep.at)
-    .bind(&sweep.session_id)
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query(
-        "update permission_requests set state = $1, answered_at = $2
-         where session_id = $3 and state = 'pending'",
-    )
-    .bind(sweep.expired.as_str())
-    .bind(sweep.at)
-    .bind(&sweep.session_id)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
-}
-
-/// Applies a decision's writes and answers its answer; what they change is
-/// kept for [`take_changed`].
-pub(super) async fn decided<T>(conn: &mut PgConnection, decided: Decided<T>) -> Step<T> {
-    apply(conn, &decided.writes).await?;
-    if let Some(changed) = decided.writes.changed() {
+/// Applies a decision's writes; what they change is kept for
+/// [`take_changed`].
+pub(super) async fn applied(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
+    apply(conn, writes).await?;
+    if let Some(changed) = writes.changed() {
         let _ = CHANGED.try_with(|all| all.borrow_mut().push(changed));
     }
-    Ok(decided.answer)
+    Ok(())
 }
 
 tokio::task_local! {
@@ -387,185 +304,13 @@ pub(crate) fn take_changed() -> Vec<Changed> {
     CHANGED.try_with(|all| all.take()).unwrap_or_default()
 }
 
-/// Writes a decision's Lark event guard and link change, if any.
-async fn lark_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<()> {
-    if let Some(e) = &writes.lark_event {
-        sqlx::query(
-            "insert into lark_events (app_id, event_id, message_id, received_at)
-             values ($1, $2, $3, $4)",
-        )
-        .bind(&e.app_id)
-        .bind(&e.event_id)
-        .bind(&e.message_id)
-        .bind(e.at)
-        .execute(&mut *conn)
-        .await?;
-    }
-    pairing_writes(conn, writes).await?;
-    let Some(change) = &writes.link else {
-        return Ok(());
-    };
-    sqlx::query("delete from lark_links where session_id = $1")
-        .bind(&change.session_id)
-        .execute(&mut *conn)
-        .await?;
-    if let Some(link) = &change.link {
-        sqlx::query(
-            "insert into lark_links (chat_id, session_id, linked_at, approvers, terminal_turns)
-             values ($1, $2, $3, $4, $5)",
-        )
-        .bind(&link.chat_id)
-        .bind(&change.session_id)
-        .bind(link.at)
-        .bind(&link.approvers)
-        .bind(i64::from(link.terminal_turns))
-        .execute(&mut *conn)
-        .await?;
-    }
-    Ok(())
-}
-
-/// Writes a decision's pairing code, chat and note, if any.
-async fn pairing_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<()> {
-    match &writes.pair_code {
-        Some(PairCodeWrite::New {
-            code_hash,
-            session_id,
-            at,
-            expires_at,
-        }) => {
-            sqlx::query(INSERT_PAIR_CODE)
-                .bind(code_hash)
-                .bind(session_id)
-                .bind(*at)
-                .bind(*expires_at)
-                .execute(&mut *conn)
-                .await?;
-        }
-        Some(PairCodeWrite::Used { code_hash, at }) => {
-            sqlx::query(SPEND_PAIR_CODE)
-                .bind(*at)
-                .bind(code_hash)
-                .execute(&mut *conn)
-                .await?;
-        }
-        None => {}
-    }
-    if let Some(chat) = &writes.chat {
-        sqlx::query(UPSERT_CHAT)
-            .bind(&chat.chat_id)
-            .bind(chat.failed_codes)
-            .bind(chat.failed_since)
-            .bind(&chat.current_session_id)
-            .execute(&mut *conn)
-            .await?;
-    }
-    if let Some(sent) = &writes.sent {
-        sqlx::query(INSERT_SENT)
-            .bind(&sent.message_id)
-            .bind(&sent.session_id)
-            .bind(&sent.chat_id)
-            .bind(sent.at)
-            .execute(&mut *conn)
-            .await?;
-    }
-    if let Some(note) = &writes.note {
-        sqlx::query(INSERT_NOTE)
-            .bind(&note.message_id)
-            .bind(&note.chat_id)
-            .bind(note.text.as_bytes())
-            .bind(note.at)
-            .bind(&note.session_id)
-            .bind(i64::from(note.reply))
-            .execute(&mut *conn)
-            .await?;
-    }
-    Ok(())
-}
-
-/// Writes a decision's permission request and its chat message, if any,
-/// under the session's row lock.
-async fn permission_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<()> {
-    match &writes.permission {
-        Some(Change::Insert(row)) => {
-            sqlx::query(
-                "insert into permission_requests (session_id, request_id, tool_name, description,
-                     input_preview, state, created_at, answered_at, answered_via)
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            )
-            .bind(&row.session_id)
-            .bind(&row.request_id)
-            .bind(&row.tool_name)
-            .bind(row.description.as_bytes())
-            .bind(row.input_preview.as_bytes())
-            .bind(row.state.as_str())
-            .bind(row.created_at)
-            .bind(row.answered_at)
-            .bind(row.answered_via.as_ref().map(text))
-            .execute(&mut *conn)
-            .await?;
-        }
-        Some(Change::Update(row)) => {
-            sqlx::query(
-                "update permission_requests set state = $1, answered_at = $2, answered_via = $3,
-                     relayed_at = $6
-                 where session_id = $4 and request_id = $5",
-            )
-            .bind(row.state.as_str())
-            .bind(row.answered_at)
-            .bind(row.answered_via.as_ref().map(text))
-            .bind(&row.session_id)
-            .bind(&row.request_id)
-            .bind(row.relayed_at)
-            .execute(&mut *conn)
-            .await?;
-        }
-        None => {}
-    }
-    if let Some(m) = &writes.permission_message {
-        sqlx::query(
-            "insert into lark_permission_messages (session_id, request_id, chat_id, text, state,
-                 next_attempt_at, created_at, updated_at)
-             values ($1, $2, $3, $4, 'pending', $5, $5, $5)",
-        )
-        .bind(&m.session_id)
-        .bind(&m.request_id)
-        .bind(&m.chat_id)
-        .bind(m.text.as_bytes())
-        .bind(m.at)
-        .execute(&mut *conn)
-        .await?;
-    }
-    Ok(())
-}
-
-/// Writes what an answer given in Lark does to the request's card, if any.
-async fn card_writes(conn: &mut PgConnection, writes: &Writes) -> sqlx::Result<()> {
-    let Some(card) = &writes.card else {
-        return Ok(());
-    };
-    sqlx::query(
-        "update lark_permission_messages set answered_by = coalesce($1, answered_by),
-             update_state = case when $2 and update_state = 'pending' then 'sent'
-                                 else update_state end
-         where session_id = $3 and request_id = $4",
-    )
-    .bind(&card.answered_by)
-    .bind(card.shown)
-    .bind(&card.session_id)
-    .bind(&card.request_id)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn each_part_numbers_its_parameters_after_the_ones_before() {
-        let sql = statement(&[UPDATE_CLAIM, "insert into x values ($1, $2, $1)"]);
+        let sql = combined(&[UPDATE_CLAIM, "insert into x values ($1, $2, $1)"]);
         assert!(sql.starts_with("with w0 as (update claims set state = $1, released_at = $2"));
         assert!(sql.contains("where claim_id = $3), w1 as (insert into x values ($4, $5, $4))"));
         assert!(sql.ends_with(" select 1"));

@@ -1,14 +1,14 @@
 //! The Lark outbox on PostgreSQL: due replies and permission messages taken
 //! and leased in one statement per table (`for update skip locked`, so two
-//! dispatchers never hold the same row), and each attempt recorded. It
-//! decides nothing about what is sent.
+//! dispatchers never hold the same row); each attempt is recorded through
+//! the decisions' transaction (`tx.rs`). It decides nothing about what is
+//! sent.
 
 use sqlx::Row;
-use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::postgres::PgPool;
 
-use super::rows::{text, utf8};
-use crate::store::{FetchJob, Outbound, OutboxRow, ReplyJob, ReplyUpdate};
-use crate::time::now_ms;
+use super::rows::utf8;
+use crate::store::{FetchJob, OutboxRow, ReplyJob};
 
 /// How long a dispatcher holds the replies it took before another may.
 const REPLY_LEASE_MS: i64 = 30_000;
@@ -121,28 +121,4 @@ pub(super) async fn due_fetches(
         .bind(crate::store::FETCH_LEASE_MS)
         .fetch_all(pool)
         .await
-}
-
-/// Records a dispatcher's attempt (it replaces the lease).
-pub(super) async fn record(
-    conn: &mut PgConnection,
-    outbound: Outbound,
-    update: ReplyUpdate,
-) -> sqlx::Result<()> {
-    // A diagnostic from afar: never let a stray U+0000 make it unstorable.
-    let error = update.error.map(|e| e.replace('\0', "\u{fffd}"));
-    let (statement, keys) = crate::store::record_outbox(outbound);
-    let mut query = sqlx::query(statement)
-        .bind(update.parts_sent)
-        .bind(text(&update.state))
-        .bind(update.attempts)
-        .bind(update.failures)
-        .bind(error)
-        .bind(update.next_attempt_at)
-        .bind(now_ms());
-    for key in keys {
-        query = query.bind(key);
-    }
-    query.execute(&mut *conn).await?;
-    Ok(())
 }

@@ -6,30 +6,22 @@
 use rusqlite::Connection;
 
 use super::sql;
-use crate::decide::lark::FetchWrite;
-use crate::decide::pairing::PairCodeWrite;
-use crate::decide::{Change, ClaimRow, NewEvent, NewReply, SessionRow, Sweep, TurnRow, Writes};
+use crate::decide::{Change, ClaimRow, NewEvent, NewReply, SessionRow, TurnRow, Writes};
 use crate::error::Result;
 use crate::model::{SessionState, TurnState};
-use crate::store::{DELETE_FETCH, FETCHED_TURN, INSERT_FETCH};
-use crate::store::{INSERT_NOTE, INSERT_PAIR_CODE, INSERT_SENT, SPEND_PAIR_CODE, UPSERT_CHAT};
+use crate::store::statement::{self, Statement};
 
 /// Applies a decision's writes, in their order, to the tables.
 pub(super) fn apply(conn: &Connection, mut writes: Writes) -> Result<()> {
     if let Some(before) = writes.before.take() {
         apply(conn, *before)?;
     }
-    lark_writes(conn, &writes)?;
-    permission_writes(conn, &writes)?;
-    card_writes(conn, &writes)?;
-    if let Some(sweep) = &writes.sweep {
-        sweep_session(conn, sweep)?;
-    }
+    execute_all(conn, statement::side_writes(&writes))?;
     if let Some(turn) = writes.turn {
         write_turn(conn, turn)?;
     }
     if let Some(fetch) = writes.fetch {
-        write_fetch(conn, fetch)?;
+        execute_all(conn, statement::fetch_writes(&fetch))?;
     }
     if let Some(claim) = writes.claim {
         write_claim(conn, claim)?;
@@ -106,99 +98,10 @@ fn insert_event(conn: &Connection, e: &NewEvent) -> Result<()> {
     Ok(())
 }
 
-/// A close's sweep: the session's queued turns cancelled and its pending
-/// permission requests expired, each with its numbered event.
-fn sweep_session(conn: &Connection, sweep: &Sweep) -> Result<()> {
-    sql::query(
-        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
-         select session_id, ?1 - 1 + row_number() over (order by seq), 'turn', turn_id, seq,
-                ?2, ?3
-         from turns where session_id = ?4 and (state = 'queued' or turn_id = ?5)",
-    )
-    .bind(sweep.cancelled_from)
-    .bind(sweep.cancelled)
-    .bind(sweep.at)
-    .bind(&sweep.session_id)
-    .bind(&sweep.terminal)
-    .execute(conn)?;
-    sql::query(
-        "update turns set state = ?, cancel_reason = ?
-         where session_id = ? and (state = 'queued' or turn_id = ?)",
-    )
-    .bind(sweep.cancelled)
-    .bind(sweep.cancel_reason)
-    .bind(&sweep.session_id)
-    .bind(&sweep.terminal)
-    .execute(conn)?;
-    sql::query(
-        "insert into session_events (session_id, event_no, kind, request_id, state, at)
-         select session_id, ?1 - 1 + row_number() over (order by created_at, request_id),
-                'permission', request_id, ?2, ?3
-         from permission_requests where session_id = ?4 and state = 'pending'",
-    )
-    .bind(sweep.expired_from)
-    .bind(sweep.expired)
-    .bind(sweep.at)
-    .bind(&sweep.session_id)
-    .execute(conn)?;
-    sql::query(
-        "update permission_requests set state = ?, answered_at = ?
-         where session_id = ? and state = 'pending'",
-    )
-    .bind(sweep.expired)
-    .bind(sweep.at)
-    .bind(&sweep.session_id)
-    .execute(conn)?;
-    Ok(())
-}
-
-/// A turn's files (its `attachments` list), one `turn_attachments` row each.
-fn insert_attachments(conn: &Connection, t: &TurnRow) -> Result<()> {
-    for a in crate::attachments::parse_list(t.attachments.as_deref()) {
-        sql::query(crate::store::INSERT_TURN_ATTACHMENT)
-            .bind(&t.turn_id)
-            .bind(a.position)
-            .bind(&t.session_id)
-            .bind(a.name)
-            .bind(a.declared_type)
-            .bind(a.content_type)
-            .bind(a.size as i64)
-            .bind(a.sha256)
-            .execute(conn)?;
-    }
-    Ok(())
-}
-
-/// A Lark turn's download job started, or finished (the turn taking its
-/// files and text).
-fn write_fetch(conn: &Connection, fetch: FetchWrite) -> Result<()> {
-    match fetch {
-        FetchWrite::Start {
-            turn_id,
-            session_id,
-            message_id,
-            resources,
-            at,
-        } => {
-            sql::query(INSERT_FETCH)
-                .bind(turn_id)
-                .bind(session_id)
-                .bind(message_id)
-                .bind(resources)
-                .bind(at)
-                .execute(conn)?;
-        }
-        FetchWrite::Finish { turn_id, turn } => {
-            if let Some(t) = turn {
-                sql::query(FETCHED_TURN)
-                    .bind(&t.text)
-                    .bind(&t.attachments)
-                    .bind(&t.turn_id)
-                    .execute(conn)?;
-                insert_attachments(conn, &t)?;
-            }
-            sql::query(DELETE_FETCH).bind(turn_id).execute(conn)?;
-        }
+/// Runs statements both stores share, in their order.
+fn execute_all(conn: &Connection, statements: Vec<Statement>) -> Result<()> {
+    for statement in &statements {
+        sql::execute(statement, conn)?;
     }
     Ok(())
 }
@@ -224,7 +127,7 @@ fn write_turn(conn: &Connection, change: Change<TurnRow>) -> Result<()> {
             .bind(t.claimed_at)
             .bind(&t.attachments)
             .execute(conn)?;
-            insert_attachments(conn, &t)?;
+            execute_all(conn, statement::attachment_rows(&t))?;
         }
         // A claim or a release leaves the completion's columns as they were
         // (unset: a completed turn is final), so its statement does not name
@@ -310,167 +213,6 @@ fn insert_reply(conn: &Connection, r: &NewReply) -> Result<()> {
     .bind(r.at)
     .bind(r.at)
     .bind(r.at)
-    .execute(conn)?;
-    Ok(())
-}
-
-/// Writes a decision's Lark event guard and link change, if any.
-fn lark_writes(conn: &Connection, writes: &Writes) -> Result<()> {
-    if let Some(e) = &writes.lark_event {
-        sql::query(
-            "insert into lark_events (app_id, event_id, message_id, received_at)
-             values (?, ?, ?, ?)",
-        )
-        .bind(&e.app_id)
-        .bind(&e.event_id)
-        .bind(&e.message_id)
-        .bind(e.at)
-        .execute(conn)?;
-    }
-    pairing_writes(conn, writes)?;
-    let Some(change) = &writes.link else {
-        return Ok(());
-    };
-    sql::query("delete from lark_links where session_id = ?")
-        .bind(&change.session_id)
-        .execute(conn)?;
-    if let Some(link) = &change.link {
-        sql::query(
-            "insert into lark_links (chat_id, session_id, linked_at, approvers, terminal_turns)
-             values (?, ?, ?, ?, ?)",
-        )
-        .bind(&link.chat_id)
-        .bind(&change.session_id)
-        .bind(link.at)
-        .bind(&link.approvers)
-        .bind(i64::from(link.terminal_turns))
-        .execute(conn)?;
-    }
-    Ok(())
-}
-
-/// Writes a decision's pairing code, chat and note, if any.
-fn pairing_writes(conn: &Connection, writes: &Writes) -> Result<()> {
-    match &writes.pair_code {
-        Some(PairCodeWrite::New {
-            code_hash,
-            session_id,
-            at,
-            expires_at,
-        }) => {
-            sql::query(INSERT_PAIR_CODE)
-                .bind(code_hash)
-                .bind(session_id)
-                .bind(*at)
-                .bind(*expires_at)
-                .execute(conn)?;
-        }
-        Some(PairCodeWrite::Used { code_hash, at }) => {
-            sql::query(SPEND_PAIR_CODE)
-                .bind(*at)
-                .bind(code_hash)
-                .execute(conn)?;
-        }
-        None => {}
-    }
-    if let Some(chat) = &writes.chat {
-        sql::query(UPSERT_CHAT)
-            .bind(&chat.chat_id)
-            .bind(chat.failed_codes)
-            .bind(chat.failed_since)
-            .bind(&chat.current_session_id)
-            .execute(conn)?;
-    }
-    if let Some(sent) = &writes.sent {
-        sql::query(INSERT_SENT)
-            .bind(&sent.message_id)
-            .bind(&sent.session_id)
-            .bind(&sent.chat_id)
-            .bind(sent.at)
-            .execute(conn)?;
-    }
-    if let Some(note) = &writes.note {
-        sql::query(INSERT_NOTE)
-            .bind(&note.message_id)
-            .bind(&note.chat_id)
-            .bind(&note.text)
-            .bind(note.at)
-            .bind(&note.session_id)
-            .bind(i64::from(note.reply))
-            .execute(conn)?;
-    }
-    Ok(())
-}
-
-/// Writes a decision's permission request and its chat message, if any.
-fn permission_writes(conn: &Connection, writes: &Writes) -> Result<()> {
-    match &writes.permission {
-        Some(Change::Insert(row)) => {
-            sql::query(
-                "insert into permission_requests (session_id, request_id, tool_name, description,
-                     input_preview, state, created_at, answered_at, answered_via)
-                 values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            )
-            .bind(&row.session_id)
-            .bind(&row.request_id)
-            .bind(&row.tool_name)
-            .bind(&row.description)
-            .bind(&row.input_preview)
-            .bind(row.state)
-            .bind(row.created_at)
-            .bind(row.answered_at)
-            .bind(row.answered_via)
-            .execute(conn)?;
-        }
-        Some(Change::Update(row)) => {
-            sql::query(
-                "update permission_requests set state = ?, answered_at = ?, answered_via = ?,
-                     relayed_at = ?
-                 where session_id = ? and request_id = ?",
-            )
-            .bind(row.state)
-            .bind(row.answered_at)
-            .bind(row.answered_via)
-            .bind(row.relayed_at)
-            .bind(&row.session_id)
-            .bind(&row.request_id)
-            .execute(conn)?;
-        }
-        None => {}
-    }
-    if let Some(m) = &writes.permission_message {
-        sql::query(
-            "insert into lark_permission_messages (session_id, request_id, chat_id, text, state,
-                 next_attempt_at, created_at, updated_at)
-             values (?, ?, ?, ?, 'pending', ?, ?, ?)",
-        )
-        .bind(&m.session_id)
-        .bind(&m.request_id)
-        .bind(&m.chat_id)
-        .bind(&m.text)
-        .bind(m.at)
-        .bind(m.at)
-        .bind(m.at)
-        .execute(conn)?;
-    }
-    Ok(())
-}
-
-/// Writes what an answer given in Lark does to the request's card, if any.
-fn card_writes(conn: &Connection, writes: &Writes) -> Result<()> {
-    let Some(card) = &writes.card else {
-        return Ok(());
-    };
-    sql::query(
-        "update lark_permission_messages set answered_by = coalesce(?1, answered_by),
-             update_state = case when ?2 = 1 and update_state = 'pending' then 'sent'
-                                 else update_state end
-         where session_id = ?3 and request_id = ?4",
-    )
-    .bind(&card.answered_by)
-    .bind(i64::from(card.shown))
-    .bind(&card.session_id)
-    .bind(&card.request_id)
     .execute(conn)?;
     Ok(())
 }

@@ -14,13 +14,13 @@ use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows};
 use crate::decide::{ClaimRow, SessionRow, TurnRow, Writes};
 use crate::error::{Error, Result};
 use crate::ids::Minter;
-use crate::model::{BindRequest, Origin, RegisterAgentThread};
+use crate::model::{BindRequest, Origin};
 use crate::permission::PermissionRow;
 use crate::store::dispatch::{self, Tx};
 use crate::store::retention::PruneStep;
-use crate::store::{Blob, CardUpdateJob, Command, Done, Outbound, ReplyUpdate};
+use crate::store::statement::Statement;
 use crate::store::{CHAT, CHAT_SESSIONS, SENT_FOR, SESSION_LINK};
-use crate::time::now_ms;
+use crate::store::{Command, Done};
 
 /// Takes `command` on `conn`: what it decided.
 pub(super) fn command(conn: &Connection, command: Command, minter: &Minter) -> Result<Done> {
@@ -278,118 +278,11 @@ impl Tx for OnWriter<'_> {
         journal::decided(self.0, writes)
     }
 
-    async fn insert_session(&mut self, s: &SessionRow) -> Result<()> {
-        sql::query(crate::store::INSERT_SESSION)
-            .bind(&s.session_id)
-            .bind(&s.goal_id)
-            .bind(&s.agent_id)
-            .bind(&s.host_surface)
-            .bind(&s.host_session_id)
-            .bind(&s.executor_endpoint_id)
-            .bind(s.state)
-            .bind(s.created_at)
-            .bind(s.next_seq)
-            .bind(s.next_event_no)
-            .execute(self.0)?;
-        Ok(())
-    }
-
-    async fn register(&mut self, thread: &RegisterAgentThread) -> Result<bool> {
-        let inserted = sql::query(crate::store::REGISTER)
-            .bind(&thread.goal_id)
-            .bind(&thread.agent_id)
-            .bind(&thread.host_surface)
-            .bind(&thread.host_session_id)
-            .bind(now_ms())
-            .execute(self.0)?;
-        Ok(inserted.rows_affected() == 1)
-    }
-
-    async fn record_reply(&mut self, outbound: Outbound, update: ReplyUpdate) -> Result<()> {
-        let (statement, keys) = crate::store::record_outbox(outbound);
-        let mut query = sql::query(statement)
-            .bind(update.parts_sent)
-            .bind(update.state)
-            .bind(update.attempts)
-            .bind(update.failures)
-            .bind(update.error)
-            .bind(update.next_attempt_at)
-            .bind(now_ms());
-        for key in keys {
-            query = query.bind(key);
-        }
-        query.execute(self.0)?;
-        Ok(())
-    }
-
-    async fn message_sent(
-        &mut self,
-        message_id: &str,
-        session_id: &str,
-        chat_id: &str,
-    ) -> Result<()> {
-        sql::query(crate::store::INSERT_SENT)
-            .bind(message_id)
-            .bind(session_id)
-            .bind(chat_id)
-            .bind(now_ms())
-            .execute(self.0)?;
-        Ok(())
-    }
-
-    async fn card_sent(
-        &mut self,
-        session_id: &str,
-        request_id: &str,
-        message_id: &str,
-    ) -> Result<()> {
-        sql::query(crate::store::CARD_SENT)
-            .bind(message_id)
-            .bind(session_id)
-            .bind(request_id)
-            .execute(self.0)?;
-        Ok(())
-    }
-
-    async fn record_card_update(&mut self, job: CardUpdateJob, update: ReplyUpdate) -> Result<()> {
-        sql::query(super::cards::RECORD_CARD_UPDATE)
-            .bind(update.state)
-            .bind(update.attempts)
-            .bind(update.failures)
-            .bind(update.error)
-            .bind(update.next_attempt_at)
-            .bind(&job.session_id)
-            .bind(&job.request_id)
-            .execute(self.0)?;
-        Ok(())
+    async fn execute(&mut self, statement: Statement) -> Result<u64> {
+        sql::execute(&statement, self.0)
     }
 
     async fn prune_step(&mut self, cutoff_ms: i64) -> Result<PruneStep> {
         super::prune_step(self.0, cutoff_ms)
-    }
-
-    async fn put_blob(&mut self, blob: &Blob) -> Result<()> {
-        sql::query(crate::store::UPSERT_BLOB)
-            .bind(&blob.sha256)
-            .bind(blob.bytes.len() as i64)
-            .bind(blob.sniffed_type)
-            .bind(blob.bytes.clone())
-            .bind(blob.at)
-            .execute(self.0)?;
-        Ok(())
-    }
-
-    async fn record_fetch(
-        &mut self,
-        turn_id: &str,
-        failures: i64,
-        next_attempt_at: i64,
-    ) -> Result<()> {
-        sql::query(crate::store::RECORD_FETCH)
-            .bind(failures)
-            .bind(next_attempt_at)
-            .bind(turn_id)
-            .execute(self.0)?;
-        Ok(())
     }
 }

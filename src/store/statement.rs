@@ -1,0 +1,541 @@
+//! The writes both stores make the same way, as neutral statements: their
+//! SQL once (`$1`, `$2`, … numbered in the order they first appear, which
+//! SQLite and PostgreSQL both bind by), and their values as [`Arg`]s, which
+//! each backend binds its own way. What a decision writes beside its turn
+//! (a Lark event guard, a link, a pairing code, a chat, a note, a permission
+//! request and its message, a card's answer, a close's sweep, a download
+//! job) and the outbox's bookkeeping are here; a turn decision's own rows
+//! (turn, claim, session, event, reply) stay with each backend, which writes
+//! them its fastest way (SQLite's journal, PostgreSQL's one statement).
+
+use crate::decide::lark::FetchWrite;
+use crate::decide::pairing::PairCodeWrite;
+use crate::decide::{Change, SessionRow, Sweep, TurnRow, Writes};
+use crate::model::RegisterAgentThread;
+use crate::store::{Blob, CardUpdateJob, Outbound, ReplyUpdate};
+
+/// A value a statement binds. A null keeps its column's kind (PostgreSQL
+/// types every parameter).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Arg {
+    Int(Option<i64>),
+    Text(Option<String>),
+    /// A person's text: SQLite keeps it as text, PostgreSQL as bytes (its
+    /// text type refuses U+0000, which a message may hold).
+    Body(Option<String>),
+    Bytes(bytes::Bytes),
+}
+
+impl From<i64> for Arg {
+    fn from(v: i64) -> Self {
+        Arg::Int(Some(v))
+    }
+}
+impl From<Option<i64>> for Arg {
+    fn from(v: Option<i64>) -> Self {
+        Arg::Int(v)
+    }
+}
+impl From<bool> for Arg {
+    fn from(v: bool) -> Self {
+        Arg::Int(Some(i64::from(v)))
+    }
+}
+impl From<&str> for Arg {
+    fn from(v: &str) -> Self {
+        Arg::Text(Some(v.to_owned()))
+    }
+}
+impl From<&String> for Arg {
+    fn from(v: &String) -> Self {
+        Arg::Text(Some(v.clone()))
+    }
+}
+impl From<String> for Arg {
+    fn from(v: String) -> Self {
+        Arg::Text(Some(v))
+    }
+}
+impl From<&Option<String>> for Arg {
+    fn from(v: &Option<String>) -> Self {
+        Arg::Text(v.clone())
+    }
+}
+impl From<Option<&str>> for Arg {
+    fn from(v: Option<&str>) -> Self {
+        Arg::Text(v.map(str::to_owned))
+    }
+}
+
+/// The contract's enums are stored as their snake_case wire names.
+macro_rules! wire_arg {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Arg {
+            fn from(v: $t) -> Self {
+                Arg::Text(Some(crate::model::wire(&v)))
+            }
+        }
+        impl From<Option<$t>> for Arg {
+            fn from(v: Option<$t>) -> Self {
+                Arg::Text(v.map(|v| crate::model::wire(&v)))
+            }
+        }
+    )*};
+}
+wire_arg!(
+    crate::model::SessionState,
+    crate::model::TurnState,
+    crate::model::CancelReason,
+    crate::model::ReplyState,
+    crate::model::PermissionState,
+    crate::model::AnsweredVia
+);
+
+/// A person's text ([`Arg::Body`]).
+fn body(text: &str) -> Arg {
+    Arg::Body(Some(text.to_owned()))
+}
+
+/// A diagnostic from afar, storable anywhere: a stray U+0000 replaced.
+fn diagnostic(error: Option<String>) -> Arg {
+    Arg::Text(error.map(|e| e.replace('\0', "\u{fffd}")))
+}
+
+/// One statement and its values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Statement {
+    pub sql: &'static str,
+    pub args: Vec<Arg>,
+}
+
+impl Statement {
+    fn new(sql: &'static str) -> Self {
+        Statement {
+            sql,
+            args: Vec::new(),
+        }
+    }
+
+    fn bind(mut self, arg: impl Into<Arg>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+}
+
+const INSERT_LARK_EVENT: &str = "insert into lark_events (app_id, event_id, message_id, \
+     received_at) values ($1, $2, $3, $4)";
+const DELETE_LINK: &str = "delete from lark_links where session_id = $1";
+const INSERT_LINK: &str = "insert into lark_links (chat_id, session_id, linked_at, approvers, \
+     terminal_turns) values ($1, $2, $3, $4, $5)";
+const INSERT_PERMISSION: &str = "insert into permission_requests (session_id, request_id, \
+     tool_name, description, input_preview, state, created_at, answered_at, answered_via) \
+     values ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+const UPDATE_PERMISSION: &str = "update permission_requests set state = $1, answered_at = $2, \
+     answered_via = $3, relayed_at = $4 where session_id = $5 and request_id = $6";
+const INSERT_PERMISSION_MESSAGE: &str = "insert into lark_permission_messages (session_id, \
+     request_id, chat_id, text, state, next_attempt_at, created_at, updated_at) \
+     values ($1, $2, $3, $4, 'pending', $5, $5, $5)";
+const ANSWER_CARD: &str = "update lark_permission_messages \
+     set answered_by = coalesce($1, answered_by), \
+         update_state = case when $2 = 1 and update_state = 'pending' then 'sent' \
+                             else update_state end \
+     where session_id = $3 and request_id = $4";
+const SWEEP_TURN_EVENTS: &str = "insert into session_events (session_id, event_no, kind, \
+         turn_id, seq, state, at) \
+     select session_id, $1 - 1 + row_number() over (order by seq), 'turn', turn_id, seq, $2, $3 \
+     from turns where session_id = $4 and (state = 'queued' or turn_id = $5)";
+const SWEEP_TURNS: &str = "update turns set state = $1, cancel_reason = $2 \
+     where session_id = $3 and (state = 'queued' or turn_id = $4)";
+const SWEEP_PERMISSION_EVENTS: &str = "insert into session_events (session_id, event_no, kind, \
+         request_id, state, at) \
+     select session_id, $1 - 1 + row_number() over (order by created_at, request_id), \
+         'permission', request_id, $2, $3 \
+     from permission_requests where session_id = $4 and state = 'pending'";
+const SWEEP_PERMISSIONS: &str = "update permission_requests set state = $1, answered_at = $2 \
+     where session_id = $3 and state = 'pending'";
+
+/// What a decision writes before its turn, in this order: the Lark event
+/// guard, the pairing code, chat, sent message and note, the link change,
+/// the permission request and its message, the card's answer, the close's
+/// sweep. (The step taken before, [`Writes::before`], is the caller's.)
+pub(crate) fn side_writes(writes: &Writes) -> Vec<Statement> {
+    let mut out = Vec::new();
+    if let Some(e) = &writes.lark_event {
+        out.push(
+            Statement::new(INSERT_LARK_EVENT)
+                .bind(&e.app_id)
+                .bind(&e.event_id)
+                .bind(&e.message_id)
+                .bind(e.at),
+        );
+    }
+    pairing_writes(writes, &mut out);
+    if let Some(change) = &writes.link {
+        out.push(Statement::new(DELETE_LINK).bind(&change.session_id));
+        if let Some(link) = &change.link {
+            out.push(
+                Statement::new(INSERT_LINK)
+                    .bind(&link.chat_id)
+                    .bind(&change.session_id)
+                    .bind(link.at)
+                    .bind(&link.approvers)
+                    .bind(link.terminal_turns),
+            );
+        }
+    }
+    permission_writes(writes, &mut out);
+    if let Some(card) = &writes.card {
+        out.push(
+            Statement::new(ANSWER_CARD)
+                .bind(&card.answered_by)
+                .bind(card.shown)
+                .bind(&card.session_id)
+                .bind(&card.request_id),
+        );
+    }
+    if let Some(sweep) = &writes.sweep {
+        out.extend(sweep_writes(sweep));
+    }
+    out
+}
+
+fn pairing_writes(writes: &Writes, out: &mut Vec<Statement>) {
+    match &writes.pair_code {
+        Some(PairCodeWrite::New {
+            code_hash,
+            session_id,
+            at,
+            expires_at,
+        }) => out.push(
+            Statement::new(crate::store::INSERT_PAIR_CODE)
+                .bind(code_hash)
+                .bind(session_id)
+                .bind(*at)
+                .bind(*expires_at),
+        ),
+        Some(PairCodeWrite::Used { code_hash, at }) => out.push(
+            Statement::new(crate::store::SPEND_PAIR_CODE)
+                .bind(*at)
+                .bind(code_hash),
+        ),
+        None => {}
+    }
+    if let Some(chat) = &writes.chat {
+        out.push(
+            Statement::new(crate::store::UPSERT_CHAT)
+                .bind(&chat.chat_id)
+                .bind(chat.failed_codes)
+                .bind(chat.failed_since)
+                .bind(&chat.current_session_id),
+        );
+    }
+    if let Some(sent) = &writes.sent {
+        out.push(message_sent(
+            &sent.message_id,
+            &sent.session_id,
+            &sent.chat_id,
+            sent.at,
+        ));
+    }
+    if let Some(note) = &writes.note {
+        out.push(
+            Statement::new(crate::store::INSERT_NOTE)
+                .bind(&note.message_id)
+                .bind(&note.chat_id)
+                .bind(body(&note.text))
+                .bind(note.at)
+                .bind(&note.session_id)
+                .bind(note.reply),
+        );
+    }
+}
+
+fn permission_writes(writes: &Writes, out: &mut Vec<Statement>) {
+    match &writes.permission {
+        Some(Change::Insert(row)) => out.push(
+            Statement::new(INSERT_PERMISSION)
+                .bind(&row.session_id)
+                .bind(&row.request_id)
+                .bind(&row.tool_name)
+                .bind(body(&row.description))
+                .bind(body(&row.input_preview))
+                .bind(row.state)
+                .bind(row.created_at)
+                .bind(row.answered_at)
+                .bind(row.answered_via),
+        ),
+        Some(Change::Update(row)) => out.push(
+            Statement::new(UPDATE_PERMISSION)
+                .bind(row.state)
+                .bind(row.answered_at)
+                .bind(row.answered_via)
+                .bind(row.relayed_at)
+                .bind(&row.session_id)
+                .bind(&row.request_id),
+        ),
+        None => {}
+    }
+    if let Some(m) = &writes.permission_message {
+        out.push(
+            Statement::new(INSERT_PERMISSION_MESSAGE)
+                .bind(&m.session_id)
+                .bind(&m.request_id)
+                .bind(&m.chat_id)
+                .bind(body(&m.text))
+                .bind(m.at),
+        );
+    }
+}
+
+/// A close's sweep: the session's queued turns (and its open terminal turn)
+/// cancelled and its pending permission requests expired, each with its
+/// numbered event.
+fn sweep_writes(sweep: &Sweep) -> [Statement; 4] {
+    [
+        Statement::new(SWEEP_TURN_EVENTS)
+            .bind(sweep.cancelled_from)
+            .bind(sweep.cancelled)
+            .bind(sweep.at)
+            .bind(&sweep.session_id)
+            .bind(&sweep.terminal),
+        Statement::new(SWEEP_TURNS)
+            .bind(sweep.cancelled)
+            .bind(sweep.cancel_reason)
+            .bind(&sweep.session_id)
+            .bind(&sweep.terminal),
+        Statement::new(SWEEP_PERMISSION_EVENTS)
+            .bind(sweep.expired_from)
+            .bind(sweep.expired)
+            .bind(sweep.at)
+            .bind(&sweep.session_id),
+        Statement::new(SWEEP_PERMISSIONS)
+            .bind(sweep.expired)
+            .bind(sweep.at)
+            .bind(&sweep.session_id),
+    ]
+}
+
+/// A turn's files (its `attachments` list), one `turn_attachments` row
+/// each, written after the turn.
+pub(crate) fn attachment_rows(t: &TurnRow) -> Vec<Statement> {
+    crate::attachments::parse_list(t.attachments.as_deref())
+        .into_iter()
+        .map(|a| {
+            Statement::new(crate::store::INSERT_TURN_ATTACHMENT)
+                .bind(&t.turn_id)
+                .bind(i64::from(a.position))
+                .bind(&t.session_id)
+                .bind(a.name)
+                .bind(a.declared_type)
+                .bind(a.content_type)
+                .bind(a.size as i64)
+                .bind(a.sha256)
+        })
+        .collect()
+}
+
+/// A Lark turn's download job started, or finished (the turn, still
+/// queued, taking its files and text): written after the turn.
+pub(crate) fn fetch_writes(fetch: &FetchWrite) -> Vec<Statement> {
+    match fetch {
+        FetchWrite::Start {
+            turn_id,
+            session_id,
+            message_id,
+            resources,
+            at,
+        } => vec![
+            Statement::new(crate::store::INSERT_FETCH)
+                .bind(turn_id)
+                .bind(session_id)
+                .bind(message_id)
+                .bind(resources)
+                .bind(*at),
+        ],
+        FetchWrite::Finish { turn_id, turn } => {
+            let mut out = Vec::new();
+            if let Some(t) = turn {
+                out.push(
+                    Statement::new(crate::store::FETCHED_TURN)
+                        .bind(body(&t.text))
+                        .bind(&t.attachments)
+                        .bind(&t.turn_id),
+                );
+                out.extend(attachment_rows(t));
+            }
+            out.push(Statement::new(crate::store::DELETE_FETCH).bind(turn_id));
+            out
+        }
+    }
+}
+
+/// A session a bind created.
+pub(crate) fn insert_session(s: &SessionRow) -> Statement {
+    Statement::new(crate::store::INSERT_SESSION)
+        .bind(&s.session_id)
+        .bind(&s.goal_id)
+        .bind(&s.agent_id)
+        .bind(&s.host_surface)
+        .bind(&s.host_session_id)
+        .bind(&s.executor_endpoint_id)
+        .bind(s.state)
+        .bind(s.created_at)
+        .bind(s.next_seq)
+        .bind(s.next_event_no)
+}
+
+/// An agent thread registered (one row affected: it was new).
+pub(crate) fn register(thread: &RegisterAgentThread, at: i64) -> Statement {
+    Statement::new(crate::store::REGISTER)
+        .bind(&thread.goal_id)
+        .bind(&thread.agent_id)
+        .bind(&thread.host_surface)
+        .bind(&thread.host_session_id)
+        .bind(at)
+}
+
+/// A message the broker sent for a session, to route replies to it.
+pub(crate) fn message_sent(
+    message_id: &str,
+    session_id: &str,
+    chat_id: &str,
+    at: i64,
+) -> Statement {
+    Statement::new(crate::store::INSERT_SENT)
+        .bind(message_id)
+        .bind(session_id)
+        .bind(chat_id)
+        .bind(at)
+}
+
+/// A permission request's card was sent, as `message_id`.
+pub(crate) fn card_sent(session_id: &str, request_id: &str, message_id: &str) -> Statement {
+    Statement::new(crate::store::CARD_SENT)
+        .bind(message_id)
+        .bind(session_id)
+        .bind(request_id)
+}
+
+/// What became of an outbox message's attempt (it replaces the lease).
+pub(crate) fn record_reply(outbound: Outbound, update: ReplyUpdate, at: i64) -> Statement {
+    let (sql, keys) = crate::store::record_outbox(outbound);
+    let statement = Statement::new(sql)
+        .bind(update.parts_sent)
+        .bind(update.state)
+        .bind(update.attempts)
+        .bind(update.failures)
+        .bind(diagnostic(update.error))
+        .bind(update.next_attempt_at)
+        .bind(at);
+    keys.into_iter().fold(statement, Statement::bind)
+}
+
+/// What became of a card update's attempt (it replaces the lease).
+pub(crate) fn record_card_update(job: &CardUpdateJob, update: ReplyUpdate) -> Statement {
+    Statement::new(crate::store::RECORD_CARD_UPDATE)
+        .bind(update.state)
+        .bind(update.attempts)
+        .bind(update.failures)
+        .bind(diagnostic(update.error))
+        .bind(update.next_attempt_at)
+        .bind(&job.session_id)
+        .bind(&job.request_id)
+}
+
+/// A file's bytes, stored once under their sha256.
+pub(crate) fn put_blob(blob: &Blob) -> Statement {
+    Statement::new(crate::store::UPSERT_BLOB)
+        .bind(&blob.sha256)
+        .bind(blob.bytes.len() as i64)
+        .bind(blob.sniffed_type)
+        .bind(Arg::Bytes(blob.bytes.clone()))
+        .bind(blob.at)
+}
+
+/// A download job's failed attempt, and when to try again.
+pub(crate) fn record_fetch(turn_id: &str, failures: i64, next_attempt_at: i64) -> Statement {
+    Statement::new(crate::store::RECORD_FETCH)
+        .bind(failures)
+        .bind(next_attempt_at)
+        .bind(turn_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every placeholder is `$n`, first seen in order 1, 2, …: SQLite
+    /// numbers a `$n` by where it first appears, PostgreSQL by its `n`.
+    fn numbered_in_order(sql: &str) -> bool {
+        let mut next = 1;
+        let mut rest = sql;
+        while let Some(at) = rest.find('$') {
+            let digits: String = rest[at + 1..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            let Ok(n) = digits.parse::<usize>() else {
+                return false;
+            };
+            if n > next {
+                return false;
+            }
+            if n == next {
+                next += 1;
+            }
+            rest = &rest[at + 1 + digits.len()..];
+        }
+        true
+    }
+
+    #[test]
+    fn every_shared_statement_numbers_its_placeholders_in_order() {
+        let outbound = [
+            Outbound::Reply {
+                turn_id: "t".into(),
+                message_id: "m".into(),
+            },
+            Outbound::Permission {
+                session_id: "s".into(),
+                request_id: "r".into(),
+            },
+            Outbound::Note {
+                message_id: "m".into(),
+                reply: false,
+            },
+        ];
+        let mut sqls: Vec<&str> = vec![
+            INSERT_LARK_EVENT,
+            DELETE_LINK,
+            INSERT_LINK,
+            INSERT_PERMISSION,
+            UPDATE_PERMISSION,
+            INSERT_PERMISSION_MESSAGE,
+            ANSWER_CARD,
+            SWEEP_TURN_EVENTS,
+            SWEEP_TURNS,
+            SWEEP_PERMISSION_EVENTS,
+            SWEEP_PERMISSIONS,
+            crate::store::INSERT_PAIR_CODE,
+            crate::store::SPEND_PAIR_CODE,
+            crate::store::UPSERT_CHAT,
+            crate::store::INSERT_NOTE,
+            crate::store::INSERT_SENT,
+            crate::store::INSERT_TURN_ATTACHMENT,
+            crate::store::INSERT_FETCH,
+            crate::store::FETCHED_TURN,
+            crate::store::DELETE_FETCH,
+            crate::store::INSERT_SESSION,
+            crate::store::REGISTER,
+            crate::store::CARD_SENT,
+            crate::store::RECORD_CARD_UPDATE,
+            crate::store::UPSERT_BLOB,
+            crate::store::RECORD_FETCH,
+        ];
+        sqls.extend(outbound.map(|o| crate::store::record_outbox(o).0));
+        for sql in sqls {
+            assert!(numbered_in_order(sql), "placeholders out of order: {sql}");
+        }
+        assert!(!numbered_in_order("set a = $2, b = $1"));
+    }
+}
