@@ -1,26 +1,62 @@
 //! The store: the seam between the broker and the backends, SQLite
 //! (embedded, the default) and PostgreSQL (several replicas sharing one
-//! database). A backend owns the SQL and the transactions (their locks and
-//! retries): for each decision it loads the rows the decision needs (locked
-//! for the transaction), calls it ([`crate::decide`], which owns the rows,
-//! outcomes and [`crate::decide::Writes`] it decides over) and applies the
-//! writes it returns before committing; besides, plain reads, the Lark
-//! outbox, retention, and the [`ChangeFeed`]: what each committed decision
-//! changed, derived once from the events it writes.
+//! database). [`Store`] is six calls: a [`Command`] decided and applied in
+//! one transaction (or two in one commit, [`Store::together`]), a plain
+//! [`Read`], the [`ChangeFeed`] (what each committed decision changed,
+//! derived once from the events it writes), and health.
+//!
+//! What is the same for both backends is written once: `dispatch` runs a
+//! command's rule ([`crate::decide`]) over any backend's transaction (its
+//! `Tx`: load the rows a decision needs, locked; apply the
+//! [`crate::decide::Writes`] it returns), `statement` holds the writes both
+//! make alike as neutral statements, and `reads` the plain reads. A backend
+//! keeps only its own: its connections, locks and retries, its loads, how it
+//! writes a turn's rows fastest (SQLite's journal, PostgreSQL's one
+//! statement), how its rows decode, and the Lark jobs PostgreSQL leases.
 //!
 //! It must never decide: no stateful refusal is constructed here, no
 //! session event is numbered here (the decision numbers them from the
 //! locked session row; for a close's cancelled turns and expired requests it
 //! gives the first number and the order, which one set-based statement
-//! counts up from), and the two backends share no rule, only SQL that looks
-//! alike. It knows nothing of HTTP and never waits for a client: a claim on
-//! an empty queue answers [`ClaimOutcome::Empty`] and the broker parks it
-//! until the feed says the session changed. The broker may compose two
-//! decisions into one commit ([`Store::together`]): that is how it hands a
-//! parked claim the turn an enqueue brings.
+//! counts up from). It knows nothing of HTTP and never waits for a client: a
+//! claim on an empty queue answers [`ClaimOutcome::Empty`] and the broker
+//! parks it until the feed says the session changed. Two decisions in one
+//! commit ([`Store::together`]) is how the broker hands a parked claim the
+//! turn an enqueue brings.
+
+/// A session's columns, in the order [`SessionRow`] is read.
+macro_rules! session_columns {
+    () => {
+        "session_id, goal_id, agent_id, host_surface, host_session_id, \
+         executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id, \
+         next_seq, next_event_no, agent_state, agent_since, agent_heard_at, holder_heard_at, \
+         waker_heard_at, agent_tool, tool_since, terminal_turn_id, stalled_at"
+    };
+}
+
+/// A turn with its Lark reply's state, for readbacks: the turn's columns in
+/// table order, then the reply's (the order [`TurnRow`] is read).
+macro_rules! turn_readback {
+    () => {
+        "select t.turn_id, t.session_id, t.seq, t.origin, t.text, t.client_message_id, \
+         t.lark_chat_id, t.lark_message_id, t.state, t.enqueued_at, t.claimed_at, \
+         t.completed_at, t.claim_count, t.current_claim_id, t.completion_id, t.response, \
+         t.cancel_reason, t.attachments, r.state as reply_state, r.attempts as reply_attempts, \
+         r.error as reply_error from turns t left join lark_replies r on r.turn_id = t.turn_id"
+    };
+}
+
+/// A permission request's columns, in the order [`PermissionRow`] is read.
+macro_rules! permission_columns {
+    () => {
+        "session_id, request_id, tool_name, description, input_preview, state, created_at, \
+         answered_at, answered_via, relayed_at"
+    };
+}
 
 mod dispatch;
 pub mod postgres;
+mod reads;
 pub mod retention;
 pub mod sqlite;
 mod statement;
@@ -45,28 +81,15 @@ use crate::permission::PermissionRow;
 
 /// The open sessions with an active claim, and when it was made (the
 /// statement of [`Read::HeldSessions`], on either backend).
-pub const HELD_SESSIONS: &str = "select session_id, goal_id, agent_id, host_surface, \
-     host_session_id, executor_endpoint_id, state, created_at, closed_at, queued_count, \
-     active_claim_id, next_seq, next_event_no, agent_state, agent_since, agent_heard_at, \
-     holder_heard_at, waker_heard_at, agent_tool, tool_since, terminal_turn_id, stalled_at, \
-     (select c.claimed_at from claims c where c.claim_id = sessions.active_claim_id) \
-         as holder_claimed_at \
-     from sessions where state = 'open' and active_claim_id is not null";
+pub const HELD_SESSIONS: &str = concat!(
+    "select ",
+    session_columns!(),
+    ", (select c.claimed_at from claims c where c.claim_id = sessions.active_claim_id) \
+     as holder_claimed_at from sessions where state = 'open' and active_claim_id is not null"
+);
 
-/// The statement of [`Read::SilentSessions`], its parameters written as
-/// the backend writes them: `first` the cut-off for a waiting agent
-/// (`away_before`), `second` the silence
-/// ([`crate::decide::presence::AWAY_AFTER_MS`]), `third` the cut-off for a
-/// working one (`stalled_before`).
-pub fn silent_sessions_sql(first: &str, second: &str, third: &str) -> String {
-    format!(
-        "select session_id from sessions
-         where state = 'open' and (
-           (agent_state = 'waiting' and agent_heard_at <= {first}
-             and (agent_since is null or agent_since < agent_heard_at + {second}))
-           or (agent_state = 'working' and stalled_at is null and agent_heard_at <= {third}))"
-    )
-}
+/// A session's columns (`session_columns!`).
+pub const SESSION_COLUMNS: &str = session_columns!();
 
 /// How a page of a session's turns is read: forward (after `after_seq`,
 /// before `before_seq` if given) oldest first, or, for `before_seq` alone,

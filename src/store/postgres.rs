@@ -91,7 +91,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use tokio_util::sync::CancellationToken;
 
 #[macro_use]
@@ -107,20 +107,16 @@ mod reads;
 mod rows;
 mod tx;
 
-use super::CardUpdateJob;
-use super::{Change, ChangeFeed, Command, Done, Found, Read, Reader, ReplyJob, Store};
-use crate::decide::{self, Changed, EventRow, SessionRow, TurnRow};
+use super::reads::Rows;
+use super::statement::Statement;
+use super::{CardUpdateJob, FetchJob};
+use super::{Change, ChangeFeed, Command, Done, Found, Read, ReplyJob, Store};
+use crate::decide::{Changed, SessionRow, TurnRow};
 use crate::error::{Error, Result};
 use crate::ids::Minter;
-use crate::model::PermissionState;
-use crate::model::{LarkLink, ListSessions, ListTurns};
-use crate::permission;
 use crate::permission::PermissionRow;
 use notify::Announcer;
-use permissions::{PERMISSION_COLUMNS, load_permission, permission_row};
 use pool::{Step, settle};
-use reads::{load_session, load_turn};
-use rows::unstorable;
 
 /// The channel every change is announced on; the payload is the session id.
 pub const CHANNEL: &str = "loopx_changes";
@@ -198,189 +194,49 @@ impl Store for PgStore {
     }
 }
 
-/// The plain reads ([`Read`]), each with its SQL.
+/// The plain reads ([`super::reads`]) on the pool; the due Lark jobs leased
+/// to this replica.
 #[async_trait]
-impl<'a> Reader<'a> for PgStore {
-    async fn session(&self, session_id: &'a str) -> Result<Option<SessionRow>> {
-        Ok(load_session(&self.pool, session_id).await?)
-    }
+impl Rows for PgStore {
+    type Row = PgRow;
+    /// Only the sessions with queued turns (an index), and each one's head
+    /// of queue, its oldest queued turn: no scan of all sessions.
+    const QUEUE_STATS: &'static str = "select coalesce(sum(queued_count), 0)::bigint,
+            min((select t.enqueued_at from turns t
+                 where t.session_id = s.session_id and t.state = 'queued'
+                 order by t.seq limit 1))
+         from sessions s where s.queued_count > 0";
 
-    async fn sessions(&self, filter: ListSessions, limit: u32) -> Result<Vec<SessionRow>> {
-        Ok(reads::sessions(&self.pool, filter, limit).await?)
-    }
-
-    async fn silent_sessions(&self, away_before: i64, stalled_before: i64) -> Result<Vec<String>> {
-        let sql = super::silent_sessions_sql("$1", "$2", "$3");
-        Ok(sqlx::query_scalar(&sql)
-            .bind(away_before)
-            .bind(crate::decide::presence::AWAY_AFTER_MS)
-            .bind(stalled_before)
-            .fetch_all(&self.pool)
-            .await?)
-    }
-
-    async fn held_sessions(&self) -> Result<Vec<(SessionRow, i64)>> {
-        Ok(reads::held_sessions(&self.pool).await?)
-    }
-
-    async fn permission(&self, session_id: &'a str, request_id: &'a str) -> Result<PermissionRow> {
-        let session = load_session(&self.pool, session_id).await?;
-        let request = load_permission(&self.pool, session_id, request_id).await?;
-        decide::item(session, request, "permission request")
-    }
-
-    async fn permissions(
+    async fn rows<T: Send + 'static>(
         &self,
-        session_id: &'a str,
-        state: Option<PermissionState>,
-    ) -> Result<Vec<PermissionRow>> {
-        decide::existing(load_session(&self.pool, session_id).await?)?;
-        let rows = sqlx::query(&format!(
-            "select {PERMISSION_COLUMNS} from permission_requests
-             where session_id = $1 and ($2::text is null or state = $2)
-             order by state = 'pending' desc, created_at desc, request_id desc limit $3"
-        ))
-        .bind(session_id)
-        .bind(state.map(PermissionState::as_str))
-        .bind(i64::from(permission::LIST_LIMIT))
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(permission_row)
-            .collect::<sqlx::Result<_>>()?)
+        statement: Statement,
+        decode: for<'r> fn(&'r PgRow) -> sqlx::Result<T>,
+    ) -> Result<Vec<T>> {
+        let rows = apply::bound(&statement).fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(decode).collect::<sqlx::Result<_>>()?)
     }
 
-    async fn lark_link_status(&self, session_id: &'a str) -> Result<LarkLink> {
-        decide::existing(load_session(&self.pool, session_id).await?)?;
-        let link: Option<(String, String, i64)> = sqlx::query_as(super::LINK_STATUS)
-            .bind(session_id)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(LarkLink::stored(session_id, link))
+    fn session_row(row: &PgRow) -> sqlx::Result<SessionRow> {
+        rows::session_row(row)
     }
 
-    async fn due_card_updates(&self, now_ms: i64, limit: u32) -> Result<Vec<CardUpdateJob>> {
-        Ok(cards::due(&self.pool, now_ms, limit).await?)
+    fn turn_row(row: &PgRow) -> sqlx::Result<TurnRow> {
+        rows::turn_row(row)
     }
 
-    async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {
+    fn permission_row(row: &PgRow) -> sqlx::Result<PermissionRow> {
+        permissions::permission_row(row)
+    }
+
+    async fn replies_due(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {
         Ok(outbox::due(&self.pool, now_ms, limit).await?)
     }
 
-    async fn next_reply_due(&self) -> Result<Option<i64>> {
-        Ok(sqlx::query_scalar(super::NEXT_OUTBOX_DUE)
-            .fetch_one(&self.pool)
-            .await?)
+    async fn card_updates_due(&self, now_ms: i64, limit: u32) -> Result<Vec<CardUpdateJob>> {
+        Ok(cards::due(&self.pool, now_ms, limit).await?)
     }
 
-    async fn queue_stats(&self) -> Result<(i64, Option<i64>)> {
-        Ok(sqlx::query_as(
-            // Only the sessions with queued turns (an index), and each one's
-            // head of queue, its oldest queued turn: no scan of all sessions.
-            "select coalesce(sum(queued_count), 0)::bigint,
-                    min((select t.enqueued_at from turns t
-                         where t.session_id = s.session_id and t.state = 'queued'
-                         order by t.seq limit 1))
-             from sessions s where s.queued_count > 0",
-        )
-        .fetch_one(&self.pool)
-        .await?)
-    }
-
-    async fn last_event_no(&self, session_id: &'a str) -> Result<i64> {
-        if unstorable(session_id) {
-            return decide::last_event_no(None);
-        }
-        let next: Option<i64> =
-            sqlx::query_scalar("select next_event_no from sessions where session_id = $1")
-                .bind(session_id)
-                .fetch_optional(&self.pool)
-                .await?;
-        decide::last_event_no(next)
-    }
-
-    async fn events(&self, session_id: &'a str, after: i64, limit: u32) -> Result<Vec<EventRow>> {
-        if unstorable(session_id) {
-            return Ok(Vec::new());
-        }
-        Ok(sqlx::query_as(
-            "select event_no, kind, turn_id, seq, request_id, state, at from session_events
-             where session_id = $1 and event_no > $2 order by event_no limit $3",
-        )
-        .bind(session_id)
-        .bind(after)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?)
-    }
-
-    async fn turn(&self, session_id: &'a str, turn_id: &'a str) -> Result<TurnRow> {
-        let session = load_session(&self.pool, session_id).await?;
-        let turn = load_turn(&self.pool, session_id, turn_id).await?;
-        decide::item(session, turn, "turn")
-    }
-
-    async fn turns(
-        &self,
-        session_id: &'a str,
-        page: ListTurns,
-        limit: u32,
-    ) -> Result<(Vec<TurnRow>, bool)> {
-        reads::turns(&self.pool, session_id, page, limit).await
-    }
-
-    async fn session_attachment_bytes(&self, session_id: &'a str) -> Result<u64> {
-        if unstorable(session_id) {
-            return Ok(0);
-        }
-        let held: i64 = sqlx::query_scalar(super::SESSION_ATTACHMENT_BYTES)
-            .bind(session_id)
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(held.max(0) as u64)
-    }
-
-    async fn attachment(
-        &self,
-        session_id: &'a str,
-        turn_id: &'a str,
-        position: u32,
-    ) -> Result<Option<super::AttachmentBytes>> {
-        if unstorable(session_id) || unstorable(turn_id) {
-            return Ok(None);
-        }
-        Ok(sqlx::query_as(super::ATTACHMENT_DOWNLOAD)
-            .bind(session_id)
-            .bind(turn_id)
-            .bind(i64::from(position))
-            .fetch_optional(&self.pool)
-            .await?)
-    }
-
-    async fn due_fetches(&self, now_ms: i64, limit: u32) -> Result<Vec<super::FetchJob>> {
+    async fn fetches_due(&self, now_ms: i64, limit: u32) -> Result<Vec<FetchJob>> {
         Ok(outbox::due_fetches(&self.pool, now_ms, limit).await?)
-    }
-
-    async fn next_fetch_due(&self) -> Result<Option<i64>> {
-        Ok(sqlx::query_scalar(super::NEXT_FETCH_DUE)
-            .fetch_one(&self.pool)
-            .await?)
-    }
-
-    async fn has_client_message_id(
-        &self,
-        session_id: &'a str,
-        client_message_id: &'a str,
-    ) -> Result<bool> {
-        if unstorable(session_id) || unstorable(client_message_id) {
-            return Ok(false);
-        }
-        let used: i64 = sqlx::query_scalar(super::CLIENT_MESSAGE_ID_USED)
-            .bind(session_id)
-            .bind(client_message_id)
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(used > 0)
     }
 }

@@ -11,8 +11,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::Connection;
 use sqlx::Connection as _;
+use sqlx::FromRow;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteRow,
 };
 
 mod apply;
@@ -27,14 +29,13 @@ use super::sync_sql as sql;
 use tx::command as command_on;
 use writer::{Writer, nested};
 
-use super::CardUpdateJob;
-use super::{Change, ChangeFeed, Command, Done, Found, Read, Reader, ReplyJob, Store, TurnPage};
-use crate::decide::{self, EventRow, SessionRow, TurnRow};
+use super::reads::Rows;
+use super::statement::{Arg, Statement};
+use super::{CardUpdateJob, FetchJob, SESSION_COLUMNS};
+use super::{Change, ChangeFeed, Command, Done, Found, Read, ReplyJob, Store};
+use crate::decide::{SessionRow, TurnRow};
 use crate::error::{Error, Result};
 use crate::ids::Minter;
-use crate::model::PermissionState;
-use crate::model::{LarkLink, ListSessions, ListTurns};
-use crate::permission;
 use crate::permission::PermissionRow;
 
 /// How much a power loss may take: `Full` nothing acknowledged (every commit
@@ -182,53 +183,18 @@ fn prune_step(conn: &Connection, cutoff_ms: i64) -> Result<PruneStep> {
     Ok(PruneStep::Session)
 }
 
-/// A turn with its Lark reply's state, for readbacks.
-macro_rules! turn_readback {
-    () => {
-        "select t.*, r.state as reply_state, r.attempts as reply_attempts, \
-         r.error as reply_error from turns t left join lark_replies r on r.turn_id = t.turn_id"
-    };
-}
-const TURN_READBACK: &str = turn_readback!();
 /// One turn with its reply, by session and turn id.
 const SELECT_TURN: &str = concat!(
     turn_readback!(),
     " where t.session_id = ? and t.turn_id = ?"
 );
 
-/// A session's columns, in the order [`SessionRow`] is read.
-macro_rules! session_columns {
-    () => {
-        "session_id, goal_id, agent_id, host_surface, host_session_id, \
-         executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id, \
-         next_seq, next_event_no, agent_state, agent_since, agent_heard_at, holder_heard_at, \
-         waker_heard_at, agent_tool, tool_since, terminal_turn_id, stalled_at"
-    };
-}
-const SESSION_COLUMNS: &str = session_columns!();
 /// One session by id.
 const SELECT_SESSION: &str = concat!(
     "select ",
     session_columns!(),
     " from sessions where session_id = ?"
 );
-
-/// A session, read through the read pool.
-async fn read_session(db: &SqlitePool, session_id: &str) -> Result<Option<SessionRow>> {
-    Ok(sqlx::query_as(SELECT_SESSION)
-        .bind(session_id)
-        .fetch_optional(db)
-        .await?)
-}
-
-/// A turn with its reply, read through the read pool.
-async fn read_turn(db: &SqlitePool, session_id: &str, turn_id: &str) -> Result<Option<TurnRow>> {
-    Ok(sqlx::query_as(SELECT_TURN)
-        .bind(session_id)
-        .bind(turn_id)
-        .fetch_optional(db)
-        .await?)
-}
 
 /// A session on the writer's connection, as last written (journaled or
 /// stored: [`journal::session`]).
@@ -256,13 +222,6 @@ fn stored_turn(db: &Connection, session_id: &str, turn_id: &str) -> Result<Optio
         .fetch_optional(db)
 }
 
-/// A permission request's columns, in the order [`PermissionRow`] is read.
-macro_rules! permission_columns {
-    () => {
-        "session_id, request_id, tool_name, description, input_preview, state, created_at, \
-         answered_at, answered_via, relayed_at"
-    };
-}
 const SELECT_PERMISSION: &str = concat!(
     "select ",
     permission_columns!(),
@@ -331,223 +290,64 @@ impl Store for SqliteStore {
     }
 }
 
-/// The plain reads ([`Read`]), each with its SQL.
+/// The plain reads ([`super::reads`]) on the read pool, once the tables
+/// hold everything acknowledged.
 #[async_trait]
-impl<'a> Reader<'a> for SqliteStore {
-    async fn session(&self, session_id: &'a str) -> Result<Option<SessionRow>> {
-        read_session(self.reads().await?, session_id).await
-    }
+impl Rows for SqliteStore {
+    type Row = SqliteRow;
+    const QUEUE_STATS: &'static str = QUEUE_STATS;
 
-    async fn sessions(&self, filter: ListSessions, limit: u32) -> Result<Vec<SessionRow>> {
-        let sql = format!(
-            "select {SESSION_COLUMNS} from sessions
-             where (?1 is null or state = ?1) and (?2 is null or goal_id = ?2)
-               and (?3 is null or agent_id = ?3) and (?4 is null or session_id > ?4)
-             order by session_id limit ?5"
-        );
-        Ok(sqlx::query_as(&sql)
-            .bind(filter.state)
-            .bind(filter.goal_id)
-            .bind(filter.agent_id)
-            .bind(filter.cursor)
-            .bind(limit)
-            .fetch_all(self.reads().await?)
-            .await?)
-    }
-
-    async fn silent_sessions(&self, away_before: i64, stalled_before: i64) -> Result<Vec<String>> {
-        let sql = super::silent_sessions_sql("?1", "?2", "?3");
-        Ok(sqlx::query_scalar(&sql)
-            .bind(away_before)
-            .bind(crate::decide::presence::AWAY_AFTER_MS)
-            .bind(stalled_before)
-            .fetch_all(self.reads().await?)
-            .await?)
-    }
-
-    async fn held_sessions(&self) -> Result<Vec<(SessionRow, i64)>> {
-        use sqlx::{FromRow, Row};
-        let rows = sqlx::query(super::HELD_SESSIONS)
-            .fetch_all(self.reads().await?)
-            .await?;
-        let held = rows
-            .iter()
-            .map(|row| {
-                Ok((
-                    SessionRow::from_row(row)?,
-                    row.try_get("holder_claimed_at")?,
-                ))
-            })
-            .collect::<sqlx::Result<_>>()?;
-        Ok(held)
-    }
-
-    async fn permission(&self, session_id: &'a str, request_id: &'a str) -> Result<PermissionRow> {
-        let session = read_session(self.reads().await?, session_id).await?;
-        let request = sqlx::query_as(SELECT_PERMISSION)
-            .bind(session_id)
-            .bind(request_id)
-            .fetch_optional(self.reads().await?)
-            .await?;
-        decide::item(session, request, "permission request")
-    }
-
-    async fn permissions(
+    async fn rows<T: Send + 'static>(
         &self,
-        session_id: &'a str,
-        state: Option<PermissionState>,
-    ) -> Result<Vec<PermissionRow>> {
-        decide::existing(read_session(self.reads().await?, session_id).await?)?;
-        Ok(sqlx::query_as(concat!(
-            "select ",
-            permission_columns!(),
-            " from permission_requests where session_id = ?1 and (?2 is null or state = ?2)
-             order by state = 'pending' desc, created_at desc, request_id desc limit ?3"
-        ))
-        .bind(session_id)
-        .bind(state)
-        .bind(permission::LIST_LIMIT)
-        .fetch_all(self.reads().await?)
-        .await?)
+        statement: Statement,
+        decode: for<'r> fn(&'r SqliteRow) -> sqlx::Result<T>,
+    ) -> Result<Vec<T>> {
+        let mut query = sqlx::query(statement.sql);
+        for arg in &statement.args {
+            query = match arg {
+                Arg::Int(v) => query.bind(*v),
+                Arg::Text(v) | Arg::Body(v) => query.bind(v.as_deref()),
+                Arg::Bytes(b) => query.bind(b.as_ref()),
+            };
+        }
+        let rows = query.fetch_all(self.reads().await?).await?;
+        Ok(rows.iter().map(decode).collect::<sqlx::Result<_>>()?)
     }
 
-    async fn lark_link_status(&self, session_id: &'a str) -> Result<LarkLink> {
-        decide::existing(read_session(self.reads().await?, session_id).await?)?;
-        let link: Option<(String, String, i64)> = sqlx::query_as(super::LINK_STATUS)
-            .bind(session_id)
-            .fetch_optional(self.reads().await?)
-            .await?;
-        Ok(LarkLink::stored(session_id, link))
+    fn session_row(row: &SqliteRow) -> sqlx::Result<SessionRow> {
+        SessionRow::from_row(row)
     }
 
-    async fn due_card_updates(&self, now_ms: i64, limit: u32) -> Result<Vec<CardUpdateJob>> {
-        Ok(sqlx::query_as(cards::DUE_CARD_UPDATES)
+    fn turn_row(row: &SqliteRow) -> sqlx::Result<TurnRow> {
+        TurnRow::from_row(row)
+    }
+
+    fn permission_row(row: &SqliteRow) -> sqlx::Result<PermissionRow> {
+        PermissionRow::from_row(row)
+    }
+
+    async fn replies_due(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {
+        let select = Statement::new(super::DUE_OUTBOX)
             .bind(now_ms)
-            .bind(limit)
-            .fetch_all(self.reads().await?)
-            .await?)
+            .bind(i64::from(limit));
+        self.rows(select, |row| {
+            super::OutboxRow::from_row(row).map(super::OutboxRow::job)
+        })
+        .await
     }
 
-    async fn due_replies(&self, now_ms: i64, limit: u32) -> Result<Vec<ReplyJob>> {
-        let rows: Vec<super::OutboxRow> = sqlx::query_as(super::DUE_OUTBOX)
+    async fn card_updates_due(&self, now_ms: i64, limit: u32) -> Result<Vec<CardUpdateJob>> {
+        let select = Statement::new(cards::DUE_CARD_UPDATES)
             .bind(now_ms)
-            .bind(limit)
-            .fetch_all(self.reads().await?)
-            .await?;
-        Ok(rows.into_iter().map(super::OutboxRow::job).collect())
+            .bind(i64::from(limit));
+        self.rows(select, |row| CardUpdateJob::from_row(row)).await
     }
 
-    async fn next_reply_due(&self) -> Result<Option<i64>> {
-        Ok(sqlx::query_scalar(super::NEXT_OUTBOX_DUE)
-            .fetch_one(self.reads().await?)
-            .await?)
-    }
-
-    async fn queue_stats(&self) -> Result<(i64, Option<i64>)> {
-        Ok(sqlx::query_as(QUEUE_STATS)
-            .fetch_one(self.reads().await?)
-            .await?)
-    }
-
-    async fn last_event_no(&self, session_id: &'a str) -> Result<i64> {
-        let next: Option<i64> =
-            sqlx::query_scalar("select next_event_no from sessions where session_id = ?")
-                .bind(session_id)
-                .fetch_optional(self.reads().await?)
-                .await?;
-        decide::last_event_no(next)
-    }
-
-    async fn events(&self, session_id: &'a str, after: i64, limit: u32) -> Result<Vec<EventRow>> {
-        Ok(sqlx::query_as(
-            "select event_no, kind, turn_id, seq, request_id, state, at from session_events
-             where session_id = ? and event_no > ? order by event_no limit ?",
-        )
-        .bind(session_id)
-        .bind(after)
-        .bind(limit)
-        .fetch_all(self.reads().await?)
-        .await?)
-    }
-
-    async fn turn(&self, session_id: &'a str, turn_id: &'a str) -> Result<TurnRow> {
-        let session = read_session(self.reads().await?, session_id).await?;
-        let turn = read_turn(self.reads().await?, session_id, turn_id).await?;
-        decide::item(session, turn, "turn")
-    }
-
-    async fn turns(
-        &self,
-        session_id: &'a str,
-        page: ListTurns,
-        limit: u32,
-    ) -> Result<(Vec<TurnRow>, bool)> {
-        decide::existing(read_session(self.reads().await?, session_id).await?)?;
-        let paging = TurnPage::new(&page, limit);
-        let sql = if paging.backwards {
-            "where t.session_id = ?1 and t.seq < ?3 order by t.seq desc limit ?4"
-        } else {
-            "where t.session_id = ?1 and t.seq > ?2 and (?3 is null or t.seq < ?3)
-             order by t.seq limit ?4"
-        };
-        let sql = format!("{TURN_READBACK} {sql}");
-        let turns: Vec<TurnRow> = sqlx::query_as(&sql)
-            .bind(session_id)
-            .bind(page.after_seq.unwrap_or(0))
-            .bind(page.before_seq)
-            .bind(paging.read_limit())
-            .fetch_all(self.reads().await?)
-            .await?;
-        Ok(paging.finish(turns))
-    }
-
-    async fn session_attachment_bytes(&self, session_id: &'a str) -> Result<u64> {
-        let held: i64 = sqlx::query_scalar(super::SESSION_ATTACHMENT_BYTES)
-            .bind(session_id)
-            .fetch_one(self.reads().await?)
-            .await?;
-        Ok(held.max(0) as u64)
-    }
-
-    async fn attachment(
-        &self,
-        session_id: &'a str,
-        turn_id: &'a str,
-        position: u32,
-    ) -> Result<Option<super::AttachmentBytes>> {
-        Ok(sqlx::query_as(super::ATTACHMENT_DOWNLOAD)
-            .bind(session_id)
-            .bind(turn_id)
-            .bind(i64::from(position))
-            .fetch_optional(self.reads().await?)
-            .await?)
-    }
-
-    async fn due_fetches(&self, now_ms: i64, limit: u32) -> Result<Vec<super::FetchJob>> {
-        Ok(sqlx::query_as(super::DUE_FETCHES)
+    async fn fetches_due(&self, now_ms: i64, limit: u32) -> Result<Vec<FetchJob>> {
+        let select = Statement::new(super::DUE_FETCHES)
             .bind(now_ms)
-            .bind(limit)
-            .fetch_all(self.reads().await?)
-            .await?)
-    }
-
-    async fn next_fetch_due(&self) -> Result<Option<i64>> {
-        Ok(sqlx::query_scalar(super::NEXT_FETCH_DUE)
-            .fetch_one(self.reads().await?)
-            .await?)
-    }
-
-    async fn has_client_message_id(
-        &self,
-        session_id: &'a str,
-        client_message_id: &'a str,
-    ) -> Result<bool> {
-        let used: i64 = sqlx::query_scalar(super::CLIENT_MESSAGE_ID_USED)
-            .bind(session_id)
-            .bind(client_message_id)
-            .fetch_one(self.reads().await?)
-            .await?;
-        Ok(used > 0)
+            .bind(i64::from(limit));
+        self.rows(select, |row| FetchJob::from_row(row)).await
     }
 }
 

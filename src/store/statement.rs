@@ -1,12 +1,13 @@
-//! The writes both stores make the same way, as neutral statements: their
-//! SQL once (`$1`, `$2`, … numbered in the order they first appear, which
-//! SQLite and PostgreSQL both bind by), and their values as [`Arg`]s, which
-//! each backend binds its own way. What a decision writes beside its turn
-//! (a Lark event guard, a link, a pairing code, a chat, a note, a permission
+//! The statements both stores run the same way, neutral: their SQL once
+//! (`$1`, `$2`, … numbered in the order they first appear, which SQLite and
+//! PostgreSQL both bind by), and their values as [`Arg`]s, which each
+//! backend binds its own way. What a decision writes beside its turn (a
+//! Lark event guard, a link, a pairing code, a chat, a note, a permission
 //! request and its message, a card's answer, a close's sweep, a download
-//! job) and the outbox's bookkeeping are here; a turn decision's own rows
-//! (turn, claim, session, event, reply) stay with each backend, which writes
-//! them its fastest way (SQLite's journal, PostgreSQL's one statement).
+//! job) and the outbox's bookkeeping are here, and the plain reads
+//! ([`super::reads`]) are built of them; a turn decision's own rows (turn,
+//! claim, session, event, reply) stay with each backend, which writes them
+//! its fastest way (SQLite's journal, PostgreSQL's one statement).
 
 use crate::decide::lark::FetchWrite;
 use crate::decide::pairing::PairCodeWrite;
@@ -109,14 +110,14 @@ pub(crate) struct Statement {
 }
 
 impl Statement {
-    fn new(sql: &'static str) -> Self {
+    pub(crate) fn new(sql: &'static str) -> Self {
         Statement {
             sql,
             args: Vec::new(),
         }
     }
 
-    fn bind(mut self, arg: impl Into<Arg>) -> Self {
+    pub(crate) fn bind(mut self, arg: impl Into<Arg>) -> Self {
         self.args.push(arg.into());
         self
     }

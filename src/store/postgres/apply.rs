@@ -13,6 +13,7 @@
 //! another's rows) and fail together (a unique violation anywhere rolls the
 //! whole decision back, and the caller takes it again).
 
+use sqlx::Postgres;
 use sqlx::postgres::{PgArguments, PgConnection};
 use sqlx::query::Query;
 
@@ -271,6 +272,11 @@ async fn write_turn_decision(
 
 /// Runs a statement both stores share: the rows it changed.
 pub(super) async fn execute(conn: &mut PgConnection, statement: &Statement) -> sqlx::Result<u64> {
+    Ok(bound(statement).execute(conn).await?.rows_affected())
+}
+
+/// A neutral statement with its values bound, a person's text as bytes.
+pub(super) fn bound(statement: &Statement) -> Query<'_, Postgres, PgArguments> {
     let mut query = sqlx::query(statement.sql);
     for arg in &statement.args {
         query = match arg {
@@ -280,7 +286,7 @@ pub(super) async fn execute(conn: &mut PgConnection, statement: &Statement) -> s
             Arg::Bytes(b) => query.bind(b.as_ref()),
         };
     }
-    Ok(query.execute(conn).await?.rows_affected())
+    query
 }
 
 /// Applies a decision's writes; what they change is kept for

@@ -7,20 +7,19 @@ use sqlx::postgres::PgRow;
 use super::rows::{enumeration, optional_enumeration, unstorable, utf8};
 use crate::permission::PermissionRow;
 
-pub(super) const PERMISSION_COLUMNS: &str = "session_id, request_id, tool_name, description, \
-     input_preview, state, created_at, answered_at, answered_via, relayed_at";
+pub(super) const PERMISSION_COLUMNS: &str = permission_columns!();
 
-pub(super) fn permission_row(row: PgRow) -> sqlx::Result<PermissionRow> {
+pub(super) fn permission_row(row: &PgRow) -> sqlx::Result<PermissionRow> {
     Ok(PermissionRow {
         session_id: row.try_get("session_id")?,
         request_id: row.try_get("request_id")?,
         tool_name: row.try_get("tool_name")?,
-        description: utf8(&row, "description")?,
-        input_preview: utf8(&row, "input_preview")?,
-        state: enumeration(&row, "state")?,
+        description: utf8(row, "description")?,
+        input_preview: utf8(row, "input_preview")?,
+        state: enumeration(row, "state")?,
         created_at: row.try_get("created_at")?,
         answered_at: row.try_get("answered_at")?,
-        answered_via: optional_enumeration(&row, "answered_via")?,
+        answered_via: optional_enumeration(row, "answered_via")?,
         relayed_at: row.try_get("relayed_at")?,
     })
 }
@@ -44,6 +43,7 @@ where
     .bind(request_id)
     .fetch_optional(db)
     .await?
+    .as_ref()
     .map(permission_row)
     .transpose()
 }

@@ -114,8 +114,8 @@ pub(super) fn utf8(row: &PgRow, column: &str) -> sqlx::Result<String> {
     Cols::new(row, "").utf8(column)
 }
 
-pub(super) fn session_row(row: PgRow) -> sqlx::Result<SessionRow> {
-    session_cols(Cols::new(&row, ""))
+pub(super) fn session_row(row: &PgRow) -> sqlx::Result<SessionRow> {
+    session_cols(Cols::new(row, ""))
 }
 
 pub(super) fn session_cols(c: Cols<'_>) -> sqlx::Result<SessionRow> {
@@ -145,8 +145,8 @@ pub(super) fn session_cols(c: Cols<'_>) -> sqlx::Result<SessionRow> {
     })
 }
 
-pub(super) fn turn_row(row: PgRow) -> sqlx::Result<TurnRow> {
-    turn_cols(Cols::new(&row, ""))
+pub(super) fn turn_row(row: &PgRow) -> sqlx::Result<TurnRow> {
+    turn_cols(Cols::new(row, ""))
 }
 
 pub(super) fn turn_cols(c: Cols<'_>) -> sqlx::Result<TurnRow> {
@@ -208,17 +208,8 @@ pub(super) fn select_as(alias: &str, columns: &str, prefix: &str) -> String {
         .join(", ")
 }
 
-/// An id that can name no stored row: every stored id is a minted one or a
-/// checked client id, neither of which holds U+0000 (which PostgreSQL text
-/// refuses outright, so asking would be a store error instead of a 404).
-pub(super) fn unstorable(id: &str) -> bool {
-    id.contains('\0')
-}
-
-pub(super) const SESSION_COLUMNS: &str = "session_id, goal_id, agent_id, host_surface, host_session_id, \
-     executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id, \
-     next_seq, next_event_no, agent_state, agent_since, agent_heard_at, holder_heard_at, \
-     waker_heard_at, agent_tool, tool_since, terminal_turn_id, stalled_at";
+pub(super) use crate::store::SESSION_COLUMNS;
+pub(super) use crate::store::reads::unstorable;
 
 pub(super) const CLAIM_COLUMNS: &str =
     "claim_id, session_id, turn_id, attempt, state, claimed_at, released_at";
@@ -228,8 +219,4 @@ pub(super) const TURN_COLUMNS: &str = "turn_id, session_id, seq, origin, text, c
      current_claim_id, completion_id, response, cancel_reason, attachments";
 
 /// A turn with its Lark reply's state, for readbacks.
-pub(super) const TURN_READBACK: &str = "select t.turn_id, t.session_id, t.seq, t.origin, t.text, \
-     t.client_message_id, t.lark_chat_id, t.lark_message_id, t.state, t.enqueued_at, \
-     t.claimed_at, t.completed_at, t.claim_count, t.current_claim_id, t.completion_id, \
-     t.response, t.cancel_reason, t.attachments, r.state as reply_state, r.attempts as reply_attempts, \
-     r.error as reply_error from turns t left join lark_replies r on r.turn_id = t.turn_id";
+pub(super) const TURN_READBACK: &str = turn_readback!();

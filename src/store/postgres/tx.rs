@@ -122,6 +122,7 @@ impl Tx for OnConn<'_> {
             .bind(&bind.host_session_id)
             .fetch_optional(&mut *self.0)
             .await?
+            .as_ref()
             .map(session_row)
             .transpose()?;
         Ok(BindRows {
@@ -157,6 +158,7 @@ impl Tx for OnConn<'_> {
         .bind(client_message_id)
         .fetch_optional(&mut *self.0)
         .await?
+        .as_ref()
         .map(turn_row)
         .transpose()?)
     }
