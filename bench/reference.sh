@@ -47,6 +47,16 @@ fi
 # build below writes the same target/<profile>/loopx).
 # (Two builds, as CI's earlier steps make them: built together, the two
 # packages' dependencies would unify features differently and recompile.)
+# Once a reference was built into this target dir, cargo may take the
+# broker for fresh when it is not: both builds are the same package to it
+# (same name, version and flags), so the reference's fingerprint answers
+# for this checkout's sources, and `target/<profile>/loopx` would be the
+# reference's binary under HEAD's name (seen: a build of HEAD "finished" in
+# 0.5 s, byte for byte the reference). So the broker's own artifacts go
+# first; its dependencies stay built.
+if [ -e "$out/src/.git" ]; then
+    cargo clean --quiet --profile "$([ "$profile" = release ] && echo release || echo dev)" -p loopx
+fi
 cargo build --locked "${cargo_profile[@]}" --bin loopx
 cargo build --locked "${cargo_profile[@]}" -p loopx-bench
 mkdir -p "$out/$head_name" "$out/$ref_name"
@@ -67,6 +77,11 @@ fi
 cargo build --locked "${cargo_profile[@]}" --manifest-path "$src/Cargo.toml" \
     --target-dir "$target" -p loopx --bin loopx
 cp "$target/$profile/loopx" "$out/$ref_name/loopx"
+if [ "$head_name" != "$ref_name" ] && [ "$(git rev-parse "$commit^{tree}")" != "$(git rev-parse "HEAD^{tree}")" ] \
+    && cmp -s "$out/$head_name/loopx" "$out/$ref_name/loopx"; then
+    echo "bench/reference.sh: HEAD's broker and the reference's are the same file; cargo reused one build for both" >&2
+    exit 1
+fi
 # Put this checkout's broker back where cargo and the tests expect it.
 rm -f "$target/$profile/loopx"
 cp "$out/$head_name/loopx" "$target/$profile/loopx"
