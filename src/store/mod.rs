@@ -301,6 +301,32 @@ pub struct CardUpdateJob {
     pub update_failures: i64,
 }
 
+/// Runs `migrator`'s migrations (each store's own folder) on a connection of
+/// their own, opened with `options` and closed once they are in; `opening`
+/// names the step in a failure's log.
+async fn migrate<C>(
+    options: &C::Options,
+    migrator: sqlx::migrate::Migrator,
+    opening: &'static str,
+) -> Result<()>
+where
+    C: sqlx::Connection,
+    for<'a> &'a mut C: sqlx::Acquire<'a, Connection = &'a mut C>,
+    C: sqlx::migrate::Migrate,
+{
+    use crate::error::Error;
+    let mut conn = C::connect_with(options)
+        .await
+        .map_err(|e| Error::store(opening, e))?;
+    migrator
+        .run(&mut conn)
+        .await
+        .map_err(|e| Error::store("migrating the database", e))?;
+    conn.close()
+        .await
+        .map_err(|e| Error::store("closing the migration connection", e))
+}
+
 /// The statement recording a send attempt on `outbound`'s outbox row
 /// (`$1`..`$7`: parts sent, state, attempts, failures, error, next attempt,
 /// now), and the row's key, bound after them.

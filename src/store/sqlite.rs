@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::Connection;
-use sqlx::Connection as _;
 use sqlx::FromRow;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
@@ -65,14 +64,12 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(5));
-        let mut migrator = SqliteConnection::connect_with(&options)
-            .await
-            .map_err(|e| Error::store("opening the database", e))?;
-        sqlx::migrate!("./migrations/sqlite")
-            .run(&mut migrator)
-            .await
-            .map_err(|e| Error::store("migrating the database", e))?;
-        let _ = migrator.close().await;
+        super::migrate::<SqliteConnection>(
+            &options,
+            sqlx::migrate!("./migrations/sqlite"),
+            "opening the database",
+        )
+        .await?;
         let writer = Writer::start(path, durability)?;
         let reads = SqlitePoolOptions::new()
             .max_connections(4)
@@ -356,6 +353,7 @@ mod tests {
     use super::*;
     use crate::decide::turn::ClaimOutcome;
     use crate::model::HostIdentity;
+    use sqlx::Connection as _;
 
     /// A database written before migration 0013 (claims with a rowid and
     /// the `claims_session` index) keeps every claim through the rebuild:

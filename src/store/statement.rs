@@ -7,11 +7,13 @@
 //! job) and the outbox's bookkeeping are here, and the plain reads
 //! ([`super::reads`]) are built of them; a turn decision's own rows (turn,
 //! claim, session, event, reply) stay with each backend, which writes them
-//! its fastest way (SQLite's journal, PostgreSQL's one statement).
+//! its fastest way (SQLite's journal, PostgreSQL's one statement), but their
+//! values are listed here once ([`Binder`]): both backends' statements for
+//! them number their parameters alike.
 
 use crate::decide::lark::FetchWrite;
 use crate::decide::pairing::PairCodeWrite;
-use crate::decide::{Change, SessionRow, Sweep, TurnRow, Writes};
+use crate::decide::{Change, ClaimRow, NewEvent, NewReply, SessionRow, Sweep, TurnRow, Writes};
 use crate::model::RegisterAgentThread;
 use crate::store::{Blob, CardUpdateJob, Outbound, ReplyUpdate};
 
@@ -121,6 +123,112 @@ impl Statement {
         self.args.push(arg.into());
         self
     }
+}
+
+/// A backend's query under construction, for a turn decision's own rows:
+/// their values listed once, in the order both backends' statements number
+/// them, bound without going through [`Arg`] (the hot path allocates no
+/// list of values of its own).
+pub(crate) trait Binder<'a>: Sized {
+    fn int(self, v: Option<i64>) -> Self;
+    fn text(self, v: Option<&'a str>) -> Self;
+    /// A person's text ([`Arg::Body`]).
+    fn body(self, v: &'a str) -> Self;
+    /// An enumeration, as its snake_case wire name.
+    fn word(self, v: &impl serde::Serialize) -> Self;
+}
+
+/// A new turn's 12 values: `turn_id, session_id, seq, origin, text,
+/// client_message_id, lark_chat_id, lark_message_id, state, enqueued_at,
+/// claimed_at, attachments`.
+pub(crate) fn turn_values<'a, B: Binder<'a>>(b: B, t: &'a TurnRow) -> B {
+    b.text(Some(&t.turn_id))
+        .text(Some(&t.session_id))
+        .int(Some(t.seq))
+        .word(&t.origin)
+        .body(&t.text)
+        .text(t.client_message_id.as_deref())
+        .text(t.lark_chat_id.as_deref())
+        .text(t.lark_message_id.as_deref())
+        .word(&t.state)
+        .int(Some(t.enqueued_at))
+        .int(t.claimed_at)
+        .text(t.attachments.as_deref())
+}
+
+/// A turn update's first 5 values, which every update sets: `state $1,
+/// claimed_at $2, claim_count $3, current_claim_id $4` where `turn_id $5`
+/// (a completion's `completed_at $6, completion_id $7, response $8` and a
+/// cancellation's reason follow, as each backend's statement has them).
+pub(crate) fn turn_update_values<'a, B: Binder<'a>>(b: B, t: &'a TurnRow) -> B {
+    b.word(&t.state)
+        .int(t.claimed_at)
+        .int(Some(t.claim_count))
+        .text(t.current_claim_id.as_deref())
+        .text(Some(&t.turn_id))
+}
+
+/// A claim's values: a new one's `claim_id, session_id, turn_id, attempt,
+/// state, claimed_at`; an update's `state $1, released_at $2` where
+/// `claim_id $3`.
+pub(crate) fn claim_values<'a, B: Binder<'a>>(b: B, change: &'a Change<ClaimRow>) -> B {
+    match change {
+        Change::Insert(c) => b
+            .text(Some(&c.claim_id))
+            .text(Some(&c.session_id))
+            .text(Some(&c.turn_id))
+            .int(Some(c.attempt))
+            .word(&c.state)
+            .int(Some(c.claimed_at)),
+        Change::Update(c) => b.word(&c.state).int(c.released_at).text(Some(&c.claim_id)),
+    }
+}
+
+/// What a decision changes in a session row, 14 values: `next_seq $1,
+/// next_event_no $2, queued_count $3, active_claim_id $4` where
+/// `session_id $5`, then `agent_state $6, agent_since $7, agent_heard_at $8,
+/// holder_heard_at $9, waker_heard_at $10, agent_tool $11, tool_since $12,
+/// terminal_turn_id $13, stalled_at $14` (a statement that sets `state` and
+/// `closed_at` binds them after, `$15` and `$16`).
+pub(crate) fn session_values<'a, B: Binder<'a>>(b: B, s: &'a SessionRow) -> B {
+    b.int(Some(s.next_seq))
+        .int(Some(s.next_event_no))
+        .int(Some(s.queued_count))
+        .text(s.active_claim_id.as_deref())
+        .text(Some(&s.session_id))
+        .word(&s.agent_state)
+        .int(s.agent_since)
+        .int(s.agent_heard_at)
+        .int(s.holder_heard_at)
+        .int(s.waker_heard_at)
+        .text(s.agent_tool.as_deref())
+        .int(s.tool_since)
+        .text(s.terminal_turn_id.as_deref())
+        .int(s.stalled_at)
+}
+
+/// A new event's 8 values: `session_id, event_no, kind, turn_id, seq,
+/// request_id, state, at`.
+pub(crate) fn event_values<'a, B: Binder<'a>>(b: B, e: &'a NewEvent) -> B {
+    b.text(Some(&e.session_id))
+        .int(Some(e.event_no))
+        .text(Some(e.kind))
+        .text(e.turn_id.as_deref())
+        .int(e.seq)
+        .text(e.request_id.as_deref())
+        .text(Some(e.state))
+        .int(Some(e.at))
+}
+
+/// A new Lark reply's 6 values: `turn_id, session_id, chat_id, message_id,
+/// text, at` (its `at` stands for when it is next due, created and updated).
+pub(crate) fn reply_values<'a, B: Binder<'a>>(b: B, r: &'a NewReply) -> B {
+    b.text(Some(&r.turn_id))
+        .text(Some(&r.session_id))
+        .text(Some(&r.chat_id))
+        .text(Some(&r.message_id))
+        .body(&r.text)
+        .int(Some(r.at))
 }
 
 const INSERT_LARK_EVENT: &str = "insert into lark_events (app_id, event_id, message_id, \

@@ -20,7 +20,7 @@ use crate::model::{
     TurnState,
 };
 use crate::permission::PermissionRow;
-use crate::store::statement::{Arg, Statement};
+use crate::store::statement::{Arg, Binder, Statement};
 
 /// A value a statement can bind.
 pub trait Bind {
@@ -308,6 +308,21 @@ struct Scalar<T>(T);
 impl<T: FromSql> FromRow for Scalar<T> {
     fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
         row.get(0).map(Scalar)
+    }
+}
+
+impl<'a, T> Binder<'a> for Query<'_, T> {
+    fn int(self, v: Option<i64>) -> Self {
+        self.bind(v)
+    }
+    fn text(self, v: Option<&'a str>) -> Self {
+        self.bind(v)
+    }
+    fn body(self, v: &'a str) -> Self {
+        self.bind(v)
+    }
+    fn word(self, v: &impl serde::Serialize) -> Self {
+        self.bind(crate::model::wire(v))
     }
 }
 

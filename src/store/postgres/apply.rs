@@ -19,9 +19,8 @@ use sqlx::query::Query;
 
 use super::Step;
 use super::rows::text;
-use crate::decide::{Change, Changed, ClaimRow, NewEvent, NewReply, Writes};
-use crate::decide::{SessionRow, TurnRow};
-use crate::store::statement::{self, Arg, Statement};
+use crate::decide::{Change, Changed, TurnRow, Writes};
+use crate::store::statement::{self, Arg, Binder, Statement};
 
 type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
 
@@ -30,10 +29,10 @@ const INSERT_TURN: &str = "insert into turns (turn_id, session_id, seq, origin, 
          attachments)
      values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
 
-const UPDATE_TURN: &str = "update turns set state = $1, claimed_at = $2, completed_at = $3,
-         claim_count = $4, current_claim_id = $5, completion_id = $6, response = $7,
+const UPDATE_TURN: &str = "update turns set state = $1, claimed_at = $2, claim_count = $3,
+         current_claim_id = $4, completed_at = $6, completion_id = $7, response = $8,
          cancel_reason = $9
-     where turn_id = $8";
+     where turn_id = $5";
 
 // The same claim id claimed on another session at this very moment: this
 // insert waits for that transaction, fails if it committed, and the decision
@@ -45,14 +44,14 @@ const INSERT_CLAIM: &str = "insert into claims (claim_id, session_id, turn_id, a
 const UPDATE_CLAIM: &str = "update claims set state = $1, released_at = $2 where claim_id = $3";
 
 /// What a decision changes in a (locked) session row.
-pub(super) const UPDATE_SESSION: &str = "update sessions set state = $1, closed_at = $2,
-         next_seq = $3, next_event_no = $4, queued_count = $5, active_claim_id = $6,
-         agent_state = $8, agent_since = $9, agent_heard_at = $10, holder_heard_at = $11,
-         waker_heard_at = $12, agent_tool = $13, tool_since = $14, terminal_turn_id = $15,
-         stalled_at = $16
-     where session_id = $7";
+const UPDATE_SESSION: &str = "update sessions set next_seq = $1, next_event_no = $2,
+         queued_count = $3, active_claim_id = $4, agent_state = $6, agent_since = $7,
+         agent_heard_at = $8, holder_heard_at = $9, waker_heard_at = $10, agent_tool = $11,
+         tool_since = $12, terminal_turn_id = $13, stalled_at = $14, state = $15,
+         closed_at = $16
+     where session_id = $5";
 
-pub(super) const INSERT_EVENT: &str = "insert into session_events
+const INSERT_EVENT: &str = "insert into session_events
          (session_id, event_no, kind, turn_id, seq, request_id, state, at)
      values ($1, $2, $3, $4, $5, $6, $7, $8)";
 
@@ -96,90 +95,32 @@ fn combined(parts: &[&str]) -> String {
     format!("with {} select 1", ctes.join(", "))
 }
 
-fn bind_turn<'q>(query: PgQuery<'q>, change: &'q Change<TurnRow>) -> PgQuery<'q> {
+impl<'a> Binder<'a> for PgQuery<'a> {
+    fn int(self, v: Option<i64>) -> Self {
+        self.bind(v)
+    }
+    fn text(self, v: Option<&'a str>) -> Self {
+        self.bind(v)
+    }
+    fn body(self, v: &'a str) -> Self {
+        self.bind(v.as_bytes())
+    }
+    fn word(self, v: &impl serde::Serialize) -> Self {
+        self.bind(text(v))
+    }
+}
+
+/// A turn's values: a new one's, or an update's, all 9 of them (the
+/// statement sets every column a decision may change).
+fn turn_values<'q>(query: PgQuery<'q>, change: &'q Change<TurnRow>) -> PgQuery<'q> {
     match change {
-        Change::Insert(t) => query
-            .bind(&t.turn_id)
-            .bind(&t.session_id)
-            .bind(t.seq)
-            .bind(text(&t.origin))
-            .bind(t.text.as_bytes())
-            .bind(&t.client_message_id)
-            .bind(&t.lark_chat_id)
-            .bind(&t.lark_message_id)
-            .bind(text(&t.state))
-            .bind(t.enqueued_at)
-            .bind(t.claimed_at)
-            .bind(&t.attachments),
-        Change::Update(t) => query
-            .bind(text(&t.state))
-            .bind(t.claimed_at)
-            .bind(t.completed_at)
-            .bind(t.claim_count)
-            .bind(&t.current_claim_id)
-            .bind(&t.completion_id)
-            .bind(&t.response)
-            .bind(&t.turn_id)
+        Change::Insert(t) => statement::turn_values(query, t),
+        Change::Update(t) => statement::turn_update_values(query, t)
+            .int(t.completed_at)
+            .text(t.completion_id.as_deref())
+            .text(t.response.as_deref())
             .bind(t.cancel_reason.as_ref().map(text)),
     }
-}
-
-fn bind_claim<'q>(query: PgQuery<'q>, change: &'q Change<ClaimRow>) -> PgQuery<'q> {
-    match change {
-        Change::Insert(c) => query
-            .bind(&c.claim_id)
-            .bind(&c.session_id)
-            .bind(&c.turn_id)
-            .bind(c.attempt)
-            .bind(text(&c.state))
-            .bind(c.claimed_at),
-        Change::Update(c) => query
-            .bind(text(&c.state))
-            .bind(c.released_at)
-            .bind(&c.claim_id),
-    }
-}
-
-pub(super) fn bind_session<'q>(query: PgQuery<'q>, s: &'q SessionRow) -> PgQuery<'q> {
-    query
-        .bind(text(&s.state))
-        .bind(s.closed_at)
-        .bind(s.next_seq)
-        .bind(s.next_event_no)
-        .bind(s.queued_count)
-        .bind(&s.active_claim_id)
-        .bind(&s.session_id)
-        .bind(s.agent_state.as_str())
-        .bind(s.agent_since)
-        .bind(s.agent_heard_at)
-        .bind(s.holder_heard_at)
-        .bind(s.waker_heard_at)
-        .bind(&s.agent_tool)
-        .bind(s.tool_since)
-        .bind(&s.terminal_turn_id)
-        .bind(s.stalled_at)
-}
-
-pub(super) fn bind_event<'q>(query: PgQuery<'q>, e: &'q NewEvent) -> PgQuery<'q> {
-    query
-        .bind(&e.session_id)
-        .bind(e.event_no)
-        .bind(e.kind)
-        .bind(&e.turn_id)
-        .bind(e.seq)
-        .bind(&e.request_id)
-        .bind(e.state)
-        .bind(e.at)
-}
-
-fn bind_reply<'q>(query: PgQuery<'q>, r: &'q NewReply) -> PgQuery<'q> {
-    query
-        .bind(&r.turn_id)
-        .bind(&r.session_id)
-        .bind(&r.chat_id)
-        .bind(&r.message_id)
-        .bind(r.text.as_bytes())
-        .bind(r.at)
 }
 
 /// Applies a decision's writes in the caller's transaction: a Lark event
@@ -252,19 +193,21 @@ async fn write_turn_decision(
     let sql = combined(parts);
     let mut query = sqlx::query(&sql);
     if let Some(change) = &writes.turn {
-        query = bind_turn(query, change);
+        query = turn_values(query, change);
     }
     if let Some(change) = &writes.claim {
-        query = bind_claim(query, change);
+        query = statement::claim_values(query, change);
     }
     if let Some(s) = &writes.session {
-        query = bind_session(query, s);
+        query = statement::session_values(query, s)
+            .word(&s.state)
+            .int(s.closed_at);
     }
     if let Some(e) = &writes.event {
-        query = bind_event(query, e);
+        query = statement::event_values(query, e);
     }
     if let Some(r) = &writes.reply {
-        query = bind_reply(query, r);
+        query = statement::reply_values(query, r);
     }
     query.execute(&mut *conn).await?;
     Ok(())

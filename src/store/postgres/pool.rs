@@ -30,18 +30,12 @@ impl PgStore {
     pub async fn open(url: &str) -> Result<Self> {
         let base = PgConnectOptions::from_str(url)
             .map_err(|e| Error::store("reading --database-url", e))?;
-        let mut migrator =
-            PgConnection::connect_with(&base.clone().application_name("loopx-migrate"))
-                .await
-                .map_err(|e| Error::store("connecting to PostgreSQL", e))?;
-        sqlx::migrate!("./migrations/postgres")
-            .run(&mut migrator)
-            .await
-            .map_err(|e| Error::store("migrating the database", e))?;
-        migrator
-            .close()
-            .await
-            .map_err(|e| Error::store("closing the migration connection", e))?;
+        crate::store::migrate::<PgConnection>(
+            &base.clone().application_name("loopx-migrate"),
+            sqlx::migrate!("./migrations/postgres"),
+            "connecting to PostgreSQL",
+        )
+        .await?;
         let options = base.clone().application_name("loopx").options([
             ("statement_timeout", "10s"),
             ("idle_in_transaction_session_timeout", "30s"),

@@ -46,7 +46,7 @@ pub(super) fn apply(conn: &Connection, mut writes: Writes) -> Result<()> {
 /// (`sessions_open_tuple`, `sessions_closed`) on every write of a turn.
 fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
     let open = s.state == SessionState::Open;
-    let mut update = sql::query(if open {
+    let update = sql::query(if open {
         "update sessions set next_seq = ?1, next_event_no = ?2, queued_count = ?3,
              active_claim_id = ?4, agent_state = ?6, agent_since = ?7, agent_heard_at = ?8,
              holder_heard_at = ?9, waker_heard_at = ?10, agent_tool = ?11, tool_since = ?12,
@@ -58,21 +58,8 @@ fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
              holder_heard_at = ?9, waker_heard_at = ?10, agent_tool = ?11, tool_since = ?12,
              terminal_turn_id = ?13, stalled_at = ?14, state = ?15, closed_at = ?16
          where session_id = ?5"
-    })
-    .bind(s.next_seq)
-    .bind(s.next_event_no)
-    .bind(s.queued_count)
-    .bind(&s.active_claim_id)
-    .bind(&s.session_id)
-    .bind(s.agent_state)
-    .bind(s.agent_since)
-    .bind(s.agent_heard_at)
-    .bind(s.holder_heard_at)
-    .bind(s.waker_heard_at)
-    .bind(&s.agent_tool)
-    .bind(s.tool_since)
-    .bind(&s.terminal_turn_id)
-    .bind(s.stalled_at);
+    });
+    let mut update = statement::session_values(update, s);
     if !open {
         update = update.bind(s.state).bind(s.closed_at);
     }
@@ -81,20 +68,12 @@ fn write_session(conn: &Connection, s: &SessionRow) -> Result<()> {
 }
 
 fn insert_event(conn: &Connection, e: &NewEvent) -> Result<()> {
-    sql::query(
+    let insert = sql::query(
         "insert into session_events
              (session_id, event_no, kind, turn_id, seq, request_id, state, at)
          values (?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(&e.session_id)
-    .bind(e.event_no)
-    .bind(e.kind)
-    .bind(&e.turn_id)
-    .bind(e.seq)
-    .bind(&e.request_id)
-    .bind(e.state)
-    .bind(e.at)
-    .execute(conn)?;
+    );
+    statement::event_values(insert, e).execute(conn)?;
     Ok(())
 }
 
@@ -109,24 +88,12 @@ fn execute_all(conn: &Connection, statements: Vec<Statement>) -> Result<()> {
 fn write_turn(conn: &Connection, change: Change<TurnRow>) -> Result<()> {
     match change {
         Change::Insert(t) => {
-            sql::query(
+            let insert = sql::query(
                 "insert into turns (turn_id, session_id, seq, origin, text, client_message_id,
                      lark_chat_id, lark_message_id, state, enqueued_at, claimed_at, attachments)
                  values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            )
-            .bind(&t.turn_id)
-            .bind(&t.session_id)
-            .bind(t.seq)
-            .bind(t.origin)
-            .bind(&t.text)
-            .bind(&t.client_message_id)
-            .bind(&t.lark_chat_id)
-            .bind(&t.lark_message_id)
-            .bind(t.state)
-            .bind(t.enqueued_at)
-            .bind(t.claimed_at)
-            .bind(&t.attachments)
-            .execute(conn)?;
+            );
+            statement::turn_values(insert, &t).execute(conn)?;
             execute_all(conn, statement::attachment_rows(&t))?;
         }
         // A claim or a release leaves the completion's columns as they were
@@ -135,8 +102,7 @@ fn write_turn(conn: &Connection, change: Change<TurnRow>) -> Result<()> {
         // is assigned, changed or not, and `completion_id` is indexed. A
         // terminal turn ends completed (with no completion id) or cancelled.
         Change::Update(t) => {
-            let completes = t.state == TurnState::Completed;
-            let mut update = sql::query(match t.state {
+            let update = sql::query(match t.state {
                 TurnState::Completed => {
                     "update turns set state = ?1, claimed_at = ?2, claim_count = ?3,
                          current_claim_id = ?4, completed_at = ?6, completion_id = ?7,
@@ -153,66 +119,40 @@ fn write_turn(conn: &Connection, change: Change<TurnRow>) -> Result<()> {
                          current_claim_id = ?4
                      where turn_id = ?5"
                 }
-            })
-            .bind(t.state)
-            .bind(t.claimed_at)
-            .bind(t.claim_count)
-            .bind(&t.current_claim_id)
-            .bind(&t.turn_id);
-            if completes {
-                update = update
+            });
+            let update = statement::turn_update_values(update, &t);
+            match t.state {
+                TurnState::Completed => update
                     .bind(t.completed_at)
                     .bind(&t.completion_id)
-                    .bind(&t.response);
-            } else if t.state == TurnState::Cancelled {
-                update = update.bind(t.cancel_reason);
+                    .bind(&t.response),
+                TurnState::Cancelled => update.bind(t.cancel_reason),
+                TurnState::Queued | TurnState::Claimed => update,
             }
-            update.execute(conn)?;
+            .execute(conn)?;
         }
     }
     Ok(())
 }
 
 fn write_claim(conn: &Connection, change: Change<ClaimRow>) -> Result<()> {
-    match change {
-        Change::Insert(c) => {
-            sql::query(
-                "insert into claims (claim_id, session_id, turn_id, attempt, state, claimed_at)
-                 values (?, ?, ?, ?, ?, ?)",
-            )
-            .bind(&c.claim_id)
-            .bind(&c.session_id)
-            .bind(&c.turn_id)
-            .bind(c.attempt)
-            .bind(c.state)
-            .bind(c.claimed_at)
-            .execute(conn)?;
+    let write = sql::query(match change {
+        Change::Insert(_) => {
+            "insert into claims (claim_id, session_id, turn_id, attempt, state, claimed_at)
+             values (?, ?, ?, ?, ?, ?)"
         }
-        Change::Update(c) => {
-            sql::query("update claims set state = ?, released_at = ? where claim_id = ?")
-                .bind(c.state)
-                .bind(c.released_at)
-                .bind(&c.claim_id)
-                .execute(conn)?;
-        }
-    }
+        Change::Update(_) => "update claims set state = ?, released_at = ? where claim_id = ?",
+    });
+    statement::claim_values(write, &change).execute(conn)?;
     Ok(())
 }
 
 fn insert_reply(conn: &Connection, r: &NewReply) -> Result<()> {
-    sql::query(
+    let insert = sql::query(
         "insert into lark_replies (turn_id, session_id, chat_id, message_id, text, state,
              next_attempt_at, created_at, updated_at)
-         values (?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
-    )
-    .bind(&r.turn_id)
-    .bind(&r.session_id)
-    .bind(&r.chat_id)
-    .bind(&r.message_id)
-    .bind(&r.text)
-    .bind(r.at)
-    .bind(r.at)
-    .bind(r.at)
-    .execute(conn)?;
+         values (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6, ?6)",
+    );
+    statement::reply_values(insert, r).execute(conn)?;
     Ok(())
 }
