@@ -220,7 +220,7 @@ fn wal_path(path: &Path) -> std::path::PathBuf {
 fn run_writer(
     conn: Connection,
     mut queue: mpsc::Receiver<Box<dyn Job>>,
-    flusher: Flusher,
+    mut flusher: Flusher,
     mut checkpointer: Checkpointer,
 ) {
     // Only to wait for a job with a timeout while the journal has records
@@ -263,7 +263,7 @@ fn run_writer(
             }
         }
         match committed {
-            Ok(()) => flusher.flush(std::mem::take(&mut batch)),
+            Ok(()) => flusher.flush(std::mem::take(&mut batch), queue.is_empty()),
             committed => {
                 for job in batch.drain(..) {
                     job.answer(committed.clone());
@@ -501,6 +501,12 @@ fn checkpoint(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
 /// as with `synchronous=FULL`. (Reads may see a commit a moment before it is
 /// durable; nobody is told it is done until it is.)
 ///
+/// A lone batch (nothing queued behind it, no sync under way) is synced on
+/// the writer's own thread and answered from there: handing it to the
+/// flusher would only add a thread's wake-up to its wait, with nothing for
+/// the writer to do meanwhile (at one session, each write of a cycle
+/// waited for it).
+///
 /// At `relaxed` durability the answers go out at the commit, and the flusher
 /// still syncs the WAL behind them. Nobody waits for it, but the WAL then
 /// reaches the disk between checkpoints, as it does at `full`: otherwise
@@ -510,48 +516,69 @@ fn checkpoint(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
 struct Flusher {
     batches: std::sync::mpsc::Sender<Jobs>,
     durability: Durability,
+    /// Batches handed to the flusher's thread and not answered yet.
+    in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The WAL, for a lone batch's sync on the writer's thread.
+    wal: WalFile,
 }
 
 impl Flusher {
     fn start(wal_path: std::path::PathBuf, durability: Durability) -> std::io::Result<Self> {
         let (batches, queue) = std::sync::mpsc::channel::<Jobs>();
+        let in_flight = std::sync::Arc::<std::sync::atomic::AtomicUsize>::default();
+        let answered = in_flight.clone();
+        let mut wal = WalFile::new(wal_path.clone());
         std::thread::Builder::new()
             .name("loopx-sqlite-flush".into())
             .spawn(move || {
-                let mut wal = WalFile::new(wal_path);
                 while let Ok(mut jobs) = queue.recv() {
+                    let mut taken = 1;
                     while let Ok(more) = queue.try_recv() {
                         jobs.extend(more);
+                        taken += 1;
                     }
-                    let synced = wal.sync();
-                    if let Err(e) = &synced {
-                        tracing::error!(error = %e, "syncing the write-ahead log failed");
-                    }
-                    for job in jobs {
-                        job.answer(synced.clone());
-                    }
+                    answer(jobs, wal.sync());
+                    answered.fetch_sub(taken, Ordering::Release);
                 }
             })?;
         Ok(Self {
             batches,
             durability,
+            in_flight,
+            wal: WalFile::new(wal_path),
         })
     }
 
-    /// Answers a committed batch once the WAL is synced (`full`), or at once
-    /// with a sync to follow (`relaxed`).
-    fn flush(&self, mut jobs: Jobs) {
+    /// Answers a committed batch once the WAL is synced (`full`): here when
+    /// it is `alone` (nothing queued behind it) and the flusher's thread
+    /// has nothing in hand, else there; or at once with a sync to follow
+    /// (`relaxed`).
+    fn flush(&mut self, mut jobs: Jobs, alone: bool) {
         if self.durability == Durability::Relaxed {
             for job in jobs.drain(..) {
                 job.answer(Ok(()));
             }
+        } else if alone && self.in_flight.load(Ordering::Acquire) == 0 {
+            return answer(jobs, self.wal.sync());
         }
+        self.in_flight.fetch_add(1, Ordering::Release);
         if let Err(std::sync::mpsc::SendError(jobs)) = self.batches.send(jobs) {
-            let stopped = Error::store("syncing", "the flusher has stopped");
-            for job in jobs {
-                job.answer(Err(stopped.clone()));
-            }
+            self.in_flight.fetch_sub(1, Ordering::Release);
+            answer(
+                jobs,
+                Err(Error::store("syncing", "the flusher has stopped")),
+            );
         }
+    }
+}
+
+/// Answers a batch with its sync's outcome.
+fn answer(jobs: Jobs, synced: Result<()>) {
+    if let Err(e) = &synced {
+        tracing::error!(error = %e, "syncing the write-ahead log failed");
+    }
+    for job in jobs {
+        job.answer(synced.clone());
     }
 }
 
