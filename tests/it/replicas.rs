@@ -747,6 +747,47 @@ async fn a_lark_event_delivered_to_both_replicas_is_enqueued_once_and_answered_o
     assert_eq!(fake.replies().len(), 3);
 }
 
+/// A Lark event whose ids hold U+0000 (which PostgreSQL text cannot store)
+/// is acknowledged and dropped as seen: no 5xx for Lark to redeliver
+/// forever, no turn, and the chat's next event goes through as usual.
+#[tokio::test]
+async fn a_lark_event_whose_ids_hold_nul_is_acknowledged_and_dropped() {
+    let fake = FakeLark::start().await;
+    let flags = fake.flags(None);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let Some(r) = Replicas::start(&flags).await else {
+        return;
+    };
+    let lark = LarkEvents::new(&r.a.url, None);
+    let chat = unique("oc");
+    let host = bound_host(&r.a.client).await;
+    r.a.client
+        .lark_link(host.session_id(), &chat)
+        .await
+        .unwrap();
+    for (event_id, message_id) in [
+        (format!("{}\u{0}", unique("ev")), unique("om")),
+        (unique("ev"), format!("{}\u{0}", unique("om"))),
+    ] {
+        let event = lark.text_message(&event_id, &chat, &message_id, "dropped");
+        let answer = lark.send(&lark.sign(lark.body(&event))).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+    let event = lark.text_message(&unique("ev"), &chat, &unique("om"), "kept");
+    assert_eq!(lark.send(&lark.sign(lark.body(&event))).await.status, 200);
+    let turns =
+        r.b.client
+            .turns(host.session_id(), &ListTurns::default())
+            .await
+            .unwrap()
+            .body
+            .turns;
+    assert_eq!(
+        turns.iter().map(|t| t.text.as_str()).collect::<Vec<_>>(),
+        ["kept"]
+    );
+}
+
 /// What PostgreSQL text cannot hold (U+0000) is still client input like any
 /// other: a message keeps it exactly, and an id holding it is simply unknown.
 #[tokio::test]
