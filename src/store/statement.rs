@@ -597,6 +597,30 @@ mod tests {
         true
     }
 
+    /// A diagnostic Lark sent back may hold U+0000, which PostgreSQL text
+    /// refuses: both stores record it with U+FFFD in its place, and the
+    /// rest of it as it was.
+    #[test]
+    fn a_diagnostic_holding_nul_is_recorded_with_a_replacement_character() {
+        let update = ReplyUpdate {
+            parts_sent: 0,
+            state: crate::model::ReplyState::Failed,
+            attempts: 1,
+            failures: 1,
+            error: Some("bad\0request".into()),
+            next_attempt_at: 0,
+        };
+        let outbound = Outbound::Reply {
+            turn_id: "t".into(),
+            message_id: "m".into(),
+        };
+        let recorded = record_reply(outbound, update, 1);
+        assert_eq!(
+            recorded.args[4],
+            Arg::Text(Some("bad\u{fffd}request".into()))
+        );
+    }
+
     #[test]
     fn every_shared_statement_numbers_its_placeholders_in_order() {
         let outbound = [
