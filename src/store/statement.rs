@@ -196,7 +196,7 @@ pub(crate) fn session_values<'a, B: Binder<'a>>(b: B, s: &'a SessionRow) -> B {
         .int(Some(s.queued_count))
         .text(s.active_claim_id.as_deref())
         .text(Some(&s.session_id))
-        .word(&s.agent_state)
+        .text(Some(s.agent_state.as_str()))
         .int(s.agent_since)
         .int(s.agent_heard_at)
         .int(s.holder_heard_at)

@@ -775,13 +775,7 @@ async fn a_lark_event_whose_ids_hold_nul_is_acknowledged_and_dropped() {
     }
     let event = lark.text_message(&unique("ev"), &chat, &unique("om"), "kept");
     assert_eq!(lark.send(&lark.sign(lark.body(&event))).await.status, 200);
-    let turns =
-        r.b.client
-            .turns(host.session_id(), &ListTurns::default())
-            .await
-            .unwrap()
-            .body
-            .turns;
+    let turns = all_turns(&r.b.client, &host).await;
     assert_eq!(
         turns.iter().map(|t| t.text.as_str()).collect::<Vec<_>>(),
         ["kept"]
