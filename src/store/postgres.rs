@@ -3,8 +3,24 @@
 //! ([`crate::decide`]) as the SQLite store and applies their writes, but the
 //! database, not a replica's memory, is what makes them hold across replicas:
 //!
-//! - One transaction per store call (READ COMMITTED). A turn decision costs
-//!   four round trips: BEGIN; ONE statement that locks the session's row
+//! - A turn decision (enqueue, claim, complete, release) is first taken
+//!   outside any transaction, in two round trips: ONE statement reads every
+//!   row it needs, without a lock, with the session row's version (its
+//!   `xmin`); ONE statement of data-modifying CTEs applies its writes and
+//!   commits by itself, its session update guarded by that version and every
+//!   other write by the session update (`apply::guarded`). The session row
+//!   is the per-session serialization point: every write a turn decision
+//!   reads also writes it, so an unchanged version means unchanged rows, and
+//!   a moved-on one means nothing was written. A refusal or an answer that
+//!   writes nothing is decided on one statement's snapshot, so it holds as
+//!   of that snapshot (an enqueue not yet committed was not acknowledged
+//!   either), and waits for no other transaction's lock. A decision whose
+//!   session moved on, that needs more rows or writes than one statement
+//!   holds (files, a Lark event), or that lost a key to a concurrent write
+//!   is taken again as below, locked.
+//! - Every other store call, and a turn decision taken again, runs in one
+//!   transaction (READ COMMITTED). A turn decision there costs four round
+//!   trips: BEGIN; ONE statement that locks the session's row
 //!   (`for update of s`) and reads every row the decision needs beside it
 //!   (`load`); ONE statement of data-modifying CTEs that applies its writes
 //!   (`apply`); COMMIT. A refusal is rolled back without waiting for it. The
@@ -173,10 +189,21 @@ impl Store for PgStore {
     }
 
     async fn decide(&self, command: Command) -> Result<Done> {
+        if matches!(
+            command,
+            Command::Enqueue { .. }
+                | Command::Claim { .. }
+                | Command::Complete { .. }
+                | Command::Release { .. }
+        ) && let Some(done) = self.unlocked(&command).await?
+        {
+            return Ok(done);
+        }
         transaction!(self, command.what(), |conn| tx::command(
             conn,
             &command,
-            &self.minter
+            &self.minter,
+            tx::Guard::Lock
         ))
     }
 

@@ -188,55 +188,9 @@ async fn a_claim_parked_on_one_replica_is_woken_by_an_enqueue_through_the_other(
     assert!(latency < Duration::from_secs(3), "woken after {latency:?}");
 }
 
-/// A decision that had to wait for another replica's lock on the session
-/// decides on what that replica committed. Its one statement locks the
-/// session and reads the queue beside it; under READ COMMITTED a wait would
-/// pair the newly committed session row with the queue as it was before the
-/// wait, and this claim would find the queue empty.
-#[tokio::test]
-async fn a_claim_that_waited_for_another_replicas_lock_sees_what_it_committed() {
-    let Some(r) = Replicas::start(&[]).await else {
-        return;
-    };
-    let host = bound_host(&r.a.client).await;
-    let session_id = host.session_id().to_owned();
-    // Another replica's enqueue, its transaction held open: the session's row
-    // locked, a turn queued and logged.
-    let mut other = sqlx::PgConnection::connect(&r.db.url).await.unwrap();
-    let mut tx = other.begin().await.unwrap();
-    let now = loopx::time::now_ms();
-    let (seq, event_no): (i64, i64) = sqlx::query_as(
-        "update sessions set next_seq = next_seq + 1, queued_count = queued_count + 1,
-             next_event_no = next_event_no + 1
-         where session_id = $1 returning next_seq - 1, next_event_no - 1",
-    )
-    .bind(&session_id)
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
-    sqlx::query(
-        "insert into turns (turn_id, session_id, seq, origin, text, state, enqueued_at)
-         values ('turn_held', $1, $2, 'web', 'held'::bytea, 'queued', $3)",
-    )
-    .bind(&session_id)
-    .bind(seq)
-    .bind(now)
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    sqlx::query(
-        "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
-         values ($1, $2, 'turn', 'turn_held', $3, 'queued', $4)",
-    )
-    .bind(&session_id)
-    .bind(event_no)
-    .bind(seq)
-    .bind(now)
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    // A claim through replica A (no wait) now waits for the session's lock.
-    let claiming = park(&r.a.client, &host, "c1", 0);
+/// Waits until exactly one loopx connection of `r`'s database waits for a
+/// lock.
+async fn one_waits_for_a_lock(r: &Replicas) {
     let mut admin = r.admin().await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -249,19 +203,178 @@ async fn a_claim_that_waited_for_another_replicas_lock_sees_what_it_committed() 
         .await
         .unwrap();
         if waiting == 1 {
-            break;
+            return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the claim never waited for the lock"
-        );
+        assert!(Instant::now() < deadline, "nothing waited for the lock");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    tx.commit().await.unwrap();
-    let (answer, _) = claiming.await.unwrap();
+}
+
+/// Another replica's writes, `statements` (each bound the session id, a
+/// turn id and the time, `$1` to `$3`), in a transaction left open: the
+/// session's row locked until [`commit`].
+async fn held(
+    r: &Replicas,
+    session_id: &str,
+    turn_id: &str,
+    statements: &[&str],
+) -> sqlx::PgConnection {
+    let mut other = sqlx::PgConnection::connect(&r.db.url).await.unwrap();
+    sqlx::raw_sql("begin").execute(&mut other).await.unwrap();
+    let now = loopx::time::now_ms();
+    for sql in statements {
+        sqlx::query(sql)
+            .bind(session_id)
+            .bind(turn_id)
+            .bind(now)
+            .execute(&mut other)
+            .await
+            .unwrap();
+    }
+    other
+}
+
+async fn commit(mut held: sqlx::PgConnection) {
+    sqlx::raw_sql("commit").execute(&mut held).await.unwrap();
+}
+
+/// A decision that had to wait for another replica's lock on the session
+/// decides on what that replica committed. A close's one statement locks the
+/// session and reads its active claim beside it; under READ COMMITTED a wait
+/// would pair the newly committed session row (an active claim named) with
+/// the claims as they were before the wait (none), and the close would fail
+/// with a 503 instead of answering 409 `claim_active`.
+#[tokio::test]
+async fn a_close_that_waited_for_another_replicas_lock_sees_what_it_committed() {
+    let Some(r) = Replicas::start(&[]).await else {
+        return;
+    };
+    let host = bound_host(&r.a.client).await;
+    let session_id = host.session_id().to_owned();
+    let queued = enqueue(&r.b.client, &host, "one").await;
+    // Another replica's claim of it, its transaction held open.
+    let other = held(
+        &r,
+        &session_id,
+        &queued.turn_id,
+        &[
+            "update sessions set active_claim_id = 'c_held', queued_count = queued_count - 1,
+                 next_event_no = next_event_no + 1
+             where session_id = $1",
+            "insert into claims (claim_id, session_id, turn_id, attempt, state, claimed_at)
+             values ('c_held', $1, $2, 1, 'active', $3)",
+            "update turns set state = 'claimed', current_claim_id = 'c_held', claimed_at = $3,
+                 claim_count = 1
+             where turn_id = $2",
+        ],
+    )
+    .await;
+    let closing = {
+        let (client, session_id) = (r.a.client.clone(), session_id.clone());
+        tokio::spawn(async move { client.close(&session_id).await })
+    };
+    one_waits_for_a_lock(&r).await;
+    commit(other).await;
+    let Err(ClientError::Refused { reply, error }) = closing.await.unwrap() else {
+        panic!("a close while a claim is active must be refused");
+    };
+    assert_eq!(reply.status, 409);
+    assert_eq!(error.error.code_str(), "claim_active");
+    assert_eq!(error.error.active_claim_id.as_deref(), Some("c_held"));
+    let turns = turn_states(&r.b.client, &host).await;
+    assert_eq!(turns, vec![(queued.seq, TurnState::Claimed)]);
+}
+
+/// A claim never waits behind another replica's open transaction on its
+/// session: it reads without the lock, so it answers at once on what is
+/// committed (an enqueue not yet committed is not acknowledged either), and
+/// the next claim after the commit takes the turn.
+#[tokio::test]
+async fn a_claim_answers_at_once_beside_another_replicas_open_transaction() {
+    let Some(r) = Replicas::start(&[]).await else {
+        return;
+    };
+    let host = bound_host(&r.a.client).await;
+    let session_id = host.session_id().to_owned();
+    // Another replica's enqueue, its transaction held open.
+    let other = held(
+        &r,
+        &session_id,
+        "turn_held",
+        &[
+            "update sessions set next_seq = next_seq + 1, queued_count = queued_count + 1,
+                 next_event_no = next_event_no + 1
+             where session_id = $1",
+            "insert into turns (turn_id, session_id, seq, origin, text, state, enqueued_at)
+             select $2, $1, next_seq - 1, 'web', 'held'::bytea, 'queued', $3
+             from sessions where session_id = $1",
+            "insert into session_events (session_id, event_no, kind, turn_id, seq, state, at)
+             select $1, next_event_no - 1, 'turn', $2, next_seq - 1, 'queued', $3
+             from sessions where session_id = $1",
+        ],
+    )
+    .await;
+    let (answer, _) = park(&r.a.client, &host, "c1", 0).await.unwrap();
+    assert!(
+        matches!(answer.unwrap().body, ClaimAnswer::NotClaimed(_)),
+        "nothing committed to claim yet"
+    );
+    commit(other).await;
+    let (answer, _) = park(&r.a.client, &host, "c2", 0).await.unwrap();
     assert_eq!(claimed_turn_id(&answer.unwrap().body), "turn_held");
     let turns = turn_states(&r.b.client, &host).await;
-    assert_eq!(turns, vec![(seq, TurnState::Claimed)]);
+    assert_eq!(turns, vec![(1, TurnState::Claimed)]);
+}
+
+/// A decision read without the lock is written only if its session has not
+/// moved on since: a completion that read the turn still claimed, while
+/// another replica was completing it, finds on writing that the session
+/// changed, is taken again under the lock, and is refused. The turn keeps
+/// the one completion, never two.
+#[tokio::test]
+async fn a_completion_racing_another_replicas_completion_is_taken_again_and_refused() {
+    let Some(r) = Replicas::start(&[]).await else {
+        return;
+    };
+    let host = bound_host(&r.a.client).await;
+    let session_id = host.session_id().to_owned();
+    let queued = enqueue(&r.b.client, &host, "one").await;
+    claim(&r.a.client, &host, "c1", 0).await;
+    // Another replica's completion of it, its transaction held open.
+    let other = held(
+        &r,
+        &session_id,
+        &queued.turn_id,
+        &[
+            "update turns set state = 'completed', completion_id = 'k_held', completed_at = $3,
+                 response = '{\"held\":true}'
+             where turn_id = $2",
+            "update claims set state = 'completed' where claim_id = 'c1'",
+            "update sessions set active_claim_id = null, next_event_no = next_event_no + 1
+             where session_id = $1",
+        ],
+    )
+    .await;
+    let completing = {
+        let (client, session_id) = (r.a.client.clone(), session_id.clone());
+        let (turn_id, completion) = (queued.turn_id.clone(), host.completion("c1", "k1", "mine"));
+        tokio::spawn(async move { client.complete(&session_id, &turn_id, &completion).await })
+    };
+    one_waits_for_a_lock(&r).await;
+    commit(other).await;
+    let Err(ClientError::Refused { reply, error }) = completing.await.unwrap() else {
+        panic!("a second completion of a completed turn must be refused");
+    };
+    assert_eq!(reply.status, 409);
+    assert_eq!(error.error.code_str(), "already_completed");
+    let turn =
+        r.b.client
+            .turn(&session_id, &queued.turn_id)
+            .await
+            .unwrap()
+            .body;
+    assert_eq!(turn.state, TurnState::Completed);
+    assert_eq!(turn.response, Some(serde_json::json!({"held": true})));
 }
 
 #[tokio::test]

@@ -13,9 +13,9 @@
 //! another's rows) and fail together (a unique violation anywhere rolls the
 //! whole decision back, and the caller takes it again).
 
-use sqlx::Postgres;
 use sqlx::postgres::{PgArguments, PgConnection};
 use sqlx::query::Query;
+use sqlx::{Postgres, Row};
 
 use super::Step;
 use super::rows::text;
@@ -24,10 +24,12 @@ use crate::store::statement::{self, Arg, Binder, Statement};
 
 type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
 
+// The inserts are `insert … select`, not `values`, so that a guarded
+// statement can add its `where` ([`guarded`]).
 const INSERT_TURN: &str = "insert into turns (turn_id, session_id, seq, origin, text,
          client_message_id, lark_chat_id, lark_message_id, state, enqueued_at, claimed_at,
          attachments)
-     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
+     select $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12";
 
 const UPDATE_TURN: &str = "update turns set state = $1, claimed_at = $2, claim_count = $3,
          current_claim_id = $4, completed_at = $6, completion_id = $7, response = $8,
@@ -39,7 +41,7 @@ const UPDATE_TURN: &str = "update turns set state = $1, claimed_at = $2, claim_c
 // taken again answers claim_id_reused.
 const INSERT_CLAIM: &str = "insert into claims (claim_id, session_id, turn_id, attempt, state,
          claimed_at)
-     values ($1, $2, $3, $4, $5, $6)";
+     select $1, $2, $3, $4, $5, $6";
 
 const UPDATE_CLAIM: &str = "update claims set state = $1, released_at = $2 where claim_id = $3";
 
@@ -53,11 +55,11 @@ const UPDATE_SESSION: &str = "update sessions set next_seq = $1, next_event_no =
 
 const INSERT_EVENT: &str = "insert into session_events
          (session_id, event_no, kind, turn_id, seq, request_id, state, at)
-     values ($1, $2, $3, $4, $5, $6, $7, $8)";
+     select $1, $2, $3, $4, $5, $6, $7, $8";
 
 const INSERT_REPLY: &str = "insert into lark_replies (turn_id, session_id, chat_id, message_id,
          text, state, next_attempt_at, created_at, updated_at)
-     values ($1, $2, $3, $4, $5, 'pending', $6, $6, $6)";
+     select $1, $2, $3, $4, $5, 'pending', $6, $6, $6";
 
 /// `template` with its parameters `$1…` numbered from `after + 1`, and how
 /// many it has.
@@ -80,19 +82,59 @@ fn renumber(template: &str, after: usize) -> (String, usize) {
     (out, count)
 }
 
-/// The statement for the parts present, in the order they are bound.
-fn combined(parts: &[&str]) -> String {
+/// One part of a turn decision's statement: its SQL, and how a guard
+/// conditions it.
+#[derive(Clone, Copy)]
+struct Part {
+    sql: &'static str,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Insert,
+    Update,
+    /// The session's update, the guard itself.
+    Session,
+}
+
+/// The statement for the parts present, in the order they are bound. A
+/// `guarded` one has one more parameter, last: the session row's version
+/// read ([`super::load::Guard::Version`]). Its session update (`g`) applies
+/// only to that version, every other part only if it did, and it answers
+/// how many sessions it updated (1, or 0: the row had moved on, nothing
+/// written).
+fn combined(parts: &[Part], guarded: bool) -> String {
     let mut after = 0;
-    let ctes: Vec<String> = parts
+    let numbered: Vec<(String, Kind)> = parts
         .iter()
-        .enumerate()
-        .map(|(i, part)| {
-            let (sql, count) = renumber(part, after);
+        .map(|part| {
+            let (sql, count) = renumber(part.sql, after);
             after += count;
-            format!("w{i} as ({sql})")
+            (sql, part.kind)
         })
         .collect();
-    format!("with {} select 1", ctes.join(", "))
+    let version = after + 1;
+    // A part may only name the parts before it: the guard comes first
+    // (the parameters keep their numbers, which follow the binding order).
+    let (guard, rest): (Vec<_>, Vec<_>) = numbered
+        .into_iter()
+        .partition(|(_, kind)| guarded && *kind == Kind::Session);
+    let ctes: Vec<String> = guard
+        .into_iter()
+        .chain(rest)
+        .enumerate()
+        .map(|(i, (sql, kind))| match (guarded, kind) {
+            (false, _) => format!("w{i} as ({sql})"),
+            (true, Kind::Session) => {
+                format!("g as ({sql} and xmin::text = ${version} returning 1)")
+            }
+            (true, Kind::Update) => format!("w{i} as ({sql} and exists (select 1 from g))"),
+            (true, Kind::Insert) => format!("w{i} as ({sql} where exists (select 1 from g))"),
+        })
+        .collect();
+    let answer = if guarded { "count(*) from g" } else { "1" };
+    format!("with {} select {answer}", ctes.join(", "))
 }
 
 impl<'a> Binder<'a> for PgQuery<'a> {
@@ -145,30 +187,9 @@ async fn apply_step(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
     for side in statement::side_writes(writes) {
         execute(conn, &side).await?;
     }
-    let mut parts = Vec::new();
-    if let Some(change) = &writes.turn {
-        parts.push(match change {
-            Change::Insert(_) => INSERT_TURN,
-            Change::Update(_) => UPDATE_TURN,
-        });
-    }
-    if let Some(change) = &writes.claim {
-        parts.push(match change {
-            Change::Insert(_) => INSERT_CLAIM,
-            Change::Update(_) => UPDATE_CLAIM,
-        });
-    }
-    if writes.session.is_some() {
-        parts.push(UPDATE_SESSION);
-    }
-    if writes.event.is_some() {
-        parts.push(INSERT_EVENT);
-    }
-    if writes.reply.is_some() {
-        parts.push(INSERT_REPLY);
-    }
+    let parts = parts(writes);
     if !parts.is_empty() {
-        write_turn_decision(conn, writes, &parts).await?;
+        write_turn_decision(conn, writes, &parts, None).await?;
     }
     let mut after = Vec::new();
     if let Some(Change::Insert(t)) = &writes.turn {
@@ -183,14 +204,88 @@ async fn apply_step(conn: &mut PgConnection, writes: &Writes) -> Step<()> {
     Ok(())
 }
 
+/// The parts of the statement for a decision's turn, claim, session, event
+/// and reply, those it writes.
+fn parts(writes: &Writes) -> Vec<Part> {
+    let mut parts = Vec::new();
+    let insert = |sql| Part {
+        sql,
+        kind: Kind::Insert,
+    };
+    let update = |sql| Part {
+        sql,
+        kind: Kind::Update,
+    };
+    if let Some(change) = &writes.turn {
+        parts.push(match change {
+            Change::Insert(_) => insert(INSERT_TURN),
+            Change::Update(_) => update(UPDATE_TURN),
+        });
+    }
+    if let Some(change) = &writes.claim {
+        parts.push(match change {
+            Change::Insert(_) => insert(INSERT_CLAIM),
+            Change::Update(_) => update(UPDATE_CLAIM),
+        });
+    }
+    if writes.session.is_some() {
+        parts.push(Part {
+            sql: UPDATE_SESSION,
+            kind: Kind::Session,
+        });
+    }
+    if writes.event.is_some() {
+        parts.push(insert(INSERT_EVENT));
+    }
+    if writes.reply.is_some() {
+        parts.push(insert(INSERT_REPLY));
+    }
+    parts
+}
+
+/// Applies a decision's writes outside a transaction, in ONE statement that
+/// commits by itself, if the session row is still the `version` its rows
+/// were read at ([`super::load::Guard::Version`]): whether they were applied.
+/// Not applied (nothing written): the session row moved on since, or the
+/// writes are more than one statement can hold (a step before, a Lark,
+/// permission, sweep, file or download write), or none of them is the
+/// session's, which the guard is; the caller takes the decision again in a
+/// transaction. What they change is kept for [`take_changed`].
+pub(super) async fn guarded(
+    conn: &mut PgConnection,
+    writes: &Writes,
+    version: &str,
+) -> sqlx::Result<bool> {
+    let attachments = match &writes.turn {
+        Some(Change::Insert(t)) => !statement::attachment_rows(t).is_empty(),
+        _ => false,
+    };
+    let more = writes.before.is_some()
+        || writes.fetch.is_some()
+        || attachments
+        || !statement::side_writes(writes).is_empty();
+    let parts = parts(writes);
+    let applied = match (more, parts.is_empty(), &writes.session) {
+        (true, _, _) | (false, false, None) => false,
+        (false, true, _) => true,
+        (false, false, Some(_)) => write_turn_decision(conn, writes, &parts, Some(version)).await?,
+    };
+    if let (true, Some(changed)) = (applied, writes.changed()) {
+        let _ = CHANGED.try_with(|all| all.borrow_mut().push(changed));
+    }
+    Ok(applied)
+}
+
 /// A turn decision's rows (turn, claim, session, event, reply), `parts` of
-/// one statement.
+/// one statement, guarded by the session row's `version` if given: whether
+/// they were written.
 async fn write_turn_decision(
     conn: &mut PgConnection,
     writes: &Writes,
-    parts: &[&str],
-) -> sqlx::Result<()> {
-    let sql = combined(parts);
+    parts: &[Part],
+    version: Option<&str>,
+) -> sqlx::Result<bool> {
+    let sql = combined(parts, version.is_some());
     let mut query = sqlx::query(&sql);
     if let Some(change) = &writes.turn {
         query = turn_values(query, change);
@@ -209,8 +304,16 @@ async fn write_turn_decision(
     if let Some(r) = &writes.reply {
         query = statement::reply_values(query, r);
     }
-    query.execute(&mut *conn).await?;
-    Ok(())
+    match version {
+        None => {
+            query.execute(&mut *conn).await?;
+            Ok(true)
+        }
+        Some(version) => {
+            let row = query.bind(version).fetch_one(&mut *conn).await?;
+            Ok(row.try_get::<i64, _>(0)? == 1)
+        }
+    }
 }
 
 /// Runs a statement both stores share: the rows it changed.
@@ -259,7 +362,17 @@ mod tests {
 
     #[test]
     fn each_part_numbers_its_parameters_after_the_ones_before() {
-        let sql = combined(&[UPDATE_CLAIM, "insert into x values ($1, $2, $1)"]);
+        let parts = [
+            Part {
+                sql: UPDATE_CLAIM,
+                kind: Kind::Update,
+            },
+            Part {
+                sql: "insert into x values ($1, $2, $1)",
+                kind: Kind::Insert,
+            },
+        ];
+        let sql = combined(&parts, false);
         assert!(sql.starts_with("with w0 as (update claims set state = $1, released_at = $2"));
         assert!(sql.contains("where claim_id = $3), w1 as (insert into x values ($4, $5, $4))"));
         assert!(sql.ends_with(" select 1"));

@@ -14,6 +14,13 @@
 //! fresh answer is a consistent one. A stale answer (the statement waited for
 //! another transaction's commit) is read once more: the lock is now held, so
 //! the second statement's snapshot has every commit that touched the session.
+//!
+//! Each statement also comes unlocked ([`Guard::Version`]): the same rows,
+//! outside any transaction and without the lock, with the session row's
+//! version (its `xmin`) read beside them. One statement's rows are one
+//! snapshot, so a decision taken on them is consistent as of that snapshot;
+//! its writes are then applied only if the session row is still that version
+//! ([`super::apply::guarded`]), or the decision is taken again, locked.
 
 use std::sync::LazyLock;
 
@@ -28,23 +35,47 @@ use crate::decide::session::CloseRows;
 use crate::decide::turn::{ClaimRows, CompleteRows, ReleaseRows};
 use crate::decide::{SessionRow, TurnRow};
 
-/// One load statement: the locked session `s` (`$1`), the `joins`, and the
-/// `more` columns they bring.
-fn statement(more: &[String], joins: &str) -> String {
+/// One load statement, in both forms: the session `s` (`$1`), the `joins`,
+/// and the `more` columns they bring.
+pub(super) struct Load {
+    /// The session's row locked, with whether it is the version the
+    /// statement's snapshot saw (`fresh`).
+    locked: String,
+    /// No lock, the session row's version (`version`) beside the rows.
+    unlocked: String,
+}
+
+fn statement(more: &[String], joins: &str) -> Load {
     let mut columns = vec![select_as("s", SESSION_COLUMNS, "")];
     columns.extend_from_slice(more);
-    format!(
-        "select {}, s.xmin = (select xmin from sessions where session_id = $1) as fresh
-         from sessions s {joins}
-         where s.session_id = $1
-         for update of s",
-        columns.join(", ")
-    )
+    let columns = columns.join(", ");
+    Load {
+        locked: format!(
+            "select {columns}, s.xmin = (select xmin from sessions where session_id = $1) as fresh
+             from sessions s {joins}
+             where s.session_id = $1
+             for update of s"
+        ),
+        unlocked: format!(
+            "select {columns}, s.xmin::text as version
+             from sessions s {joins}
+             where s.session_id = $1"
+        ),
+    }
+}
+
+/// How a turn decision's rows are read.
+pub(super) enum Guard {
+    /// In the call's transaction, the session's row locked.
+    Lock,
+    /// Outside a transaction, unlocked: the version of the session row read
+    /// (None before a read, or when the session is unknown).
+    Version(Option<String>),
 }
 
 /// Enqueue: the turn already enqueued with the message's client_message_id
 /// (`$2`, null when it has none).
-static ENQUEUE: LazyLock<String> = LazyLock::new(|| {
+static ENQUEUE: LazyLock<Load> = LazyLock::new(|| {
     statement(
         &[select_as("e", TURN_COLUMNS, "e_")],
         "left join turns e on e.session_id = s.session_id and e.client_message_id = $2",
@@ -54,7 +85,7 @@ static ENQUEUE: LazyLock<String> = LazyLock::new(|| {
 /// Claim: the claim stored under the claim id (`$2`, on any session) and its
 /// turn if it is this session's, the session's active claim, and its oldest
 /// queued turn, with whether its files are still being fetched.
-static CLAIM: LazyLock<String> = LazyLock::new(|| {
+static CLAIM: LazyLock<Load> = LazyLock::new(|| {
     statement(
         &[
             select_as("ec", CLAIM_COLUMNS, "ec_"),
@@ -78,7 +109,7 @@ static CLAIM: LazyLock<String> = LazyLock::new(|| {
 
 /// Complete: the turn (`$2`), and whether any turn of the session already
 /// carries the completion id (`$3`).
-static COMPLETE: LazyLock<String> = LazyLock::new(|| {
+static COMPLETE: LazyLock<Load> = LazyLock::new(|| {
     statement(
         &[
             select_as("t", TURN_COLUMNS, "t_"),
@@ -91,7 +122,7 @@ static COMPLETE: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// Release: the claim (`$2`) if it is this session's, and its turn.
-static RELEASE: LazyLock<String> = LazyLock::new(|| {
+static RELEASE: LazyLock<Load> = LazyLock::new(|| {
     statement(
         &[
             select_as("c", CLAIM_COLUMNS, "c_"),
@@ -104,7 +135,7 @@ static RELEASE: LazyLock<String> = LazyLock::new(|| {
 
 /// Close: the active claim, and how many turns are queued and permission
 /// requests pending.
-static CLOSE: LazyLock<String> = LazyLock::new(|| {
+static CLOSE: LazyLock<Load> = LazyLock::new(|| {
     statement(
         &[
             select_as("ac", CLAIM_COLUMNS, "ac_"),
@@ -122,29 +153,42 @@ static CLOSE: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// Runs a load statement (its parameters: the session id, then `ids`, each
-/// absent or unstorable one bound as null, which matches nothing): the locked
-/// session's row with the rest beside it, None for an unknown session.
-async fn locked(
+/// absent or unstorable one bound as null, which matches nothing), as
+/// `guard` says: the session's row with the rest beside it, None for an
+/// unknown session.
+async fn load(
     conn: &mut PgConnection,
-    sql: &str,
+    load: &Load,
+    guard: &mut Guard,
     session_id: &str,
     ids: &[Option<&str>],
 ) -> sqlx::Result<Option<PgRow>> {
     if unstorable(session_id) {
         return Ok(None);
     }
-    let run = || {
+    let run = |sql| {
         let mut query = sqlx::query(sql).bind(session_id);
         for id in ids {
             query = query.bind(id.filter(|id| !unstorable(id)));
         }
         query
     };
-    let row = run().fetch_optional(&mut *conn).await?;
-    match &row {
-        // Waited for another commit: read again under the lock now held.
-        Some(r) if !r.try_get::<bool, _>("fresh")? => run().fetch_optional(conn).await,
-        _ => Ok(row),
+    match guard {
+        Guard::Lock => {
+            let row = run(&load.locked).fetch_optional(&mut *conn).await?;
+            match &row {
+                // Waited for another commit: read again under the lock now held.
+                Some(r) if !r.try_get::<bool, _>("fresh")? => {
+                    run(&load.locked).fetch_optional(conn).await
+                }
+                _ => Ok(row),
+            }
+        }
+        Guard::Version(version) => {
+            let row = run(&load.unlocked).fetch_optional(conn).await?;
+            *version = row.as_ref().map(|r| r.try_get("version")).transpose()?;
+            Ok(row)
+        }
     }
 }
 
@@ -156,10 +200,11 @@ fn session(row: &PgRow) -> sqlx::Result<Option<SessionRow>> {
 /// under the message's client_message_id.
 pub(super) async fn enqueue_rows(
     conn: &mut PgConnection,
+    guard: &mut Guard,
     session_id: &str,
     client_message_id: Option<&str>,
 ) -> sqlx::Result<(Option<SessionRow>, Option<TurnRow>)> {
-    let Some(row) = locked(conn, &ENQUEUE, session_id, &[client_message_id]).await? else {
+    let Some(row) = load(conn, &ENQUEUE, guard, session_id, &[client_message_id]).await? else {
         return Ok((None, None));
     };
     Ok((session(&row)?, optional_turn(Cols::new(&row, "e_"))?))
@@ -167,10 +212,11 @@ pub(super) async fn enqueue_rows(
 
 pub(super) async fn claim_rows(
     conn: &mut PgConnection,
+    guard: &mut Guard,
     session_id: &str,
     claim_id: &str,
 ) -> sqlx::Result<ClaimRows> {
-    let Some(row) = locked(conn, &CLAIM, session_id, &[Some(claim_id)]).await? else {
+    let Some(row) = load(conn, &CLAIM, guard, session_id, &[Some(claim_id)]).await? else {
         return Ok(ClaimRows::default());
     };
     Ok(ClaimRows {
@@ -185,12 +231,13 @@ pub(super) async fn claim_rows(
 
 pub(super) async fn complete_rows(
     conn: &mut PgConnection,
+    guard: &mut Guard,
     session_id: &str,
     turn_id: &str,
     completion_id: &str,
 ) -> sqlx::Result<CompleteRows> {
     let ids = [Some(turn_id), Some(completion_id)];
-    let Some(row) = locked(conn, &COMPLETE, session_id, &ids).await? else {
+    let Some(row) = load(conn, &COMPLETE, guard, session_id, &ids).await? else {
         return Ok(CompleteRows::default());
     };
     Ok(CompleteRows {
@@ -202,10 +249,11 @@ pub(super) async fn complete_rows(
 
 pub(super) async fn release_rows(
     conn: &mut PgConnection,
+    guard: &mut Guard,
     session_id: &str,
     claim_id: &str,
 ) -> sqlx::Result<ReleaseRows> {
-    let Some(row) = locked(conn, &RELEASE, session_id, &[Some(claim_id)]).await? else {
+    let Some(row) = load(conn, &RELEASE, guard, session_id, &[Some(claim_id)]).await? else {
         return Ok(ReleaseRows::default());
     };
     Ok(ReleaseRows {
@@ -230,7 +278,7 @@ pub(super) async fn close_rows(
     conn: &mut PgConnection,
     session_id: &str,
 ) -> sqlx::Result<CloseRows> {
-    let Some(row) = locked(conn, &CLOSE, session_id, &[]).await? else {
+    let Some(row) = load(conn, &CLOSE, &mut Guard::Lock, session_id, &[]).await? else {
         return Ok(CloseRows::default());
     };
     let lark_chat = linked_chat(&mut *conn, session_id).await?;

@@ -12,11 +12,13 @@ use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
+use super::apply::{CHANGED, take_changed};
 use super::notify::{Announcer, ChangeHook, listen, start_listening};
+use super::tx::Guard;
 use super::{ACQUIRE_TIMEOUT, CHANNEL, MAX_CONNECTIONS, PgStore, RECHECK};
 use crate::decide::Changed;
 use crate::error::{Error, Result};
-use crate::store::{Change, ChangeFeed};
+use crate::store::{Change, ChangeFeed, Command, Done};
 
 /// A pooled connection idle this long is pinged before it serves a request.
 const IDLE_TEST: Duration = Duration::from_secs(1);
@@ -132,10 +134,13 @@ async fn recheck(feed: Arc<ChangeFeed>, stop: CancellationToken) {
     }
 }
 
-/// Why a decision did not go through: the contract refused it, or the database failed.
+/// Why a decision did not go through: the contract refused it, the database
+/// failed, or, taken unlocked ([`super::tx::command`]), it needs the
+/// session's lock (nothing was written).
 pub(super) enum Fail {
     Refused(Error),
     Db(sqlx::Error),
+    Locked,
 }
 
 impl From<sqlx::Error> for Fail {
@@ -195,6 +200,39 @@ pub(super) async fn settle<T>(
             let _ = tx.rollback().await;
             Err(Error::store(what, e))
         }
+        // Only a decision taken unlocked asks for the lock, and a
+        // transaction holds it.
+        Err(Fail::Locked) => unreachable!("{what}: a transaction asked for the lock it holds"),
+    }
+}
+
+impl PgStore {
+    /// Takes a turn decision unlocked, outside a transaction
+    /// ([`Guard::Version`]): what it decided, or None when it must be
+    /// taken in a transaction (it needs the lock, its session moved on, or
+    /// a concurrent write won a key).
+    pub(super) async fn unlocked(&self, command: &Command) -> Result<Option<Done>> {
+        let what = command.what();
+        CHANGED
+            .scope(Default::default(), async {
+                let mut conn = self
+                    .pool
+                    .acquire()
+                    .await
+                    .map_err(|e| Error::store(what, e))?;
+                let unlocked = Guard::Version(None);
+                match super::tx::command(&mut conn, command, &self.minter, unlocked).await {
+                    Ok(done) => {
+                        self.committed(take_changed());
+                        Ok(Some(done))
+                    }
+                    Err(Fail::Refused(e)) => Err(e),
+                    Err(Fail::Locked) => Ok(None),
+                    Err(Fail::Db(e)) if is_contention(&e) => Ok(None),
+                    Err(Fail::Db(e)) => Err(Error::store(what, e)),
+                }
+            })
+            .await
     }
 }
 

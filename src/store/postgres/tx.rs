@@ -11,8 +11,8 @@
 
 use sqlx::postgres::PgConnection;
 
-use super::apply::applied;
-use super::load;
+use super::apply::{applied, guarded};
+pub(super) use super::load::{self, Guard};
 use super::permissions::load_permission;
 use super::pool::{Fail, Step};
 use super::reads::{load_session, load_turn, lock_session};
@@ -30,13 +30,22 @@ use crate::store::retention::PruneStep;
 use crate::store::statement::Statement;
 use crate::store::{Command, Done};
 
-/// Takes `command` on `conn`, in its transaction: what it decided.
+/// Takes `command` on `conn`, as `guard` says: in its transaction, its
+/// session locked ([`Guard::Lock`]); or, for a turn decision (enqueue,
+/// claim, complete, release), outside any transaction in two round trips
+/// ([`Guard::Version`]): its rows read unlocked in one statement, its writes
+/// applied in one statement that commits by itself if the session row has
+/// not moved on since ([`guarded`]). Such a decision that needs more
+/// (another row read, writes one statement cannot hold) or whose session
+/// moved on fails [`Fail::Locked`], having written nothing: the caller
+/// takes it again in a transaction.
 pub(super) async fn command(
     conn: &mut PgConnection,
     command: &Command,
     minter: &Minter,
+    guard: Guard,
 ) -> Step<Done> {
-    dispatch::command(&mut OnConn(conn), command.clone(), minter).await
+    dispatch::command(&mut OnConn { conn, guard }, command.clone(), minter).await
 }
 
 /// `first` and then `then` in the caller's transaction
@@ -49,9 +58,9 @@ pub(super) async fn together(
     then: &Command,
     minter: &Minter,
 ) -> Step<(Done, crate::error::Result<Done>)> {
-    let first = command(conn, first, minter).await?;
+    let first = command(conn, first, minter, Guard::Lock).await?;
     let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
-    match command(&mut savepoint, then, minter).await {
+    match command(&mut savepoint, then, minter, Guard::Lock).await {
         Ok(done) => {
             savepoint.commit().await?;
             Ok((first, Ok(done)))
@@ -64,8 +73,23 @@ pub(super) async fn together(
     }
 }
 
-/// A connection inside the call's transaction.
-struct OnConn<'c>(&'c mut PgConnection);
+/// A connection: inside the call's transaction (its session rows locked),
+/// or outside any for a turn decision taken unlocked (its loads and its
+/// writes only; every other step fails [`Fail::Locked`]).
+struct OnConn<'c> {
+    conn: &'c mut PgConnection,
+    guard: Guard,
+}
+
+impl OnConn<'_> {
+    /// The connection, for a step only a transaction can take.
+    fn locked(&mut self) -> Step<&mut PgConnection> {
+        match self.guard {
+            Guard::Lock => Ok(&mut *self.conn),
+            Guard::Version(_) => Err(Fail::Locked),
+        }
+    }
+}
 
 impl Tx for OnConn<'_> {
     type Fail = Fail;
@@ -75,11 +99,11 @@ impl Tx for OnConn<'_> {
         session_id: &str,
         client_message_id: Option<&str>,
     ) -> Step<(Option<SessionRow>, Option<TurnRow>)> {
-        Ok(load::enqueue_rows(self.0, session_id, client_message_id).await?)
+        Ok(load::enqueue_rows(self.conn, &mut self.guard, session_id, client_message_id).await?)
     }
 
     async fn claim_rows(&mut self, session_id: &str, claim_id: &str) -> Step<ClaimRows> {
-        Ok(load::claim_rows(self.0, session_id, claim_id).await?)
+        Ok(load::claim_rows(self.conn, &mut self.guard, session_id, claim_id).await?)
     }
 
     async fn complete_rows(
@@ -88,15 +112,22 @@ impl Tx for OnConn<'_> {
         turn_id: &str,
         completion_id: &str,
     ) -> Step<CompleteRows> {
-        Ok(load::complete_rows(self.0, session_id, turn_id, completion_id).await?)
+        Ok(load::complete_rows(
+            self.conn,
+            &mut self.guard,
+            session_id,
+            turn_id,
+            completion_id,
+        )
+        .await?)
     }
 
     async fn release_rows(&mut self, session_id: &str, claim_id: &str) -> Step<ReleaseRows> {
-        Ok(load::release_rows(self.0, session_id, claim_id).await?)
+        Ok(load::release_rows(self.conn, &mut self.guard, session_id, claim_id).await?)
     }
 
     async fn close_rows(&mut self, session_id: &str) -> Step<CloseRows> {
-        Ok(load::close_rows(self.0, session_id).await?)
+        Ok(load::close_rows(self.locked()?, session_id).await?)
     }
 
     async fn bind_rows(&mut self, bind: &BindRequest) -> Step<BindRows> {
@@ -108,7 +139,7 @@ impl Tx for OnConn<'_> {
         .bind(&bind.agent_id)
         .bind(&bind.host_surface)
         .bind(&bind.host_session_id)
-        .fetch_optional(&mut *self.0)
+        .fetch_optional(self.locked()?)
         .await?;
         let sql = format!(
             "select {SESSION_COLUMNS} from sessions
@@ -120,7 +151,7 @@ impl Tx for OnConn<'_> {
             .bind(&bind.agent_id)
             .bind(&bind.host_surface)
             .bind(&bind.host_session_id)
-            .fetch_optional(&mut *self.0)
+            .fetch_optional(self.locked()?)
             .await?
             .as_ref()
             .map(session_row)
@@ -132,15 +163,15 @@ impl Tx for OnConn<'_> {
     }
 
     async fn lock_session(&mut self, session_id: &str) -> Step<Option<SessionRow>> {
-        Ok(lock_session(self.0, session_id).await?)
+        Ok(lock_session(self.locked()?, session_id).await?)
     }
 
     async fn session(&mut self, session_id: &str) -> Step<Option<SessionRow>> {
-        Ok(load_session(&mut *self.0, session_id).await?)
+        Ok(load_session(self.locked()?, session_id).await?)
     }
 
     async fn turn(&mut self, session_id: &str, turn_id: &str) -> Step<Option<TurnRow>> {
-        Ok(load_turn(&mut *self.0, session_id, turn_id).await?)
+        Ok(load_turn(self.locked()?, session_id, turn_id).await?)
     }
 
     async fn earlier_turn(
@@ -156,7 +187,7 @@ impl Tx for OnConn<'_> {
         ))
         .bind(session_id)
         .bind(client_message_id)
-        .fetch_optional(&mut *self.0)
+        .fetch_optional(self.locked()?)
         .await?
         .as_ref()
         .map(turn_row)
@@ -168,13 +199,13 @@ impl Tx for OnConn<'_> {
         session_id: &str,
         request_id: &str,
     ) -> Step<Option<PermissionRow>> {
-        Ok(load_permission(&mut *self.0, session_id, request_id).await?)
+        Ok(load_permission(self.locked()?, session_id, request_id).await?)
     }
 
     async fn attachment_bytes(&mut self, session_id: &str) -> Step<u64> {
         let held: i64 = sqlx::query_scalar(crate::store::SESSION_ATTACHMENT_BYTES)
             .bind(session_id)
-            .fetch_one(&mut *self.0)
+            .fetch_one(self.locked()?)
             .await?;
         Ok(held.max(0) as u64)
     }
@@ -182,7 +213,7 @@ impl Tx for OnConn<'_> {
     async fn fetching(&mut self, turn_id: &str) -> Step<bool> {
         let pending: i64 = sqlx::query_scalar(crate::store::FETCH_PENDING)
             .bind(turn_id)
-            .fetch_one(&mut *self.0)
+            .fetch_one(self.locked()?)
             .await?;
         Ok(pending > 0)
     }
@@ -190,14 +221,14 @@ impl Tx for OnConn<'_> {
     async fn terminal_feed(&mut self, session_id: &str) -> Step<Option<String>> {
         Ok(sqlx::query_scalar(crate::store::TERMINAL_FEED)
             .bind(session_id)
-            .fetch_optional(&mut *self.0)
+            .fetch_optional(self.locked()?)
             .await?)
     }
 
     async fn session_link(&mut self, session_id: &str) -> Step<Option<LinkRow>> {
         let link: Option<(String, String, i64, i64)> = sqlx::query_as(crate::store::SESSION_LINK)
             .bind(session_id)
-            .fetch_optional(&mut *self.0)
+            .fetch_optional(self.locked()?)
             .await?;
         Ok(
             link.map(|(chat_id, approvers, linked_at, terminal_turns)| LinkRow {
@@ -212,7 +243,7 @@ impl Tx for OnConn<'_> {
     async fn chat(&mut self, chat_id: &str) -> Step<Option<ChatRow>> {
         let chat: Option<(String, i64, i64, Option<String>)> = sqlx::query_as(crate::store::CHAT)
             .bind(chat_id)
-            .fetch_optional(&mut *self.0)
+            .fetch_optional(self.locked()?)
             .await?;
         Ok(chat.map(
             |(chat_id, failed_codes, failed_since, current_session_id)| ChatRow {
@@ -227,7 +258,7 @@ impl Tx for OnConn<'_> {
     async fn chat_links(&mut self, chat_id: &str) -> Step<Vec<(String, String)>> {
         Ok(sqlx::query_as(crate::store::CHAT_SESSIONS)
             .bind(chat_id)
-            .fetch_all(&mut *self.0)
+            .fetch_all(self.locked()?)
             .await?)
     }
 
@@ -237,7 +268,7 @@ impl Tx for OnConn<'_> {
         }
         Ok(sqlx::query_scalar(crate::store::SENT_FOR)
             .bind(message_id)
-            .fetch_optional(&mut *self.0)
+            .fetch_optional(self.locked()?)
             .await?)
     }
 
@@ -248,7 +279,7 @@ impl Tx for OnConn<'_> {
         Ok(sqlx::query_scalar(crate::store::ASKED_IN_CHAT)
             .bind(chat_id)
             .bind(request_id)
-            .fetch_optional(&mut *self.0)
+            .fetch_optional(self.locked()?)
             .await?)
     }
 
@@ -268,7 +299,7 @@ impl Tx for OnConn<'_> {
             .bind(app_id)
             .bind(event_id)
             .bind(message_id)
-            .fetch_optional(&mut *self.0)
+            .fetch_optional(self.locked()?)
             .await?;
         Ok(seen.is_some())
     }
@@ -277,7 +308,7 @@ impl Tx for OnConn<'_> {
         let code: Option<(String, String, i64, Option<i64>)> =
             sqlx::query_as(crate::store::PAIR_CODE)
                 .bind(code_hash)
-                .fetch_optional(&mut *self.0)
+                .fetch_optional(self.locked()?)
                 .await?;
         Ok(
             code.map(|(code_hash, session_id, expires_at, used_at)| PairCodeRow {
@@ -300,19 +331,23 @@ impl Tx for OnConn<'_> {
         Ok(sqlx::query_as(crate::store::CARD)
             .bind(session_id)
             .bind(request_id)
-            .fetch_optional(&mut *self.0)
+            .fetch_optional(self.locked()?)
             .await?)
     }
 
     async fn apply(&mut self, writes: Writes) -> Step<()> {
-        applied(self.0, &writes).await
+        match &self.guard {
+            Guard::Lock => applied(self.conn, &writes).await,
+            Guard::Version(Some(version)) if guarded(self.conn, &writes, version).await? => Ok(()),
+            Guard::Version(_) => Err(Fail::Locked),
+        }
     }
 
     async fn execute(&mut self, statement: Statement) -> Step<u64> {
-        Ok(super::apply::execute(self.0, &statement).await?)
+        Ok(super::apply::execute(self.locked()?, &statement).await?)
     }
 
     async fn prune_step(&mut self, cutoff_ms: i64) -> Step<PruneStep> {
-        super::reads::prune_step(self.0, cutoff_ms).await
+        super::reads::prune_step(self.locked()?, cutoff_ms).await
     }
 }
