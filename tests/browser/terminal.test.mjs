@@ -52,7 +52,10 @@ describe('terminal turns and a stalled agent, on the Web chat page', () => {
   step('a Web message sent meanwhile comes after it, and the answer lands on the terminal turn', async () => {
     await broker.ok('POST', `/v1/sessions/${session.session_id}/messages`, { origin: 'web', text: 'Also bump the version.' });
     await report({ state: 'working', answer: 'Two tests were stale; both fixed.' });
-    await eventually('the answer to show', async () => (await page.locator('.response-message').count()) === 1);
+    // Each turn's event refreshes that turn on its own, so the answer may
+    // show before the Web message does: wait for both, then check the order.
+    await eventually('the answer and the Web message to show', async () =>
+      (await page.locator('.response-message').count()) === 1 && (await whoSaid()).length === 2);
     assert.deepEqual(await whoSaid(), ['At the terminal', 'You, from the Web chat']);
     assert.match(await page.locator('.response-message').first().textContent(), /Two tests were stale/);
     const turns = await allTurns(broker, session.session_id);

@@ -200,9 +200,15 @@ pub(super) async fn settle<T>(
             let _ = tx.rollback().await;
             Err(Error::store(what, e))
         }
-        // Only a decision taken unlocked asks for the lock, and a
-        // transaction holds it.
-        Err(Fail::Locked) => unreachable!("{what}: a transaction asked for the lock it holds"),
+        // Only a decision taken unlocked asks for the lock: in a
+        // transaction, which holds it, this is a bug, answered as a failure.
+        Err(Fail::Locked) => {
+            drop(tx);
+            Err(Error::store(
+                what,
+                "a transaction asked for the lock it holds",
+            ))
+        }
     }
 }
 
