@@ -274,7 +274,9 @@ fn run(mut command: Command, what: &str) -> Result<()> {
 
 impl PgServer {
     /// initdb into a temp folder, then pg_ctl start on a free loopback port
-    /// with the unix socket in that folder.
+    /// with the unix socket in that folder; `LOOPX_BENCH_PG_OPTIONS` adds
+    /// server options (e.g. `-c shared_preload_libraries=pg_stat_statements`,
+    /// to profile the statements while a run goes on).
     pub async fn start() -> Result<Self> {
         let bin = ["15", "16", "17", "14"]
             .iter()
@@ -311,8 +313,9 @@ impl PgServer {
             .arg(dir.path().join("postgres.log"))
             .args(["-w", "-t", "60", "-o"])
             .arg(format!(
-                "-p {port} -k {} -c listen_addresses=127.0.0.1 -c max_connections=400",
-                dir.path().display()
+                "-p {port} -k {} -c listen_addresses=127.0.0.1 -c max_connections=400 {}",
+                dir.path().display(),
+                std::env::var("LOOPX_BENCH_PG_OPTIONS").unwrap_or_default()
             ))
             .arg("start");
         run(start, "pg_ctl start")?;

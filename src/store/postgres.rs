@@ -226,8 +226,10 @@ impl Store for PgStore {
 #[async_trait]
 impl Rows for PgStore {
     type Row = PgRow;
-    /// Only the sessions with queued turns (an index), and each one's head
-    /// of queue, its oldest queued turn: no scan of all sessions.
+    /// The sessions with queued turns, and each one's head of queue, its
+    /// oldest queued turn. The sessions are read whole: an index on
+    /// `queued_count` would make every enqueue and claim a full (not HOT)
+    /// update of the session row (migration 0042).
     const QUEUE_STATS: &'static str = "select coalesce(sum(queued_count), 0)::bigint,
             min((select t.enqueued_at from turns t
                  where t.session_id = s.session_id and t.state = 'queued'
