@@ -5,11 +5,10 @@
 -- partial index's predicate included, and the page has room for it.
 -- sessions_queued (`where queued_count > 0`) made every enqueue and every
 -- claim a full update instead: a new entry in each of the table's indexes,
--- about a third of the WAL a turn wrote, and index scans that step over the
+-- a seventh of the WAL a decision wrote, and index scans that step over the
 -- dead entries left behind (issue 40, BENCHMARKS.md). /metrics, which the
--- index served, reads the sessions table whole instead: one row per session,
--- on a scrape every few seconds. SQLite keeps the index: its updates touch
--- an index only when that index's own columns change.
+-- index served, counts the queued turns through `turns_queued_at` instead,
+-- as SQLite has since its 0014.
 drop index sessions_queued;
 -- Room on each page for a session's next versions (new pages only; a row
 -- already on a full page moves once, then stays HOT).

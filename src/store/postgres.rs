@@ -226,15 +226,6 @@ impl Store for PgStore {
 #[async_trait]
 impl Rows for PgStore {
     type Row = PgRow;
-    /// The sessions with queued turns, and each one's head of queue, its
-    /// oldest queued turn. The sessions are read whole: an index on
-    /// `queued_count` would make every enqueue and claim a full (not HOT)
-    /// update of the session row (migration 0042).
-    const QUEUE_STATS: &'static str = "select coalesce(sum(queued_count), 0)::bigint,
-            min((select t.enqueued_at from turns t
-                 where t.session_id = s.session_id and t.state = 'queued'
-                 order by t.seq limit 1))
-         from sessions s where s.queued_count > 0";
 
     async fn rows<T: Send + 'static>(
         &self,

@@ -16,14 +16,22 @@ use crate::error::Result;
 use crate::model::{LarkLink, ListSessions, ListTurns, PermissionState};
 use crate::permission::{self, PermissionRow};
 
+/// [`Reader::queue_stats`]: how many turns are queued over all sessions,
+/// and when the oldest was enqueued, through a partial index of the queued
+/// turns that the claims keep anyway (`turns_queued` on SQLite,
+/// `turns_queued_at` on PostgreSQL): a scrape scans no whole table, and the
+/// hot path keeps no index for it (an index on the sessions' `queued_count`
+/// cost an index write per enqueue and claim, and on PostgreSQL made them
+/// full updates of the session row: SQLite's migration 0014, PostgreSQL's
+/// 0042).
+pub(crate) const QUEUE_STATS: &str =
+    "select count(*), min(enqueued_at) from turns where state = 'queued'";
+
 /// What a store gives the plain reads.
 #[async_trait]
 pub(crate) trait Rows: Sync {
     /// A row as the store's driver returns it.
     type Row: sqlx::Row;
-    /// [`Reader::queue_stats`]: how many turns are queued over all sessions,
-    /// and when the oldest was enqueued, each store through its own index.
-    const QUEUE_STATS: &'static str;
 
     /// The rows `statement` selects, each decoded by `decode`.
     async fn rows<T: Send + 'static>(
@@ -228,7 +236,7 @@ where
     }
 
     async fn queue_stats(&self) -> Result<(i64, Option<i64>)> {
-        let select = Statement::new(R::QUEUE_STATS);
+        let select = Statement::new(QUEUE_STATS);
         let stats = self.first(select, |row| <(i64, Option<i64>)>::from_row(row));
         Ok(stats.await?.unwrap_or((0, None)))
     }

@@ -147,11 +147,6 @@ fn create_private_file(path: &Path) -> std::io::Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
 }
 
-/// The queued turns, through their own index (`turns_queued`, which the
-/// claims keep anyway): a scrape scans no whole table and the hot path
-/// keeps no index for it.
-const QUEUE_STATS: &str = "select count(*), min(enqueued_at) from turns where state = 'queued'";
-
 /// One writer job of retention: a chunk of the oldest prunable session's
 /// rows, or the session itself once they are gone, or old Lark guards.
 fn prune_step(conn: &Connection, cutoff_ms: i64) -> Result<PruneStep> {
@@ -292,7 +287,6 @@ impl Store for SqliteStore {
 #[async_trait]
 impl Rows for SqliteStore {
     type Row = SqliteRow;
-    const QUEUE_STATS: &'static str = QUEUE_STATS;
 
     async fn rows<T: Send + 'static>(
         &self,
@@ -353,6 +347,7 @@ mod tests {
     use super::*;
     use crate::decide::turn::ClaimOutcome;
     use crate::model::HostIdentity;
+    use crate::store::reads::QUEUE_STATS;
     use sqlx::Connection as _;
 
     /// A database written before migration 0013 (claims with a rowid and
