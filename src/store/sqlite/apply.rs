@@ -38,6 +38,104 @@ pub(super) fn apply(conn: &Connection, mut writes: Writes) -> Result<()> {
     Ok(())
 }
 
+/// Applies a fold's records (each only a turn cycle's writes,
+/// [`Writes::journaled`]) with each row written once, in its final state:
+/// a session's row as the last record left it, a turn or claim inserted as
+/// its last record left it (and then updated, for the columns an insert does
+/// not name), or updated once; then every event and reply, in their order.
+/// The tables end as applying the records one by one leaves them: a later
+/// write of a row sets every column an earlier one of the same kind set
+/// (a turn's completion or cancellation is final, and its statement names
+/// the claim's columns too), and no record reads what another wrote.
+pub(super) fn apply_final(conn: &Connection, records: Vec<Writes>) -> Result<()> {
+    let mut turns = Final::default();
+    let mut claims = Final::default();
+    let mut sessions = Final::default();
+    let (mut events, mut replies) = (Vec::new(), Vec::new());
+    for writes in records {
+        debug_assert!(
+            writes.journaled(),
+            "only a turn cycle's writes are journaled"
+        );
+        if let Some(turn) = writes.turn {
+            turns.add(turn, |t| &t.turn_id);
+        }
+        if let Some(claim) = writes.claim {
+            claims.add(claim, |c| &c.claim_id);
+        }
+        if let Some(session) = writes.session {
+            sessions.add(Change::Update(session), |s| &s.session_id);
+        }
+        events.extend(writes.event);
+        replies.extend(writes.reply);
+    }
+    for (inserted, updated, turn) in turns.rows {
+        if inserted {
+            write_turn(conn, Change::Insert(turn.clone()))?;
+        }
+        if updated {
+            write_turn(conn, Change::Update(turn))?;
+        }
+    }
+    // A crash here leaves the fold's transaction half written: none of it
+    // is committed, and the records are folded again at the next start.
+    super::crash::at(super::crash::Point::Folding);
+    for (inserted, updated, claim) in claims.rows {
+        if inserted {
+            write_claim(conn, Change::Insert(claim.clone()))?;
+        }
+        if updated {
+            write_claim(conn, Change::Update(claim))?;
+        }
+    }
+    for (_, _, session) in sessions.rows {
+        write_session(conn, &session)?;
+    }
+    for event in &events {
+        insert_event(conn, event)?;
+    }
+    for reply in &replies {
+        insert_reply(conn, reply)?;
+    }
+    Ok(())
+}
+
+/// Rows by key in the order first written, each as its last write left it,
+/// with whether it was inserted and whether it was updated after that.
+struct Final<T> {
+    at: std::collections::HashMap<String, usize>,
+    rows: Vec<(bool, bool, T)>,
+}
+
+impl<T> Default for Final<T> {
+    fn default() -> Self {
+        Self {
+            at: Default::default(),
+            rows: Vec::new(),
+        }
+    }
+}
+
+impl<T> Final<T> {
+    fn add(&mut self, change: Change<T>, key: impl Fn(&T) -> &String) {
+        let (insert, row) = match change {
+            Change::Insert(row) => (true, row),
+            Change::Update(row) => (false, row),
+        };
+        match self.at.get(key(&row)) {
+            Some(&i) => {
+                let (_, updated, last) = &mut self.rows[i];
+                *updated = true;
+                *last = row;
+            }
+            None => {
+                self.at.insert(key(&row).clone(), self.rows.len());
+                self.rows.push((insert, !insert, row));
+            }
+        }
+    }
+}
+
 /// Writes back what a decision changes in a (locked) session row. A session
 /// that is still open has only its counters and active claim changed (open
 /// is never entered again once left), so that statement leaves `state` and
@@ -155,4 +253,36 @@ fn insert_reply(conn: &Connection, r: &NewReply) -> Result<()> {
     );
     statement::reply_values(insert, r).execute(conn)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(row: &(String, u32)) -> &String {
+        &row.0
+    }
+
+    #[test]
+    fn a_fold_keeps_each_row_once_in_its_last_state_in_first_written_order() {
+        let mut rows = Final::default();
+        rows.add(Change::Insert(("t1".into(), 1)), id);
+        rows.add(Change::Update(("t0".into(), 1)), id);
+        rows.add(Change::Update(("t1".into(), 2)), id);
+        rows.add(Change::Insert(("t2".into(), 1)), id);
+        rows.add(Change::Update(("t1".into(), 3)), id);
+        rows.add(Change::Update(("t0".into(), 2)), id);
+        assert_eq!(
+            rows.rows,
+            vec![
+                // Inserted, then updated: inserted as it ended, then updated
+                // for the columns the insert does not name.
+                (true, true, ("t1".to_owned(), 3)),
+                // Only updated: one update, the last.
+                (false, true, ("t0".to_owned(), 2)),
+                // Only inserted.
+                (true, false, ("t2".to_owned(), 1)),
+            ]
+        );
+    }
 }

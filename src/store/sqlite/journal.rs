@@ -284,16 +284,12 @@ pub(super) fn fold(conn: &Connection, fold: Fold) -> Result<usize> {
         return Ok(0);
     };
     let folded = slice.len();
-    let applied = slice
-        .into_iter()
-        .enumerate()
-        .try_for_each(|(n, (id, _, writes))| {
-            if n == folded / 2 {
-                super::crash::at(super::crash::Point::Folding);
-            }
-            with(|j| j.forget(id, &writes));
-            apply(conn, writes)
-        });
+    let mut records = Vec::with_capacity(folded);
+    for (id, _, writes) in slice {
+        with(|j| j.forget(id, &writes));
+        records.push(writes);
+    }
+    let applied = super::apply::apply_final(conn, records);
     let deleted = applied.and_then(|()| {
         conn.prepare_cached("delete from journal where id <= ?")?
             .execute([through])?;
