@@ -18,13 +18,13 @@ pub(super) fn apply(conn: &Connection, mut writes: Writes) -> Result<()> {
     }
     execute_all(conn, statement::side_writes(&writes))?;
     if let Some(turn) = writes.turn {
-        write_turn(conn, turn)?;
+        write_turn(conn, &turn)?;
     }
     if let Some(fetch) = writes.fetch {
         execute_all(conn, statement::fetch_writes(&fetch))?;
     }
     if let Some(claim) = writes.claim {
-        write_claim(conn, claim)?;
+        write_claim(conn, &claim)?;
     }
     if let Some(s) = writes.session {
         write_session(conn, &s)?;
@@ -69,28 +69,14 @@ pub(super) fn apply_final(conn: &Connection, records: Vec<Writes>) -> Result<()>
         events.extend(writes.event);
         replies.extend(writes.reply);
     }
-    for (inserted, updated, turn) in turns.rows {
-        if inserted {
-            write_turn(conn, Change::Insert(turn.clone()))?;
-        }
-        if updated {
-            write_turn(conn, Change::Update(turn))?;
-        }
-    }
+    turns.write(conn, write_turn)?;
     // A crash here leaves the fold's transaction half written: none of it
     // is committed, and the records are folded again at the next start.
     super::crash::at(super::crash::Point::Folding);
-    for (inserted, updated, claim) in claims.rows {
-        if inserted {
-            write_claim(conn, Change::Insert(claim.clone()))?;
-        }
-        if updated {
-            write_claim(conn, Change::Update(claim))?;
-        }
-    }
-    for (_, _, session) in sessions.rows {
-        write_session(conn, &session)?;
-    }
+    claims.write(conn, write_claim)?;
+    sessions.write(conn, |conn, session| match session {
+        Change::Insert(s) | Change::Update(s) => write_session(conn, s),
+    })?;
     for event in &events {
         insert_event(conn, event)?;
     }
@@ -133,6 +119,27 @@ impl<T> Final<T> {
                 self.rows.push((insert, !insert, row));
             }
         }
+    }
+
+    /// Writes each row once through `write`, in the order first written; a
+    /// row inserted and then updated is written again as an update, for the
+    /// columns an insert does not name.
+    fn write(
+        self,
+        conn: &Connection,
+        write: impl Fn(&Connection, &Change<T>) -> Result<()>,
+    ) -> Result<()> {
+        for (inserted, updated, row) in self.rows {
+            let change = match inserted {
+                true => Change::Insert(row),
+                false => Change::Update(row),
+            };
+            write(conn, &change)?;
+            if let (Change::Insert(row), true) = (change, inserted && updated) {
+                write(conn, &Change::Update(row))?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -183,7 +190,7 @@ fn execute_all(conn: &Connection, statements: Vec<Statement>) -> Result<()> {
     Ok(())
 }
 
-fn write_turn(conn: &Connection, change: Change<TurnRow>) -> Result<()> {
+fn write_turn(conn: &Connection, change: &Change<TurnRow>) -> Result<()> {
     match change {
         Change::Insert(t) => {
             let insert = sql::query(
@@ -191,8 +198,8 @@ fn write_turn(conn: &Connection, change: Change<TurnRow>) -> Result<()> {
                      lark_chat_id, lark_message_id, state, enqueued_at, claimed_at, attachments)
                  values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             );
-            statement::turn_values(insert, &t).execute(conn)?;
-            execute_all(conn, statement::attachment_rows(&t))?;
+            statement::turn_values(insert, t).execute(conn)?;
+            execute_all(conn, statement::attachment_rows(t))?;
         }
         // A claim or a release leaves the completion's columns as they were
         // (unset: a completed turn is final), so its statement does not name
@@ -218,7 +225,7 @@ fn write_turn(conn: &Connection, change: Change<TurnRow>) -> Result<()> {
                      where turn_id = ?5"
                 }
             });
-            let update = statement::turn_update_values(update, &t);
+            let update = statement::turn_update_values(update, t);
             match t.state {
                 TurnState::Completed => update
                     .bind(t.completed_at)
@@ -233,7 +240,7 @@ fn write_turn(conn: &Connection, change: Change<TurnRow>) -> Result<()> {
     Ok(())
 }
 
-fn write_claim(conn: &Connection, change: Change<ClaimRow>) -> Result<()> {
+fn write_claim(conn: &Connection, change: &Change<ClaimRow>) -> Result<()> {
     let write = sql::query(match change {
         Change::Insert(_) => {
             "insert into claims (claim_id, session_id, turn_id, attempt, state, claimed_at)
@@ -241,7 +248,7 @@ fn write_claim(conn: &Connection, change: Change<ClaimRow>) -> Result<()> {
         }
         Change::Update(_) => "update claims set state = ?, released_at = ? where claim_id = ?",
     });
-    statement::claim_values(write, &change).execute(conn)?;
+    statement::claim_values(write, change).execute(conn)?;
     Ok(())
 }
 
