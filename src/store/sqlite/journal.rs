@@ -23,10 +23,11 @@
 //! rolled-back transaction the overlay is rebuilt from the records that
 //! remain ([`reload`]).
 //!
-//! All of it lives on the writer's thread (a `thread_local`, like what the
-//! decisions changed, [`take_changed`]): the writer is the only one who
-//! decides. Every decision is recorded here ([`decided`]); [`super::apply`]
-//! only writes tables, and imports nothing of this module.
+//! All of it lives on the thread that holds the writer (a `thread_local`,
+//! like what the decisions changed, [`take_changed`], moved with the writer:
+//! [`Held`]): the writer is the only one who decides. Every decision is
+//! recorded here ([`decided`]); [`super::apply`] only writes tables, and
+//! imports nothing of this module.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -184,6 +185,34 @@ fn with<T>(f: impl FnOnce(&mut Journal) -> T) -> T {
             .as_mut()
             .expect("the journal is opened on the writer's thread"))
     })
+}
+
+/// The writer's state on a thread: the journal, what the decisions changed,
+/// and how the batch writes. It lives on whichever thread holds the writer
+/// (its own, or a caller's that writes in its place: see
+/// [`super::writer`]), moved there when that thread takes the writer and
+/// back when it lets go.
+#[derive(Default)]
+pub(super) struct Held {
+    journal: Option<Journal>,
+    changed: Vec<Changed>,
+    direct: bool,
+}
+
+/// Installs the writer's state on this thread.
+pub(super) fn take_over(held: Held) {
+    JOURNAL.with(|journal| *journal.borrow_mut() = held.journal);
+    CHANGED.with(|changed| *changed.borrow_mut() = held.changed);
+    DIRECT.with(|direct| direct.set(held.direct));
+}
+
+/// Takes the writer's state off this thread.
+pub(super) fn hand_over() -> Held {
+    Held {
+        journal: JOURNAL.with(RefCell::take),
+        changed: CHANGED.with(RefCell::take),
+        direct: DIRECT.with(|direct| direct.replace(false)),
+    }
 }
 
 /// Whether the journal is open on this thread (only the writer's).
