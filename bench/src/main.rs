@@ -430,7 +430,8 @@ async fn suite<Q: Queue>(
 /// The broker's work per cycle over a throughput cell (its warm-up
 /// included, so a little over the true figure, alike for every build): CPU
 /// microseconds by thread (`cost.<name>.<k>.<thread>_us`, the threads named
-/// as [`report::BROKER_THREADS`] says) and KiB handed to `write()` (WAL
+/// as [`report::BROKER_THREADS`] says) and for the whole broker
+/// (`cost.<name>.<k>.broker_us`), and KiB handed to `write()` (WAL
 /// frames and checkpoints).
 fn cycle_cost(before: &sys::Usage, after: &sys::Usage, cycles: f64, key: &str, m: &mut Metrics) {
     if cycles <= 0.0 {
@@ -442,12 +443,19 @@ fn cycle_cost(before: &sys::Usage, after: &sys::Usage, cycles: f64, key: &str, m
         let spent = ticks.saturating_sub(before.ticks_by_thread.get(thread).copied().unwrap_or(0));
         *by_label.entry(report::thread_label(thread)).or_default() += spent;
     }
+    let all: u64 = by_label.values().sum();
     for (label, ticks) in by_label {
         m.insert(
             format!("cost.{key}.{label}_us"),
             ticks as f64 * us_per_tick / cycles,
         );
     }
+    // Every thread's together: a write may run on the writer's thread or on
+    // its caller's (a tokio worker), so no one thread's figure is the cost.
+    m.insert(
+        format!("cost.{key}.broker_us"),
+        all as f64 * us_per_tick / cycles,
+    );
     let written = after.written_bytes.saturating_sub(before.written_bytes);
     m.insert(
         format!("cost.{key}.written_kib"),

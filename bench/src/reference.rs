@@ -50,6 +50,13 @@ fn figures(plan: &Plan) -> Vec<Figure> {
     }
     for &k in &plan.tput_levels {
         add(
+            format!("cost.loopx.full.{k}.broker_us"),
+            format!("broker CPU per cycle, all threads (µs), {k} sessions"),
+            false,
+        );
+    }
+    for &k in &plan.tput_levels {
+        add(
             format!("tput.loopx.full.{k}.cycles_per_s"),
             format!("cycles/s, {k} sessions"),
             true,

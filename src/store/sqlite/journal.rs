@@ -183,7 +183,7 @@ fn with<T>(f: impl FnOnce(&mut Journal) -> T) -> T {
         let mut journal = journal.borrow_mut();
         f(journal
             .as_mut()
-            .expect("the journal is opened on the writer's thread"))
+            .expect("the journal is on the thread that holds the writer"))
     })
 }
 

@@ -1,4 +1,5 @@
-//! The SQLite writer: one thread owns the only writing connection. It takes
+//! The SQLite writer: the only writing connection, held by one thread at a
+//! time (a lone write's caller, else the writer's own thread). It takes
 //! the jobs waiting in its queue, runs them in one `BEGIN IMMEDIATE`
 //! transaction (a failed job's changes undone alone: see [`run_batch`]),
 //! commits once, and only then answers them
@@ -658,7 +659,7 @@ fn checkpoint(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
 /// durable; nobody is told it is done until it is.)
 ///
 /// A lone batch (nothing queued behind it, no sync under way) is synced on
-/// the writer's own thread and answered from there: handing it to the
+/// the thread that holds the writer and answered from there: handing it to the
 /// flusher would only add a thread's wake-up to its wait, with nothing for
 /// the writer to do meanwhile (at one session, each write of a cycle
 /// waited for it).
@@ -674,7 +675,7 @@ struct Flusher {
     durability: Durability,
     /// Batches handed to the flusher's thread and not answered yet.
     in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    /// The WAL, for a lone batch's sync on the writer's thread.
+    /// The WAL, for a lone batch's sync on the thread holding the writer.
     wal: WalFile,
 }
 
