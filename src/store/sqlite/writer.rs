@@ -183,8 +183,8 @@ impl Writer {
         self.send(job_on(op, false)).await
     }
 
-    /// Runs a lone write here, on the caller's thread, when nobody holds
-    /// the writer, else queues it for the writer's thread. Written here, a
+    /// Runs a lone cycle's write here, on the caller's thread, when nobody
+    /// holds the writer, else queues it for the writer's thread. Written here, a
     /// lone write is committed, synced and answered without waking another
     /// thread twice (to the writer and back): on a virtual machine each
     /// wake-up of an idle core costs tens of µs. Writes that overlap go
@@ -199,10 +199,13 @@ impl Writer {
         rx.await.map_err(|_| stopped())?
     }
 
-    /// Writes `job` if it is the only write under way and this thread can
-    /// take the writer at once; gives it back otherwise.
+    /// Writes `job` if it is a turn's cycle's decision (small, and bounded:
+    /// it folds nothing), the only write under way, and this thread can take
+    /// the writer at once; gives it back otherwise. Any other write may fold
+    /// the whole journal first, which is the writer's thread's to wait on,
+    /// not a worker's.
     fn write_here(&self, job: Box<dyn Job>) -> Option<Box<dyn Job>> {
-        if self.in_flight.load(Ordering::Acquire) > 1 {
+        if job.reads_tables() || self.in_flight.load(Ordering::Acquire) > 1 {
             return Some(job);
         }
         let Ok(core) = self.core.try_lock() else {
@@ -974,7 +977,7 @@ mod tests {
             .unwrap();
         let writer = std::sync::Arc::new(Writer::start(&path, Durability::Full).unwrap());
         let writers = Some("loopx-sqlite-writer".to_owned());
-        let alone = writer.write(ran_on).await.unwrap();
+        let alone = writer.write_cycle(ran_on).await.unwrap();
         assert!(alone.is_some());
         assert_ne!(alone, writers, "a lone write is written by its caller");
 
@@ -986,7 +989,7 @@ mod tests {
             let writer = writer.clone();
             async move {
                 writer
-                    .write(move |conn| {
+                    .write_cycle(move |conn| {
                         let _ = held.recv_timeout(Duration::from_secs(10));
                         ran_on(conn)
                     })
@@ -998,7 +1001,7 @@ mod tests {
         }
         let second = tokio::spawn({
             let writer = writer.clone();
-            async move { writer.write(ran_on).await }
+            async move { writer.write_cycle(ran_on).await }
         });
         while writer.in_flight.load(Ordering::Acquire) < 2 {
             tokio::task::yield_now().await;
@@ -1007,8 +1010,10 @@ mod tests {
         assert_ne!(first.await.unwrap().unwrap(), writers);
         assert_eq!(second.await.unwrap().unwrap(), writers);
 
-        // The writer's thread left it free: the next lone write is its caller's.
-        assert_ne!(writer.write(ran_on).await.unwrap(), writers);
+        // The writer's thread left it free: the next lone write is its
+        // caller's, unless it reads the tables (it may fold the journal).
+        assert_ne!(writer.write_cycle(ran_on).await.unwrap(), writers);
+        assert_eq!(writer.write(ran_on).await.unwrap(), writers);
     }
 
     #[test]
