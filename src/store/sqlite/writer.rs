@@ -1014,6 +1014,14 @@ mod tests {
         // caller's, unless it reads the tables (it may fold the journal).
         assert_ne!(writer.write_cycle(ran_on).await.unwrap(), writers);
         assert_eq!(writer.write(ran_on).await.unwrap(), writers);
+
+        // Another write under way with the writer free (as while its batch's
+        // sync runs on the flusher): a cycle write goes to the writer's
+        // thread, so that overlapping writes are committed together.
+        writer.in_flight.fetch_add(1, Ordering::AcqRel);
+        assert_eq!(writer.write_cycle(ran_on).await.unwrap(), writers);
+        writer.in_flight.fetch_sub(1, Ordering::AcqRel);
+        assert_ne!(writer.write_cycle(ran_on).await.unwrap(), writers);
     }
 
     #[test]
