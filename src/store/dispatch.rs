@@ -6,9 +6,9 @@
 //! rows a rule reads, in what order, and which session is locked before
 //! which row is read, is said here once.
 //!
-//! On SQLite every step runs at once on the thread holding the writer (its futures
-//! are never pending: [`at_once`] drives them); on PostgreSQL each is a
-//! round trip in the call's transaction.
+//! On SQLite every step runs at once on the thread holding the writer (its
+//! futures are never pending: [`at_once`] drives them); on PostgreSQL each
+//! is a round trip in the call's transaction.
 
 use std::future::Future;
 use std::task::{Context, Poll, Waker};

@@ -112,7 +112,7 @@ pub struct Writer {
     core: std::sync::Arc<std::sync::Mutex<Core>>,
     marks: std::sync::Arc<Marks>,
     /// Writes sent and not answered yet.
-    in_flight: std::sync::atomic::AtomicUsize,
+    under_way: std::sync::atomic::AtomicUsize,
 }
 
 impl Writer {
@@ -155,7 +155,7 @@ impl Writer {
             doorbell,
             core,
             marks,
-            in_flight: std::sync::atomic::AtomicUsize::new(0),
+            under_way: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -192,7 +192,7 @@ impl Writer {
     /// callers' threads serve other requests.
     async fn send<T>(&self, (job, rx): (Box<dyn Job>, oneshot::Receiver<Result<T>>)) -> Result<T> {
         let stopped = || Error::store("writing", "the writer has stopped");
-        let _sent = InFlight::count(&self.in_flight);
+        let _sent = UnderWay::count(&self.under_way);
         if let Some(job) = self.write_here(job) {
             self.queue(job).await.map_err(|_| stopped())?;
         }
@@ -205,7 +205,7 @@ impl Writer {
     /// the whole journal first, which is the writer's thread's to wait on,
     /// not a worker's.
     fn write_here(&self, job: Box<dyn Job>) -> Option<Box<dyn Job>> {
-        if job.reads_tables() || self.in_flight.load(Ordering::Acquire) > 1 {
+        if job.reads_tables() || self.under_way.load(Ordering::Acquire) > 1 {
             return Some(job);
         }
         let Ok(core) = self.core.try_lock() else {
@@ -274,16 +274,16 @@ fn wal_path(path: &Path) -> std::path::PathBuf {
 
 /// One write under way, counted until it is answered (or its caller
 /// gives up on it).
-struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+struct UnderWay<'a>(&'a std::sync::atomic::AtomicUsize);
 
-impl<'a> InFlight<'a> {
-    fn count(in_flight: &'a std::sync::atomic::AtomicUsize) -> Self {
-        in_flight.fetch_add(1, Ordering::AcqRel);
-        Self(in_flight)
+impl<'a> UnderWay<'a> {
+    fn count(under_way: &'a std::sync::atomic::AtomicUsize) -> Self {
+        under_way.fetch_add(1, Ordering::AcqRel);
+        Self(under_way)
     }
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for UnderWay<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
@@ -354,13 +354,12 @@ impl<'a> Holding<'a> {
 
     /// Whether the writer's thread has upkeep to do after a batch written on
     /// a caller's thread: a slice of the journal to fold, the WAL to check
-    /// (every [`CHECKPOINT_EVERY`] commits), jobs still queued, or records
-    /// to fold when writes pause while it waits untimed.
+    /// (every [`CHECKPOINT_EVERY`] commits), or records to fold when writes
+    /// pause while it waits untimed. (Jobs still queued rang for themselves.)
     fn wants_upkeep(&mut self) -> bool {
         let core = &mut *self.0;
         let wake = journal::due()
             || core.commits.is_multiple_of(CHECKPOINT_EVERY)
-            || !core.queue.is_empty()
             || (core.untimed && journal::pending() > 0);
         if wake {
             core.untimed = false;
@@ -408,9 +407,10 @@ fn run_writer(core: &std::sync::Mutex<Core>, doorbell: &std::sync::mpsc::Receive
             None
         }
     };
-    let mut pending = journal::pending();
+    // The journal starts replayed, with nothing to fold.
+    let mut untimed = true;
     loop {
-        let rung = if pending == 0 {
+        let rung = if untimed {
             doorbell
                 .recv()
                 .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected)
@@ -421,12 +421,15 @@ fn run_writer(core: &std::sync::Mutex<Core>, doorbell: &std::sync::mpsc::Receive
         };
         let Some(mut held) = hold() else { break };
         match rung {
-            Ok(()) => {
-                while held.round(None) {
-                    held.upkeep();
-                }
+            // Each batch is followed by the upkeep, which also runs alone
+            // when a caller rang for it.
+            Ok(()) => loop {
+                let ran = held.round(None);
                 held.upkeep();
-            }
+                if !ran || held.0.queue.is_empty() {
+                    break;
+                }
+            },
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 let _ = fold_behind(&held.0.conn, journal::Fold::Slice);
             }
@@ -440,8 +443,8 @@ fn run_writer(core: &std::sync::Mutex<Core>, doorbell: &std::sync::mpsc::Receive
                 break;
             }
         }
-        pending = journal::pending();
-        held.0.untimed = pending == 0;
+        untimed = journal::pending() == 0;
+        held.0.untimed = untimed;
     }
 }
 
@@ -996,14 +999,14 @@ mod tests {
                     .await
             }
         });
-        while writer.in_flight.load(Ordering::Acquire) < 1 {
+        while writer.under_way.load(Ordering::Acquire) < 1 {
             tokio::task::yield_now().await;
         }
         let second = tokio::spawn({
             let writer = writer.clone();
             async move { writer.write_cycle(ran_on).await }
         });
-        while writer.in_flight.load(Ordering::Acquire) < 2 {
+        while writer.under_way.load(Ordering::Acquire) < 2 {
             tokio::task::yield_now().await;
         }
         release.send(()).unwrap();
@@ -1018,9 +1021,9 @@ mod tests {
         // Another write under way with the writer free (as while its batch's
         // sync runs on the flusher): a cycle write goes to the writer's
         // thread, so that overlapping writes are committed together.
-        writer.in_flight.fetch_add(1, Ordering::AcqRel);
+        writer.under_way.fetch_add(1, Ordering::AcqRel);
         assert_eq!(writer.write_cycle(ran_on).await.unwrap(), writers);
-        writer.in_flight.fetch_sub(1, Ordering::AcqRel);
+        writer.under_way.fetch_sub(1, Ordering::AcqRel);
         assert_ne!(writer.write_cycle(ran_on).await.unwrap(), writers);
     }
 
