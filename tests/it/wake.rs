@@ -137,6 +137,15 @@ fn agent_command(broker: &TestBroker, prompts: &Path, goal: &str) -> String {
     )
 }
 
+/// `command` under `loopx run`.
+fn under_run(broker: &TestBroker, command: &str) -> String {
+    format!(
+        "{} run --broker-url {} -- {command}",
+        env!("CARGO_BIN_EXE_loopx"),
+        broker.url
+    )
+}
+
 /// The session the agent's first hook bound, once its agent waits.
 async fn session_of(broker: &TestBroker, goal: &str) -> String {
     let filter = ListSessions {
@@ -346,13 +355,10 @@ async fn loopx_run_types_into_its_agent_and_the_person_at_the_terminal_wins() {
         goal,
         _data,
     } = Scene::start().await;
-    let run = format!(
-        "{} run --broker-url {} -- {}",
-        env!("CARGO_BIN_EXE_loopx"),
-        broker.url,
-        agent_command(&broker, &prompts_file, &goal)
+    tmux.type_in(
+        &under_run(&broker, &agent_command(&broker, &prompts_file, &goal)),
+        true,
     );
-    tmux.type_in(&run, true);
     let session = session_of(&broker, &goal).await;
     assert_eq!(wakers(&tmux), 0, "loopx run types itself: no tmux waker");
 
@@ -586,13 +592,10 @@ async fn latency_of_typing_into_an_idle_agent() {
             _data,
         } = Scene::start().await;
         let agent = agent_command(&broker, &prompts_file, &goal);
-        let command = match via_run {
-            false => agent,
-            true => format!(
-                "{} run --broker-url {} -- {agent}",
-                env!("CARGO_BIN_EXE_loopx"),
-                broker.url
-            ),
+        let command = if via_run {
+            under_run(&broker, &agent)
+        } else {
+            agent
         };
         tmux.type_in(&command, true);
         let session = session_of(&broker, &goal).await;
@@ -609,4 +612,157 @@ async fn latency_of_typing_into_an_idle_agent() {
             "{way}: enqueue to typed and claimed over 20: p50 {p50} ms, p99 {p99} ms, all {latencies:?}"
         );
     }
+}
+
+/// The fake agent's process, found by its prompts file.
+fn agent_pid(prompts: &Path) -> i32 {
+    let mark = prompts.display().to_string();
+    let started = Instant::now();
+    loop {
+        let found = std::fs::read_dir("/proc").unwrap().find_map(|entry| {
+            let path = entry.ok()?.path();
+            let cmdline = String::from_utf8_lossy(&std::fs::read(path.join("cmdline")).ok()?)
+                .replace('\0', " ");
+            let program = cmdline.split(' ').next()?.rsplit('/').next()?;
+            (program.starts_with("python")
+                && cmdline.contains("fake_agent.py")
+                && cmdline.contains(&mark))
+            .then(|| path.file_name()?.to_str()?.parse().ok())?
+        });
+        if let Some(pid) = found {
+            return pid;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no agent process"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue 53 (1): an agent started as `bash -c "agent; exec bash -i"` (a
+/// tmux idiom; bash also runs the last command of a `-c` list in place) and
+/// killed leaves an interactive shell with the pid, start time, terminal and
+/// foreground group the agent's group had. A message sent then is never
+/// typed into that shell, in tmux or under `loopx run`: it stays queued.
+#[tokio::test]
+async fn a_shell_left_in_a_killed_agents_place_never_gets_a_message() {
+    for via_run in [false, true] {
+        let Scene {
+            broker,
+            tmux,
+            prompts_file,
+            goal,
+            _data,
+        } = Scene::start().await;
+        let agent = agent_command(&broker, &prompts_file, &goal);
+        let shell = "exec env PS1='after$ ' bash --norc --noprofile -i";
+        let inner = format!("bash -c \"{agent}; {shell}\"");
+        let command = if via_run {
+            under_run(&broker, &inner)
+        } else {
+            inner
+        };
+        tmux.type_in(&command, true);
+        let session = session_of(&broker, &goal).await;
+        // The agent works: a message is typed and answered.
+        let first = send(&broker, &session, "Before the crash.").await;
+        answered(&broker, &session, &[first]).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+
+        let pid = agent_pid(&prompts_file);
+        assert!(
+            Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status()
+                .unwrap()
+                .success()
+        );
+        tmux.wait_screen("after$").await;
+        let pwned = tmux.dir.path().join("pwned");
+        let text = format!("look at this\ntouch {}", pwned.display());
+        let after = send(&broker, &session, &text).await;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let way = if via_run { "loopx run" } else { "tmux" };
+        assert!(!pwned.exists(), "{way}: the message ran in the shell");
+        assert!(
+            !tmux.screen().contains("look at this"),
+            "{way}: {}",
+            tmux.screen()
+        );
+        let waiting = broker.client.turn(&session, &after).await.unwrap().body;
+        assert_eq!(
+            waiting.state,
+            TurnState::Queued,
+            "{way}: kept for the agent"
+        );
+    }
+}
+
+/// Issue 53 (2): a draft in the agent's prompt (sent with `send-keys`, as a
+/// script or a paste puts it there: no client's keys) is never merged with
+/// a message: the message waits, the person's prompt is theirs alone, and
+/// the message is delivered once, with its own text.
+#[tokio::test]
+async fn a_draft_in_the_prompt_is_never_merged_with_a_message() {
+    let Scene {
+        broker,
+        tmux,
+        prompts_file,
+        goal,
+        _data,
+    } = Scene::start().await;
+    tmux.type_in(&agent_command(&broker, &prompts_file, &goal), true);
+    let session = session_of(&broker, &goal).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    tmux.type_in("my half typed draft about the bug", false);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let message = send(&broker, &session, "deploy is green").await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let waiting = broker.client.turn(&session, &message).await.unwrap().body;
+    assert_eq!(waiting.state, TurnState::Queued, "{}", tmux.screen());
+    assert!(!tmux.screen().contains("[LoopX"), "{}", tmux.screen());
+    tmux.type_in("", true);
+    let turn = &answered(&broker, &session, std::slice::from_ref(&message)).await[0];
+    let answer = turn.response.as_ref().unwrap()["message"].as_str().unwrap();
+    assert!(answer.contains("deploy is green"), "{answer}");
+    let got = prompts(&prompts_file);
+    assert_eq!(got[0], "my half typed draft about the bug", "{got:#?}");
+    let count = got.iter().filter(|p| p.contains("deploy is green")).count();
+    assert_eq!(count, 1, "delivered once: {got:#?}");
+}
+
+/// Issue 53 (4): a marker typed at the terminal by hand (`[LoopX #1 web]
+/// anything`) takes no turn: it is the person's own prompt, and the queued
+/// message reaches the agent with its own text and is answered once.
+#[tokio::test]
+async fn a_forged_marker_typed_at_the_terminal_takes_no_turn() {
+    let Scene {
+        broker,
+        tmux,
+        prompts_file,
+        goal,
+        _data,
+    } = Scene::start().await;
+    tmux.type_in(
+        &under_run(&broker, &agent_command(&broker, &prompts_file, &goal)),
+        true,
+    );
+    let session = session_of(&broker, &goal).await;
+    // The person is typing (loopx run sees the keys): the message waits.
+    tmux.type_in("[LoopX #1 web] ", false);
+    let queued = send(&broker, &session, "The real message.").await;
+    tmux.type_in("anything", true);
+    let turn = &answered(&broker, &session, std::slice::from_ref(&queued)).await[0];
+    let answer = turn.response.as_ref().unwrap()["message"].as_str().unwrap();
+    assert!(answer.contains("The real message."), "{answer}");
+    let got = prompts(&prompts_file);
+    assert_eq!(got[0], "[LoopX #1 web] anything", "{got:#?}");
+    assert_eq!(
+        got.iter()
+            .filter(|p| p.contains("The real message."))
+            .count(),
+        1,
+        "{got:#?}"
+    );
 }

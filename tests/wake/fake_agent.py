@@ -11,7 +11,7 @@ Every prompt it got is appended to PROMPTS_FILE, one JSON string a line.
 
 Usage: python3 fake_agent.py LOOPX PROMPTS_FILE [HOOK FLAGS...]
 """
-import json, os, subprocess, sys, termios, tty, uuid
+import json, os, shlex, subprocess, sys, termios, tty, uuid
 
 loopx, prompts_file, flags = sys.argv[1], sys.argv[2], sys.argv[3:]
 session = str(uuid.uuid4())
@@ -20,8 +20,11 @@ transcript = prompts_file + ".transcript"
 def hook(event, name, **fields):
     doc = {"session_id": session, "cwd": os.getcwd(), "hook_event_name": name,
            "transcript_path": transcript, "permission_mode": "default", **fields}
-    out = subprocess.run([loopx, "hook", event, "--agent", "claude-code", *flags],
-                         input=json.dumps(doc), capture_output=True, text=True)
+    # As Claude Code runs a hook: `/bin/sh -c`, in a session of its own with
+    # no terminal.
+    command = " ".join(shlex.quote(a) for a in [loopx, "hook", event, "--agent", "claude-code", *flags])
+    out = subprocess.run(["/bin/sh", "-c", command], input=json.dumps(doc),
+                         capture_output=True, text=True, start_new_session=True)
     return out.stdout.strip()
 
 def read_prompt():
@@ -43,11 +46,13 @@ def read_prompt():
         if c in "\r\n" and not pasting:
             return text
         text += "\n" if c in "\r\n" else c
+        # Echoed as Claude Code draws its prompt: what is typed shows in it.
+        sys.stdout.write("\r\n  " if c in "\r\n" else c); sys.stdout.flush()
 
 hook("session-start", "SessionStart", source="startup")
 old = termios.tcgetattr(0)
 tty.setraw(0)
-sys.stdout.write("\x1b[?2004h> "); sys.stdout.flush()
+sys.stdout.write("\x1b[?2004h\u276f\u00a0"); sys.stdout.flush()
 try:
     while True:
         prompt = read_prompt()
@@ -74,7 +79,7 @@ try:
             sys.stdout.write("\r\n" + answer.replace("\n", "\r\n") + "\r\n"); sys.stdout.flush()
             out = hook("stop", "Stop", stop_hook_active=False, last_assistant_message=answer)
             prompt = json.loads(out)["reason"] if out else None
-        sys.stdout.write("> "); sys.stdout.flush()
+        sys.stdout.write("\u276f\u00a0"); sys.stdout.flush()
 finally:
     sys.stdout.write("\x1b[?2004l\r\n"); sys.stdout.flush()
     termios.tcsetattr(0, termios.TCSADRAIN, old)

@@ -346,16 +346,19 @@ impl Hook {
             );
         }
         let session_id = self.host.session_id().await?;
+        // The agent process itself (never a shell): typing goes only there.
+        let agent = procfs::agent_of(std::process::id() as i32);
         run::tell(&run::Told {
             session_id: session_id.clone(),
             host_surface: self.host_surface.clone(),
             host_session_id: self.host_session_id.clone(),
+            agent: agent.clone(),
         })?;
         let host = HostIdentity {
             host_surface: self.host_surface.clone(),
             host_session_id: self.host_session_id.clone(),
         };
-        tmux::ensure(&session_id, &host, &self.connection)
+        tmux::ensure(&session_id, &host, agent.as_ref(), &self.connection)
     }
 
     /// Reports the agent's presence.

@@ -106,7 +106,7 @@ fn answered(hook: &Hook, state: AgentState) -> ReportAgentState {
 /// answers with the agent's last message.
 pub async fn prompt_submitted(hook: &Hook) -> Result<Option<String>, Failure> {
     let prompt = hook.field("prompt").unwrap_or_default();
-    let report = match crate::cli::wake::text::typed_seq(prompt) {
+    let report = match typed_by_waker(hook, prompt).await? {
         Some(seq) => {
             take_typed(hook, seq).await?;
             hook.report_of(AgentState::Working)
@@ -122,6 +122,25 @@ pub async fn prompt_submitted(hook: &Hook) -> Result<Option<String>, Failure> {
     };
     hook.send_report(report).await?;
     Ok(None)
+}
+
+/// The turn a waker typed `prompt` for: its marker names it and the
+/// waker's record says that is what it typed, whole. A marker typed at the
+/// terminal by hand is the person's own prompt.
+async fn typed_by_waker(hook: &Hook, prompt: &str) -> Result<Option<i64>, Failure> {
+    use crate::cli::wake::{records_dir, text};
+    let Some(seq) = text::typed_seq(prompt) else {
+        return Ok(None);
+    };
+    let session_id = hook.host.session_id().await?;
+    let dir = records_dir(&hook.connection.data_dir());
+    match text::Record::read(&dir, &session_id) {
+        Some(record) if record.delivers(prompt) => {
+            text::Record::forget(&dir, &session_id);
+            Ok(Some(seq))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// Claims the typed turn: the oldest queued, which is the one typed; any

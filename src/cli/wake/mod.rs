@@ -24,14 +24,15 @@ use crate::model::{
 
 pub mod procfs;
 pub mod run;
+pub mod screen;
 pub mod text;
 pub mod tmux;
 
 /// How long the agent must have been idle before a message is typed: its
 /// Stop hook reports `waiting` just before the agent draws its prompt.
 const SETTLE: Duration = Duration::from_millis(400);
-/// Between the pasted text and its Enter: an Enter sent at once can land as
-/// a newline in the prompt instead of submitting it.
+/// Between the pasted text and its Enter under `loopx run`: an Enter sent
+/// at once can land as a newline in the prompt instead of submitting it.
 pub const ENTER_AFTER: Duration = Duration::from_millis(150);
 /// How long the `UserPromptSubmit` hook has to confirm a submission.
 const CONFIRM_WITHIN: Duration = Duration::from_secs(4);
@@ -53,6 +54,8 @@ pub enum Hold {
     PersonTyping,
     /// The pane shows something else than the program (tmux copy mode).
     PaneInMode,
+    /// The agent's prompt holds text (a draft), or no prompt can be seen.
+    PromptHoldsText,
 }
 
 /// The agent or its terminal is gone: the waker ends.
@@ -63,8 +66,7 @@ pub struct Gone(pub String);
 #[allow(async_fn_in_trait)]
 pub trait Terminal {
     /// Whether typing may go ahead now; checked before every message.
-    /// `idle_since` is when the agent went idle (seconds since the epoch).
-    async fn hold(&mut self, idle_since: i64) -> Result<Option<Hold>, Gone>;
+    async fn hold(&mut self) -> Result<Option<Hold>, Gone>;
     /// Whether the agent is still there (cheap; checked on every tick).
     fn gone(&mut self) -> Option<Gone>;
     /// Types `text` and submits it: pasted as one prompt, then Enter.
@@ -86,6 +88,16 @@ pub enum Ended {
 pub struct HostIdentity {
     pub host_surface: String,
     pub host_session_id: String,
+}
+
+/// Where the hooks and the waker of this terminal keep the record of what
+/// was typed: `loopx run`'s private folder for an agent under it, else the
+/// data dir's `wakers` folder (the tmux waker gets the hooks' data dir).
+pub fn records_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
+    match std::env::var_os(run::RUN_DIR) {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => data_dir.join("wakers"),
+    }
 }
 
 /// One session's waker.
@@ -111,10 +123,19 @@ pub struct Waker<T> {
     said: Option<Instant>,
     /// Where a typed turn's files are saved (none: they are only named).
     saves: Option<std::path::PathBuf>,
+    /// Where the record of what was typed is left for the agent's hooks
+    /// ([`text::Record`]).
+    records: std::path::PathBuf,
 }
 
 impl<T: Terminal> Waker<T> {
-    pub fn new(client: Client, session_id: String, host: HostIdentity, terminal: T) -> Self {
+    pub fn new(
+        client: Client,
+        session_id: String,
+        host: HostIdentity,
+        terminal: T,
+        records: std::path::PathBuf,
+    ) -> Self {
         Waker {
             calls: client.clone().with_timeout(Duration::from_secs(5)),
             client,
@@ -129,6 +150,7 @@ impl<T: Terminal> Waker<T> {
             typed: HashSet::new(),
             said: None,
             saves: None,
+            records,
         }
     }
 
@@ -260,13 +282,12 @@ impl<T: Terminal> Waker<T> {
         if crate::time::now_ms() - idle_since < SETTLE.as_millis() as i64 {
             return Ok(());
         }
-        if self.terminal.hold(idle_since / 1000).await?.is_some() {
+        if self.terminal.hold().await?.is_some() {
             return Ok(());
         }
         let Ok(turn) = self.calls.turn(&self.session_id, &turn_id).await else {
             return Ok(());
         };
-        self.typed.insert(turn_id.clone());
         let files = match &self.saves {
             Some(root) => {
                 crate::cli::attachments::save(
@@ -282,6 +303,17 @@ impl<T: Terminal> Waker<T> {
         };
         let message = crate::cli::attachments::with_files(&turn.body.text, &files);
         let typed = text::typed(seq, turn.body.origin, &message);
+        // Reading the turn and saving its files took time: the terminal is
+        // looked at again right before typing. The record goes first: the
+        // hook that sees the typed prompt takes the turn only by it.
+        if self.terminal.hold().await?.is_some()
+            || text::Record::of(seq, &turn_id, &typed)
+                .keep(&self.records, &self.session_id)
+                .is_err()
+        {
+            return Ok(());
+        }
+        self.typed.insert(turn_id.clone());
         if self.terminal.submit(&typed).await.is_err() || !self.confirmed(seq).await {
             // Enter may have landed as a newline: once more, never the text.
             let _ = self.terminal.enter().await;

@@ -4,7 +4,10 @@
 //! or a program the agent runs in the foreground (an editor), must never
 //! get a message as its input.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 /// A process's identity and terminal, from `/proc/<pid>/stat`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,19 +45,81 @@ fn parse(text: &str) -> Option<Process> {
     })
 }
 
-/// The agent a hook runs for: the nearest ancestor of `pid` that leads the
-/// foreground process group of a terminal (the agent started at a shell
-/// prompt, as a pane's program, or by `loopx run`). The shells the agents
-/// run hooks through lead no foreground group.
-pub fn agent_of(pid: i32) -> Option<Process> {
+/// The very agent process whose hooks bound a session: its numbers and what
+/// it runs. A shell that `exec`s in its place keeps the pid, the start time
+/// and the terminal (`claude; exec bash -i`, or bash running the last
+/// command of a `-c` list in place), so the program and its command line
+/// are checked as well, every time: a message never reaches a shell.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Agent {
+    pub pid: i32,
+    pub start: u64,
+    /// The controlling terminal's device number.
+    pub tty: u64,
+    /// The program it runs (`/proc/<pid>/exe`).
+    pub exe: PathBuf,
+    /// A digest of its command line (`/proc/<pid>/cmdline`).
+    pub argv: String,
+}
+
+/// Shells, by the name of their program: never an agent. A hook runs
+/// through one (`/bin/sh -c`, `$SHELL -lc`), and a pane or `loopx run` may
+/// hold one that started the agent and takes the terminal back after it.
+const SHELLS: &[&str] = &[
+    "sh", "bash", "dash", "zsh", "fish", "ksh", "ksh93", "mksh", "pdksh", "oksh", "ash", "busybox",
+    "yash", "posh", "tcsh", "csh", "nu", "elvish", "xonsh", "pwsh", "rbash",
+];
+
+/// Whether `exe` is a shell's program (`bash`, `/usr/bin/zsh-5.9`, …).
+pub fn is_shell(exe: &Path) -> bool {
+    let name = exe
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = name.trim_end_matches(" (deleted)");
+    SHELLS.iter().any(|shell| {
+        name == *shell
+            || name.strip_prefix(shell).is_some_and(|rest| {
+                rest.starts_with(['-', '.']) || rest.chars().all(|c| c.is_ascii_digit())
+            })
+    })
+}
+
+/// What `pid` runs now: its identity, or `None` when it is gone or cannot
+/// be read (then nothing is typed).
+pub fn identify(pid: i32) -> Option<Agent> {
+    let process = stat(pid)?;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let argv = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    // Read again: the numbers and the program belong to one process.
+    (stat(pid)?.start == process.start).then(|| Agent {
+        pid,
+        start: process.start,
+        tty: process.tty,
+        exe,
+        argv: hex::encode(&Sha256::digest(&argv)[..12]),
+    })
+}
+
+/// The agent a hook runs for: the nearest ancestor of `pid` that has a
+/// terminal and is no shell. The agents run their hooks in a session of
+/// their own, with no terminal, through a shell (Claude Code `/bin/sh -c`,
+/// Codex `$SHELL -lc` with the command exec'd); the agent is the process
+/// that started that shell, whether or not it leads its process group (a
+/// pane's `bash -c "claude; bash"` does not give it a group of its own).
+pub fn agent_of(pid: i32) -> Option<Agent> {
     let mut process = stat(pid)?;
     for _ in 0..32 {
-        process = stat(process.ppid)?;
-        if process.tty != 0 && process.pid == process.pgid && process.pgid == process.tpgid {
-            return Some(process);
-        }
         if process.ppid <= 1 {
             return None;
+        }
+        process = stat(process.ppid)?;
+        if process.tty == 0 {
+            continue;
+        }
+        let agent = identify(process.pid)?;
+        if !is_shell(&agent.exe) {
+            return Some(agent);
         }
     }
     None
@@ -94,14 +159,57 @@ pub enum Now {
     Gone,
 }
 
-/// Checks the agent again (every time before typing, not once).
-pub fn now(agent: &Process) -> Now {
-    match stat(agent.pid) {
-        Some(p) if p.start != agent.start || p.tty != agent.tty => Now::Gone,
-        Some(p) if p.tpgid == agent.pgid => Now::Foreground,
-        Some(_) => Now::Background,
-        None => Now::Gone,
+/// Checks the agent again (every time before typing, not once): the same
+/// process running the same program with the same command line.
+pub fn now(agent: &Agent) -> Now {
+    match (stat(agent.pid), identify(agent.pid)) {
+        (Some(p), Some(seen)) if &seen == agent => {
+            if p.tpgid == p.pgid {
+                Now::Foreground
+            } else {
+                Now::Background
+            }
+        }
+        _ => Now::Gone,
     }
+}
+
+/// Whether typing into the agent's terminal now reaches the agent and only
+/// it: the agent is there ([`now`]) and in the terminal's foreground group,
+/// and no other process of that group reads the terminal (an editor or a
+/// pager the agent started, a shell it left behind). The agent's own
+/// ancestors (the shell that started it, waiting for it) do not read.
+pub fn typing_reaches(agent: &Agent) -> Now {
+    match now(agent) {
+        Now::Foreground if other_reader(agent).is_none() => Now::Foreground,
+        Now::Foreground => Now::Background,
+        other => other,
+    }
+}
+
+/// A process of the agent's foreground group, other than the agent and its
+/// ancestors, whose standard input is the agent's terminal.
+fn other_reader(agent: &Agent) -> Option<i32> {
+    let group = stat(agent.pid)?.tpgid;
+    let mut ancestors = vec![agent.pid];
+    let mut at = stat(agent.pid)?;
+    while at.ppid > 1 && ancestors.len() < 64 {
+        ancestors.push(at.ppid);
+        at = stat(at.ppid)?;
+    }
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| !ancestors.contains(pid))
+        .filter_map(stat)
+        .filter(|p| p.pgid == group && p.tty == agent.tty)
+        .find(|p| {
+            std::fs::read_link(format!("/proc/{}/fd/0", p.pid))
+                .ok()
+                .and_then(|path| tty_of(&path))
+                == Some(agent.tty)
+        })
+        .map(|p| p.pid)
 }
 
 /// The device number of a terminal's path (`/dev/pts/3`), as `stat` gives a
@@ -134,19 +242,70 @@ mod tests {
 
     #[test]
     fn this_process_is_found_and_checked() {
-        let me = stat(std::process::id() as i32).unwrap();
+        let me = identify(std::process::id() as i32).unwrap();
+        let seen = stat(me.pid).unwrap();
         assert_eq!(
             now(&me),
-            if me.tpgid == me.pgid {
+            if seen.tpgid == seen.pgid {
                 Now::Foreground
             } else {
                 Now::Background
             }
         );
-        let gone = Process {
+        let restarted = Agent {
             start: me.start + 1,
-            ..me
+            ..me.clone()
         };
-        assert_eq!(now(&gone), Now::Gone);
+        assert_eq!(now(&restarted), Now::Gone);
+    }
+
+    #[test]
+    fn a_program_execd_in_the_agents_place_is_not_the_agent() {
+        use std::io::Write;
+        // The same pid and start time, another program: what a pane's
+        // `claude; exec bash -i` leaves after the agent.
+        let mut child = std::process::Command::new("/bin/sh")
+            .args(["-c", "read line; exec sleep 5"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let before = identify(pid).unwrap();
+        assert_ne!(now(&before), Now::Gone);
+        child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let started = std::time::Instant::now();
+        while identify(pid).is_some_and(|seen| seen == before) {
+            assert!(started.elapsed().as_secs() < 5, "sh never exec'd sleep");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let after = identify(pid).unwrap();
+        assert_eq!((after.pid, after.start), (before.pid, before.start));
+        assert_eq!(now(&before), Now::Gone);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    #[test]
+    fn shells_are_known_by_their_program() {
+        for shell in [
+            "/bin/sh",
+            "/usr/bin/bash",
+            "/bin/dash",
+            "/usr/bin/zsh-5.9",
+            "/usr/bin/fish",
+            "/bin/bash (deleted)",
+        ] {
+            assert!(is_shell(Path::new(shell)), "{shell}");
+        }
+        for agent in [
+            "/usr/bin/node",
+            "/opt/claude/claude",
+            "/usr/local/bin/codex",
+            "/usr/bin/shellcheck",
+            "/usr/bin/bashful",
+        ] {
+            assert!(!is_shell(Path::new(agent)), "{agent}");
+        }
     }
 }

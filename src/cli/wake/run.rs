@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Mutex;
 
+use super::procfs::{self, Agent, Now};
 use super::{ENTER_AFTER, Gone, Hold, HostIdentity, Terminal, Waker};
 use crate::cli::common::{Connection, local_error};
 
@@ -51,6 +52,9 @@ pub struct Told {
     pub session_id: String,
     pub host_surface: String,
     pub host_session_id: String,
+    /// The agent process whose hooks tell it (none found: nothing is typed).
+    #[serde(default)]
+    pub agent: Option<Agent>,
 }
 
 /// Called by every hook: under `loopx run`, leaves the session there (a
@@ -167,7 +171,9 @@ struct Pty {
     writer: Arc<Mutex<pty_process::OwnedWritePty>>,
     /// A second handle on the pty, to ask for its foreground process group.
     master: Arc<OwnedFd>,
-    child: i32,
+    /// The agent the hooks named: the command loopx started, or a program
+    /// it started (`bash -c "claude; exec bash -i"`), never a shell.
+    agent: Option<Agent>,
     keys: Arc<Keys>,
     /// Whether the agent asked for bracketed paste (`ESC [ ? 2004 h`).
     bracketed: Arc<AtomicBool>,
@@ -175,23 +181,34 @@ struct Pty {
 }
 
 impl Terminal for Pty {
-    async fn hold(&mut self, _idle_since: i64) -> Result<Option<Hold>, Gone> {
+    async fn hold(&mut self) -> Result<Option<Hold>, Gone> {
         if let Some(gone) = self.gone() {
             return Err(gone);
         }
+        let Some(agent) = &self.agent else {
+            return Ok(Some(Hold::NotForeground));
+        };
+        match procfs::typing_reaches(agent) {
+            Now::Gone => return Err(Gone("the agent exited".into())),
+            Now::Background => return Ok(Some(Hold::NotForeground)),
+            Now::Foreground => {}
+        }
+        // The agent's group is the foreground of this very pty.
         let foreground = rustix::termios::tcgetpgrp(self.master.as_fd())
             .ok()
             .map(|pid| pid.as_raw_nonzero().get());
-        if foreground != Some(self.child) {
+        if foreground.is_none() || foreground != procfs::stat(agent.pid).map(|p| p.pgid) {
             return Ok(Some(Hold::NotForeground));
         }
         Ok(self.keys.typing().then_some(Hold::PersonTyping))
     }
 
     fn gone(&mut self) -> Option<Gone> {
-        self.exited
-            .load(Ordering::Relaxed)
-            .then(|| Gone("the agent exited".into()))
+        let agent_gone = self
+            .agent
+            .as_ref()
+            .is_some_and(|agent| procfs::now(agent) == Now::Gone);
+        (agent_gone || self.exited.load(Ordering::Relaxed)).then(|| Gone("the agent exited".into()))
     }
 
     async fn submit(&mut self, text: &str) -> std::io::Result<()> {
@@ -332,7 +349,7 @@ async fn pass_through(
     let terminal = Pty {
         writer,
         master: Arc::new(master),
-        child: child.id().unwrap_or_default() as i32,
+        agent: None,
         keys,
         bracketed,
         exited: exited.clone(),
@@ -426,16 +443,24 @@ async fn wake_when_told(
             host_surface: told.host_surface.clone(),
             host_session_id: told.host_session_id.clone(),
         };
+        let terminal = Pty {
+            agent: told.agent.clone(),
+            ..terminal.clone()
+        };
+        let exited = terminal.exited.clone();
         let waker = Waker::new(
             client.clone(),
             told.session_id.clone(),
             host,
-            terminal.clone(),
+            terminal,
+            dir.clone(),
         )
         .saving_files_in(saves.clone());
         tokio::select! {
             ended = waker.run() => {
-                if matches!(ended, super::Ended::Gone(_)) {
+                // The agent gone, its command may start another (whose
+                // hooks tell its session): the pty's own end ends typing.
+                if matches!(ended, super::Ended::Gone(_)) && exited.load(Ordering::Relaxed) {
                     return;
                 }
                 until_changed(&path, &told).await;

@@ -5,11 +5,12 @@
 //! agent is idle, and ends with the agent (its process gone, the pane
 //! closed, `session-end`, the session closed).
 //!
-//! The person at the terminal wins: tmux's `client_activity` (the time of
-//! the last key or mouse event of a client attached to the pane's session)
-//! later than the moment the agent went idle means they may have unsent text
-//! in the prompt, and nothing is typed until the agent's next turn ends;
-//! activity in the last 2 s holds typing as well.
+//! The person at the terminal wins: nothing is typed while the agent's
+//! prompt holds text, however it got there (read off the pane: [`screen`]),
+//! nor while a client looking at the agent's pane had a key or mouse event
+//! in the last 2 s (tmux's `client_activity`; keys in other windows are not
+//! the agent's). Typing goes only into the agent process whose hooks bound
+//! the session ([`procfs::Agent`]), checked before every message.
 
 use std::io::Write;
 use std::os::unix::process::CommandExt;
@@ -20,8 +21,9 @@ use std::time::Duration;
 use clap::Args;
 use sha2::{Digest, Sha256};
 
-use super::procfs::{self, Now, Process};
-use super::{ENTER_AFTER, Gone, Hold, HostIdentity, Terminal, Waker};
+use super::procfs::{self, Agent, Now};
+use super::screen::{self, Prompt};
+use super::{Gone, Hold, HostIdentity, Terminal, Waker};
 use crate::cli::common::Connection;
 
 /// Key activity this recent holds typing (seconds).
@@ -38,11 +40,16 @@ pub struct WakerArgs {
     /// The agent's pane (`TMUX_PANE`, e.g. `%3`).
     #[arg(long)]
     pub pane: String,
-    /// The agent process and its start time (`/proc/<pid>/stat`).
+    /// The agent process whose hooks bound the session (its pid, its start
+    /// time, its program and a digest of its command line: `procfs::Agent`).
     #[arg(long)]
     pub agent_pid: i32,
     #[arg(long)]
     pub agent_start: u64,
+    #[arg(long)]
+    pub agent_exe: PathBuf,
+    #[arg(long)]
+    pub agent_argv: String,
     /// The LoopX session the agent's hooks attach to.
     #[arg(long)]
     pub session_id: String,
@@ -54,7 +61,7 @@ pub struct WakerArgs {
 pub struct Pane {
     socket: PathBuf,
     pane: String,
-    agent: Process,
+    agent: Agent,
 }
 
 impl Pane {
@@ -96,8 +103,8 @@ impl Pane {
 }
 
 impl Terminal for Pane {
-    async fn hold(&mut self, idle_since: i64) -> Result<Option<Hold>, Gone> {
-        match procfs::now(&self.agent) {
+    async fn hold(&mut self) -> Result<Option<Hold>, Gone> {
+        match procfs::typing_reaches(&self.agent) {
             Now::Gone => return Err(Gone("the agent exited".into())),
             Now::Background => return Ok(Some(Hold::NotForeground)),
             Now::Foreground => {}
@@ -114,21 +121,33 @@ impl Terminal for Pane {
         if in_mode != Some("0") {
             return Ok(Some(Hold::PaneInMode));
         }
+        // A draft in the prompt, however it got there (keys typed before
+        // the agent went idle, `send-keys`, a paste): never merged with.
+        let shown = self
+            .ask(&["capture-pane", "-p", "-e", "-t", &self.pane])
+            .ok_or_else(|| Gone("the pane closed".into()))?;
+        if screen::prompt(&shown) == Prompt::NotEmpty {
+            return Ok(Some(Hold::PromptHoldsText));
+        }
+        // Keys of a client looking at the agent's pane, moments ago: the
+        // person is at it. Keys in another window or pane are not theirs.
         let activity = self
             .ask(&[
                 "list-clients",
                 "-t",
                 session.unwrap_or_default(),
                 "-F",
-                "#{client_activity}",
+                "#{client_activity}\t#{pane_id}",
             ])
             .unwrap_or_default()
             .lines()
-            .filter_map(|line| line.parse::<i64>().ok())
+            .filter_map(|line| line.split_once('\t'))
+            .filter(|(_, pane)| *pane == self.pane)
+            .filter_map(|(at, _)| at.parse::<i64>().ok())
             .max();
         let now = chrono::Utc::now().timestamp();
         match activity {
-            Some(at) if at > idle_since || now - at < RECENT_KEYS => Ok(Some(Hold::PersonTyping)),
+            Some(at) if now - at < RECENT_KEYS => Ok(Some(Hold::PersonTyping)),
             _ => Ok(None),
         }
     }
@@ -138,16 +157,39 @@ impl Terminal for Pane {
     }
 
     async fn submit(&mut self, text: &str) -> std::io::Result<()> {
-        // A buffer of its own, pasted bracketed (-p) when the agent asked
-        // for it, and deleted after (-d).
+        // Checked once more at the last moment: the agent, nothing else.
+        if procfs::typing_reaches(&self.agent) != Now::Foreground {
+            return Err(std::io::Error::other("the agent is not in the foreground"));
+        }
+        // One tmux command list, run by the server as a whole: a waker
+        // killed meanwhile leaves the text either unsent and out of the
+        // prompt, or submitted, never half typed. A buffer of its own,
+        // pasted bracketed (-p) when the agent asked for it, deleted after
+        // (-d), then Enter (both agents submit a bracketed paste and the
+        // Enter that follows it at once).
         let buffer = format!("loopx-{}", std::process::id());
-        self.run(&["load-buffer", "-b", &buffer, "-"], Some(text))?;
         self.run(
-            &["paste-buffer", "-p", "-d", "-b", &buffer, "-t", &self.pane],
-            None,
-        )?;
-        tokio::time::sleep(ENTER_AFTER).await;
-        self.enter().await
+            &[
+                "load-buffer",
+                "-b",
+                &buffer,
+                "-",
+                ";",
+                "paste-buffer",
+                "-p",
+                "-d",
+                "-b",
+                &buffer,
+                "-t",
+                &self.pane,
+                ";",
+                "send-keys",
+                "-t",
+                &self.pane,
+                "Enter",
+            ],
+            Some(text),
+        )
     }
 
     async fn enter(&mut self) -> std::io::Result<()> {
@@ -193,6 +235,7 @@ fn take_lock(path: &Path) -> Option<std::fs::File> {
 pub fn ensure(
     session_id: &str,
     host: &HostIdentity,
+    agent: Option<&Agent>,
     connection: &Connection,
 ) -> Result<(), String> {
     let (Ok(tmux), Ok(pane)) = (std::env::var("TMUX"), std::env::var("TMUX_PANE")) else {
@@ -221,8 +264,8 @@ pub fn ensure(
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         }
     }
-    let agent = procfs::agent_of(std::process::id() as i32)
-        .ok_or("no agent process leads the foreground of a terminal: not typing into the pane")?;
+    let agent =
+        agent.ok_or("no agent process with a terminal runs this hook: not typing into the pane")?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
     let mut command = Command::new(exe);
     command
@@ -238,6 +281,9 @@ pub fn ensure(
         .arg(&socket)
         .args(["--agent-pid", &agent.pid.to_string()])
         .args(["--agent-start", &agent.start.to_string()])
+        .arg("--agent-exe")
+        .arg(&agent.exe)
+        .args(["--agent-argv", &agent.argv])
         .args(["--broker-url", &connection.broker_url])
         .arg("--data-dir")
         .arg(&data_dir)
@@ -266,7 +312,11 @@ pub fn run_waker(args: WakerArgs) -> std::process::ExitCode {
     };
     let _ = file.set_len(0);
     let _ = writeln!(file, "{} {}", std::process::id(), args.session_id);
-    let Some(agent) = procfs::stat(args.agent_pid).filter(|p| p.start == args.agent_start) else {
+    // The agent as the hook saw it, still the same process running the
+    // same program: else it is gone, and nothing is typed.
+    let Some(agent) = procfs::identify(args.agent_pid).filter(|seen| {
+        (seen.start, &seen.exe, &seen.argv) == (args.agent_start, &args.agent_exe, &args.agent_argv)
+    }) else {
         return std::process::ExitCode::SUCCESS;
     };
     let (Ok(host_surface), Ok(host_session_id)) = (
@@ -295,7 +345,7 @@ pub fn run_waker(args: WakerArgs) -> std::process::ExitCode {
     };
     let saves = crate::cli::attachments::default_root(&args.connection.data_dir());
     runtime.block_on(
-        Waker::new(client, args.session_id, host, pane)
+        Waker::new(client, args.session_id, host, pane, data_dir.join("wakers"))
             .saving_files_in(saves)
             .run(),
     );
