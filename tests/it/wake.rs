@@ -766,3 +766,60 @@ async fn a_forged_marker_typed_at_the_terminal_takes_no_turn() {
         "{got:#?}"
     );
 }
+
+/// Issue 53 (3): a person typing in another window of the agent's tmux
+/// session (their client's keys keep its `client_activity` fresh) does not
+/// hold a message for the agent's pane: it is typed and answered while
+/// they type.
+#[tokio::test]
+async fn keys_in_another_window_do_not_hold_a_message() {
+    use std::io::Write;
+    let Scene {
+        broker,
+        tmux,
+        prompts_file,
+        goal,
+        _data,
+    } = Scene::start().await;
+    tmux.type_in(&agent_command(&broker, &prompts_file, &goal), true);
+    let session = session_of(&broker, &goal).await;
+    // A person's client, attached through a terminal of its own, looking
+    // at a second window.
+    let attach = format!("tmux -S {} attach", tmux.socket.display());
+    let mut client = Command::new("script")
+        .args(["-qfec", &attach, "/dev/null"])
+        .env("TERM", "xterm")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("script (util-linux) is installed");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tmux.tmux(&["new-window"]);
+    let mut keys = client.stdin.take().unwrap();
+    let typing = std::thread::spawn(move || {
+        for _ in 0..40 {
+            if keys.write_all(b"x").and_then(|()| keys.flush()).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let id = send(&broker, &session, "Sent while someone types elsewhere.").await;
+    let started = Instant::now();
+    loop {
+        let turn = broker.client.turn(&session, &id).await.unwrap().body;
+        if turn.state == TurnState::Completed {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "held by keys in another window: {:?}",
+            turn.state
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = client.kill();
+    let _ = typing.join();
+    let _ = client.wait();
+}

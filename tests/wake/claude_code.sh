@@ -19,6 +19,11 @@
 #  6. `loopx run -- claude` (no tmux waker: TMUX unset in it) inside a pane:
 #     a message reaches the idle agent; claude's exit ends loopx run
 #  7. a claude just started in tmux, nothing typed into it yet, is woken too
+#  8. (issue 53) a pane's `bash -c "claude; exec bash -i"`, claude killed
+#     with SIGKILL: the shell left in its place never gets a message, in tmux
+#     and under `loopx run`
+#  9. (issue 53) a draft left in claude's prompt (typed while it worked) is
+#     never merged with a message; the message is delivered once, on its own
 # Latency from send to typed (the stub's request) and the broker's
 # enqueued -> claimed -> completed are printed.
 #
@@ -38,7 +43,8 @@ claude="$work/node_modules/.bin/claude"
 "$claude" --version
 
 export LOOPX_TOKEN=wake-test-token HOME="$work/home"
-mkdir -p "$HOME" "$work/project" "$work/project-run" "$work/project-fresh"
+mkdir -p "$HOME" "$work/project" "$work/project-run" "$work/project-fresh" \
+  "$work/project-exec-tmux" "$work/project-exec-run" "$work/project-draft"
 start_broker "$loopx" --data-dir "$work/data"
 model_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export STUB_LOG="$work/model-requests.jsonl"
@@ -65,7 +71,8 @@ key=sk-stub-wake-0123456789abcdefghij
 export ANTHROPIC_BASE_URL="http://127.0.0.1:$model_port" ANTHROPIC_API_KEY=$key \
   DISABLE_TELEMETRY=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 TERM=xterm-256color SHELL=/bin/bash
 unset TMUX TMUX_PANE
-tui_claude_home "$key" "$work/project" "$work/project-run" "$work/project-fresh"
+tui_claude_home "$key" "$work/project" "$work/project-run" "$work/project-fresh" \
+  "$work/project-exec-tmux" "$work/project-exec-run" "$work/project-draft"
 tui_start
 
 # 0. The harness: claude at its prompt, the hooks bind the session, a prompt
@@ -86,7 +93,7 @@ state=$(api "/v1/sessions/$session" | python3 -c 'import json, sys; print(json.l
 [ "$state" = waiting ] || { echo "the agent is $state after its turn, not waiting" >&2; exit 1; }
 echo "harness: claude at its prompt in $pane, session $session bound by its hooks, a typed prompt answered"
 if [ -n "${WAKE_HARNESS_ONLY:-}" ]; then exit 0; fi
-on() { [[ " ${WAKE_CASES:-1 2 3 4 5 6 7} " == *" $1 "* ]]; }
+on() { [[ " ${WAKE_CASES:-1 2 3 4 5 6 7 8 9} " == *" $1 "* ]]; }
 
 # 1. Idle for 5 s, then one Web message.
 if on 1; then
@@ -250,6 +257,76 @@ seq7=$(send "$session_fresh" "$text7")
 answer=$(answers "$session_fresh" 60 "$seq7")
 expect_answer "$answer" "$seq7" "$text7"
 echo "7. a claude just started was woken: #$seq7 answered: $answer"
+fi
+
+# 8. `bash -c "claude; exec bash -i"` (bash keeps its pid for the shell),
+# claude killed with SIGKILL (no SessionEnd): the shell left in its place
+# gets nothing, in tmux and under loopx run.
+if on 8; then
+for way in tmux run; do
+  dir="$work/project-exec-$way"
+  "$loopx" hook install --agent claude-code --project-dir "$dir" --goal-id "g-wake-exec-$way" \
+    --agent-id agent-wake --executor-endpoint-id exec-ci --broker-url "$BROKER_URL" >/dev/null
+  pane=$(tui_window "exec-$way" "$dir")
+  tui_wait "$pane" '^wake\$ ' 10
+  inner="bash -c \"$(printf '%q' "$claude"); exec env PS1='after\\$ ' bash --norc --noprofile -i\""
+  if [ "$way" = run ]; then
+    inner="env -u TMUX -u TMUX_PANE $(printf '%q' "$loopx") run --broker-url $BROKER_URL -- $inner"
+  fi
+  tui_type "$pane" "$inner"
+  tui_enter "$pane"
+  tui_wait "$pane" "$TUI_CLAUDE_IDLE" 60
+  session_exec=$(open_session "g-wake-exec-$way")
+  sleep 2
+  seq8=$(send "$session_exec" "Case eight, before the crash.")
+  answers "$session_exec" 60 "$seq8" >/dev/null
+  tui_wait "$pane" "$TUI_CLAUDE_IDLE" 30
+  agent_pid=$(pgrep -f -n "^$claude\$" || pgrep -n -x claude)
+  kill -9 "$agent_pid"
+  tui_wait "$pane" '^after\$ ' 20
+  seq8b=$(send "$session_exec" "Case eight, not for the shell
+touch $work/typed-into-shell-$way")
+  sleep 6
+  [ ! -e "$work/typed-into-shell-$way" ] || { echo "$way: message #$seq8b ran in the shell" >&2; exit 1; }
+  ! tui_screen "$pane" | grep -q "Case eight, not for the shell" || { echo "$way: #$seq8b typed into the shell" >&2; exit 1; }
+  state=$(turn_state "$session_exec" "$seq8b")
+  [ "$state" = queued ] || { echo "$way: message #$seq8b is $state, not queued" >&2; exit 1; }
+  echo "8. $way: claude killed in 'bash -c \"claude; exec bash -i\"': #$seq8b stayed queued, the shell got nothing"
+done
+fi
+
+# 9. A draft typed into claude's prompt while it works (the keys come
+# before it goes idle): a message sent then waits; the person's Enter sends
+# the draft alone; the message is delivered once, on its own.
+if on 9; then
+"$loopx" hook install --agent claude-code --project-dir "$work/project-draft" --goal-id g-wake-draft \
+  --agent-id agent-wake --executor-endpoint-id exec-ci --broker-url "$BROKER_URL" >/dev/null
+pane=$(tui_window draft "$work/project-draft")
+tui_wait "$pane" '^wake\$ ' 10
+tui_claude "$pane"
+session=$(open_session g-wake-draft)
+tui_type "$pane" "Case nine, the person's own prompt."
+sleep 0.3
+tui_enter "$pane"
+tui_type "$pane" "my half typed draft about the bug"
+tui_wait "$pane" '\A(?![\s\S]*esc to interrupt)[\s\S]*^❯.my half typed draft about the bug' 30
+sleep 1
+text9="Case nine, deploy is green."
+seq9=$(send "$session" "$text9")
+sleep 5
+state=$(turn_state "$session" "$seq9")
+[ "$state" = queued ] || { echo "message #$seq9 is $state while a draft is in the prompt" >&2; exit 1; }
+tui_enter "$pane"
+answer=$(answers "$session" 60 "$seq9")
+python3 - "$STUB_LOG" <<'PY'
+import json, sys
+lasts = [json.loads(l)["texts"][-1] for l in open(sys.argv[1]) if json.loads(l)["texts"]]
+drafts = [t for t in lasts if "my half typed draft" in t]
+assert drafts and all("deploy is green" not in t for t in drafts), "the draft was merged: %r" % drafts
+mine = [t for t in lasts if "Case nine, deploy is green." in t]
+assert len(mine) == 1, "the message reached the model %d times: %r" % (len(mine), mine)
+PY
+echo "9. a draft in the prompt: #$seq9 waited, the draft went alone, the message once: $answer"
 fi
 
 # Latency: send -> typed (the model's request for that prompt, our clock) and

@@ -31,6 +31,10 @@ pub mod tmux;
 /// How long the agent must have been idle before a message is typed: its
 /// Stop hook reports `waiting` just before the agent draws its prompt.
 const SETTLE: Duration = Duration::from_millis(400);
+/// How long the terminal must have been clear after anything held typing:
+/// a draft the person sends with Enter makes the prompt empty at once, but
+/// the hook that says the agent works on it comes a moment later.
+const CLEAR_AFTER_HOLD: Duration = Duration::from_secs(3);
 /// Between the pasted text and its Enter under `loopx run`: an Enter sent
 /// at once can land as a newline in the prompt instead of submitting it.
 pub const ENTER_AFTER: Duration = Duration::from_millis(150);
@@ -121,6 +125,8 @@ pub struct Waker<T> {
     typed: HashSet<String>,
     /// When the broker was last told that this waker types in.
     said: Option<Instant>,
+    /// When the terminal last held typing ([`Hold`]).
+    held: Option<Instant>,
     /// Where a typed turn's files are saved (none: they are only named).
     saves: Option<std::path::PathBuf>,
     /// Where the record of what was typed is left for the agent's hooks
@@ -149,6 +155,7 @@ impl<T: Terminal> Waker<T> {
             closed: false,
             typed: HashSet::new(),
             said: None,
+            held: None,
             saves: None,
             records,
         }
@@ -282,7 +289,7 @@ impl<T: Terminal> Waker<T> {
         if crate::time::now_ms() - idle_since < SETTLE.as_millis() as i64 {
             return Ok(());
         }
-        if self.terminal.hold().await?.is_some() {
+        if !self.clear().await? {
             return Ok(());
         }
         let Ok(turn) = self.calls.turn(&self.session_id, &turn_id).await else {
@@ -306,7 +313,7 @@ impl<T: Terminal> Waker<T> {
         // Reading the turn and saving its files took time: the terminal is
         // looked at again right before typing. The record goes first: the
         // hook that sees the typed prompt takes the turn only by it.
-        if self.terminal.hold().await?.is_some()
+        if !self.clear().await?
             || text::Record::of(seq, &turn_id, &typed)
                 .keep(&self.records, &self.session_id)
                 .is_err()
@@ -322,6 +329,15 @@ impl<T: Terminal> Waker<T> {
             }
         }
         Ok(())
+    }
+
+    /// Whether nothing holds typing now, nor did in the last
+    /// [`CLEAR_AFTER_HOLD`].
+    async fn clear(&mut self) -> Result<bool, Gone> {
+        if self.terminal.hold().await?.is_some() {
+            self.held = Some(Instant::now());
+        }
+        Ok(self.held.is_none_or(|at| at.elapsed() >= CLEAR_AFTER_HOLD))
     }
 
     /// Whether the turn left the queue (its hook claimed it) within

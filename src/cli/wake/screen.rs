@@ -108,8 +108,13 @@ fn blank(cells: &[Cell]) -> bool {
     cells.iter().all(|c| c.c.is_whitespace())
 }
 
-/// What the prompt on `screen` (`capture-pane -p -e` output) holds.
+/// What the prompt on `screen` (`capture-pane -p -e` output) holds. A
+/// screen that says the agent works (both agents show "esc to interrupt"
+/// while a turn or a hook runs) has no prompt to type into.
 pub fn prompt(screen: &str) -> Prompt {
+    if screen.contains("esc to interrupt") {
+        return Prompt::NotEmpty;
+    }
     let lines: Vec<Vec<Cell>> = screen.lines().map(cells).collect();
     let Some(at) = lines.iter().rposition(|line| {
         line.iter()
@@ -176,5 +181,7 @@ mod tests {
         assert_eq!(prompt("Allow this? [y/n] "), Prompt::NotEmpty);
         assert_eq!(prompt("shell$ "), Prompt::NotEmpty);
         assert_eq!(prompt(""), Prompt::NotEmpty);
+        let working = format!("✻ Cooking… (esc to interrupt)\n{RULE}\n❯\u{a0}\n{RULE}\n");
+        assert_eq!(prompt(&working), Prompt::NotEmpty);
     }
 }
