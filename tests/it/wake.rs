@@ -227,8 +227,9 @@ fn prompts(path: &Path) -> Vec<String> {
         .collect()
 }
 
-/// The waker processes running for this tmux server.
-fn waker_pids(tmux: &Tmux) -> Vec<String> {
+/// The waker processes running for this tmux server: the wakers, or their
+/// typists.
+fn waker_pids(tmux: &Tmux, typists: bool) -> Vec<String> {
     let socket = tmux.socket.display().to_string();
     std::fs::read_dir("/proc")
         .unwrap()
@@ -237,13 +238,15 @@ fn waker_pids(tmux: &Tmux) -> Vec<String> {
             let cmdline = String::from_utf8_lossy(&std::fs::read(path.join("cmdline")).ok()?)
                 .replace('\0', " ");
             let ours = cmdline.contains("tmux-waker") && cmdline.contains(&socket);
-            ours.then(|| path.file_name()?.to_str().map(str::to_owned))?
+            let role = cmdline.contains("--typist") == typists;
+            (ours && role).then(|| path.file_name()?.to_str().map(str::to_owned))?
         })
         .collect()
 }
 
+/// The wakers (each keeps one typist running).
 fn wakers(tmux: &Tmux) -> usize {
-    waker_pids(tmux).len()
+    waker_pids(tmux, false).len()
 }
 
 #[tokio::test]
@@ -822,4 +825,51 @@ async fn keys_in_another_window_do_not_hold_a_message() {
     let _ = client.kill();
     let _ = typing.join();
     let _ = client.wait();
+}
+
+/// Issue 53 (5): a typist killed (SIGKILL) is replaced by its waker within
+/// seconds, with no hook running, and the next message is typed once.
+#[tokio::test]
+async fn a_killed_typist_is_replaced_and_types_the_next_message() {
+    let Scene {
+        broker,
+        tmux,
+        prompts_file,
+        goal,
+        _data,
+    } = Scene::start().await;
+    tmux.type_in(&agent_command(&broker, &prompts_file, &goal), true);
+    let session = session_of(&broker, &goal).await;
+    let started = Instant::now();
+    let first = loop {
+        if let [pid] = waker_pids(&tmux, true).as_slice() {
+            break pid.clone();
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "no typist");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        Command::new("kill")
+            .args(["-9", &first])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let started = Instant::now();
+    loop {
+        let now = waker_pids(&tmux, true);
+        if now.len() == 1 && now[0] != first {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no new typist: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(wakers(&tmux), 1);
+    let id = send(&broker, &session, "After the typist was replaced.").await;
+    answered(&broker, &session, &[id]).await;
+    let got = prompts(&prompts_file);
+    assert_eq!(got, ["[LoopX #1 web] After the typist was replaced."]);
 }

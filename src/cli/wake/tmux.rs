@@ -28,6 +28,9 @@ use crate::cli::common::Connection;
 
 /// Key activity this recent holds typing (seconds).
 const RECENT_KEYS: i64 = 2;
+/// How many times a typist that died is replaced within [`RESTARTS_WITHIN`].
+const RESTARTS: usize = 5;
+const RESTARTS_WITHIN: Duration = Duration::from_secs(600);
 /// How long a new waker waits for the one it replaces to let go of the pane.
 const LOCK_WAIT: Duration = Duration::from_secs(3);
 
@@ -50,6 +53,9 @@ pub struct WakerArgs {
     pub agent_exe: PathBuf,
     #[arg(long)]
     pub agent_argv: String,
+    /// The process that types, started and replaced by the waker.
+    #[arg(long)]
+    pub typist: bool,
     /// The LoopX session the agent's hooks attach to.
     #[arg(long)]
     pub session_id: String,
@@ -302,9 +308,24 @@ pub fn ensure(
         .map_err(|e| format!("cannot start the waker: {e}"))
 }
 
-/// The waker process: holds the pane's lock, types until the agent or the
-/// session is over.
+/// The waker process: holds the pane's lock and keeps a typist running
+/// until the agent or the session is over. A typist that dies (killed, or a
+/// panic) is replaced within a second, at most [`RESTARTS`] times in
+/// [`RESTARTS_WITHIN`]; one that ends on its own (the agent or the session
+/// is over) ends the waker. The typist dies with the waker (its parent's
+/// death signal), so a pane never has two. A message is neither lost nor
+/// typed twice across a replacement: typed text and its Enter are one tmux
+/// command, and a turn leaves the queue only when its hook takes it.
 pub fn run_waker(args: WakerArgs) -> std::process::ExitCode {
+    if args.typist {
+        let _ =
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM));
+        // The waker may have died before the death signal was set.
+        if rustix::process::getppid().is_none_or(|p| p.as_raw_nonzero().get() == 1) {
+            return std::process::ExitCode::SUCCESS;
+        }
+        return type_in(args);
+    }
     let data_dir = args.connection.data_dir();
     let lock = lock_path(&data_dir, &args.tmux_socket, &args.pane);
     let Some(mut file) = take_lock(&lock) else {
@@ -312,6 +333,33 @@ pub fn run_waker(args: WakerArgs) -> std::process::ExitCode {
     };
     let _ = file.set_len(0);
     let _ = writeln!(file, "{} {}", std::process::id(), args.session_id);
+    let Ok(exe) = std::env::current_exe() else {
+        return std::process::ExitCode::SUCCESS;
+    };
+    let mut restarts = std::collections::VecDeque::new();
+    loop {
+        let typist = Command::new(&exe)
+            .args(std::env::args_os().skip(1))
+            .arg("--typist")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let died = typist.is_ok_and(|status| !status.success());
+        restarts.retain(|at: &std::time::Instant| at.elapsed() < RESTARTS_WITHIN);
+        if !died || restarts.len() >= RESTARTS {
+            break;
+        }
+        restarts.push_back(std::time::Instant::now());
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    drop(file); // the lock file stays: a waker waiting on it holds its inode
+    std::process::ExitCode::SUCCESS
+}
+
+/// The typist: types into the pane until the agent or the session is over.
+fn type_in(args: WakerArgs) -> std::process::ExitCode {
+    let data_dir = args.connection.data_dir();
     // The agent as the hook saw it, still the same process running the
     // same program: else it is gone, and nothing is typed.
     let Some(agent) = procfs::identify(args.agent_pid).filter(|seen| {
@@ -343,12 +391,11 @@ pub fn run_waker(args: WakerArgs) -> std::process::ExitCode {
     else {
         return std::process::ExitCode::SUCCESS;
     };
-    let saves = crate::cli::attachments::default_root(&args.connection.data_dir());
+    let saves = crate::cli::attachments::default_root(&data_dir);
     runtime.block_on(
         Waker::new(client, args.session_id, host, pane, data_dir.join("wakers"))
             .saving_files_in(saves)
             .run(),
     );
-    drop(file); // the lock file stays: a waker waiting on it holds its inode
     std::process::ExitCode::SUCCESS
 }
