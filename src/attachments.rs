@@ -2,7 +2,8 @@
 //! file: the limits (per file, per message, per session), a file name made
 //! safe, the image types read from magic bytes, the type a file is served
 //! as, and the stored form a turn lists. The broker checks an upload here
-//! before anything is written; the client side saves what it downloads
+//! before anything is written, and stores its bytes only with the turn
+//! that names them; the client side saves what it downloads
 //! under the same name rule. It knows no HTTP and no SQL.
 
 use serde::{Deserialize, Serialize};
@@ -78,24 +79,19 @@ pub fn list_json(list: &[Stored]) -> Option<String> {
     (!list.is_empty()).then(|| serde_json::to_string(list).unwrap_or_default())
 }
 
-/// Stores each upload's bytes under their sha256 (once however often), before
-/// the decision that names them; what the turn keeps of each.
-pub async fn store_files(
-    store: &dyn crate::store::Store,
-    uploads: &[Upload],
-) -> crate::error::Result<Vec<Stored>> {
-    let now = crate::time::now_ms();
-    for upload in uploads {
-        store
-            .put_blob(crate::store::Blob {
-                sha256: upload.stored.sha256.clone(),
-                sniffed_type: sniff_image(&upload.bytes),
-                bytes: upload.bytes.clone(),
-                at: now,
-            })
-            .await?;
-    }
-    Ok(uploads.iter().map(|u| u.stored.clone()).collect())
+/// The bytes of each upload, to be stored in the transaction of the turn
+/// that names them (never before: a refused upload leaves nothing behind).
+pub fn blobs(uploads: &[Upload]) -> Vec<crate::store::Blob> {
+    let at = crate::time::now_ms();
+    uploads
+        .iter()
+        .map(|upload| crate::store::Blob {
+            sha256: upload.stored.sha256.clone(),
+            sniffed_type: sniff_image(&upload.bytes),
+            bytes: upload.bytes.clone(),
+            at,
+        })
+        .collect()
 }
 
 /// One file of an upload: its bytes and what is stored about it.

@@ -280,15 +280,15 @@ impl Broker {
 
     /// An enqueue with files: checked against every limit (per file, per
     /// message, per session) and the message's own rules before anything is
-    /// written; then each file's bytes are stored under their sha256, and
-    /// the turn, naming them, is enqueued as [`Broker::enqueue`] does (the
-    /// same idempotency: a replay must name the same files). The session's
-    /// limit is read here first, so an upload over it writes nothing; the
-    /// enqueue checks it again under the session's lock
-    /// ([`crate::decide::turn::enqueue_within`]), so uploads racing for the
-    /// last bytes never pass it together. Bytes stored
-    /// for an enqueue that is then refused are named by no turn, and
-    /// retention removes them.
+    /// written; then the turn, naming them, is enqueued as [`Broker::enqueue`]
+    /// does (the same idempotency: a replay must name the same files), and
+    /// each file's bytes are stored under their sha256 in the enqueue's own
+    /// transaction: a replay, a reused `client_message_id` (422) or an
+    /// upload that loses the race for the session's last bytes (413) stores
+    /// nothing. The session's limit is read here first, so an upload over it
+    /// is refused early; the enqueue checks it again under the session's
+    /// lock ([`crate::decide::turn::enqueue_within`]), so uploads racing for
+    /// the last bytes never pass it together.
     pub async fn enqueue_with_attachments(
         &self,
         session_id: &str,
@@ -316,8 +316,10 @@ impl Broker {
                 return Err(over);
             }
         }
-        message.attachments = attachments::store_files(self.store.as_ref(), &uploads).await?;
-        self.enqueue(session_id, message).await
+        message.attachments = uploads.iter().map(|u| u.stored.clone()).collect();
+        let blobs = attachments::blobs(&uploads);
+        drop(uploads);
+        self.enqueue_files(session_id, message, blobs).await
     }
 
     /// A turn's file at `position`, for its download (404 when none).
@@ -338,6 +340,17 @@ impl Broker {
         session_id: &str,
         message: EnqueueRequest,
     ) -> Result<Answer<Enqueued>> {
+        self.enqueue_files(session_id, message, Vec::new()).await
+    }
+
+    /// [`Broker::enqueue`], with the bytes of the files the message names,
+    /// stored in the enqueue's transaction when it queues a new turn.
+    async fn enqueue_files(
+        &self,
+        session_id: &str,
+        message: EnqueueRequest,
+        blobs: Vec<crate::store::Blob>,
+    ) -> Result<Answer<Enqueued>> {
         check_message(&message)?;
         let started = Instant::now();
         let taken = match self.store.shared() {
@@ -352,6 +365,7 @@ impl Broker {
                 let enqueue = Command::Enqueue {
                     session_id: session_id.to_owned(),
                     message,
+                    blobs,
                 };
                 let claim = Command::Claim {
                     session_id: session_id.to_owned(),
@@ -362,7 +376,10 @@ impl Broker {
                 taken.deliver(claimed.and_then(Done::claimed));
                 done.enqueued()?
             }
-            None => self.store.enqueue(session_id.to_owned(), message).await?,
+            None => {
+                let session_id = session_id.to_owned();
+                self.store.enqueue(session_id, message, blobs).await?
+            }
         };
         if !done.duplicate {
             self.metrics.turn("enqueued", 1);

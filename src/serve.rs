@@ -215,6 +215,10 @@ impl App {
         if let Some(days) = config.retain_closed_days {
             tokio::spawn(retention::run(config.store.clone(), days, shutdown.clone()));
         }
+        tokio::spawn(retention::sweep_blobs(
+            config.store.clone(),
+            shutdown.clone(),
+        ));
         let broker = Arc::new(
             Broker::new(config.store, shutdown.clone())
                 .with_max_wait_seconds(config.max_wait_seconds)
