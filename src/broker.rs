@@ -322,6 +322,26 @@ impl Broker {
         self.enqueue_files(session_id, message, blobs).await
     }
 
+    /// What an upload is checked against before its body is read: the
+    /// session exists (404) and is open (409); the bytes its files hold.
+    pub async fn attachments_held(&self, session_id: &str) -> Result<u64> {
+        let session = crate::decide::existing(self.store.session(session_id).await?)?;
+        crate::decide::open(&session)?;
+        self.store.session_attachment_bytes(session_id).await
+    }
+
+    /// Whether the session holds a turn enqueued with `client_message_id`
+    /// (an upload that replays it: its files are counted already).
+    pub async fn holds_client_message_id(
+        &self,
+        session_id: &str,
+        client_message_id: &str,
+    ) -> Result<bool> {
+        self.store
+            .has_client_message_id(session_id, client_message_id)
+            .await
+    }
+
     /// A turn's file at `position`, for its download (404 when none).
     pub async fn attachment(
         &self,
