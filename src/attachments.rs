@@ -118,7 +118,7 @@ impl Upload {
         check_file(bytes.len() as u64)?;
         let sha256 = hex::encode(Sha256::digest(&bytes));
         let declared_type = declared_type
-            .map(|t| t.chars().filter(|c| !c.is_control()).take(255).collect())
+            .map(|t| t.chars().filter(|c| !is_invisible(*c)).take(255).collect())
             .filter(|t: &String| !t.is_empty())
             .unwrap_or_else(|| OCTET_STREAM.to_owned());
         Ok(Upload {
@@ -179,12 +179,15 @@ fn too_large(message: String) -> Error {
 }
 
 /// A file name safe to show and to create in a folder: its last path
-/// component (`../../.bashrc` is `bashrc`), without control characters
-/// (NUL included) or leading dots, at most 200 bytes (the extension kept),
-/// and `file` when nothing is left.
+/// component (`../../.bashrc` is `bashrc`), without invisible characters
+/// ([`is_invisible`]: no `evil\u{202E}hs.png` shown as `evilgnp.sh`, no
+/// line break in a path) or leading dots, at most 200 bytes (the extension
+/// kept), and `file` when nothing is left. The broker stores names this
+/// way and the host saves files under it, so the path named to the agent
+/// is the path on disk.
 pub fn sanitize_name(name: &str) -> String {
     let last = name.rsplit(['/', '\\']).next().unwrap_or("");
-    let clean: String = last.chars().filter(|c| !c.is_control()).collect();
+    let clean: String = last.chars().filter(|c| !is_invisible(*c)).collect();
     let clean = clean.trim().trim_start_matches('.').trim();
     if clean.is_empty() {
         return "file".to_owned();
@@ -202,6 +205,17 @@ pub fn sanitize_name(name: &str) -> String {
         cut -= 1;
     }
     format!("{}{ext}", &stem[..cut])
+}
+
+/// A character a name drops: a control (Unicode category Cc, NUL
+/// included), a format character (Cf: zero-width ones, the bidi overrides
+/// and isolates such as U+202E), a line or paragraph separator (Zl, Zp).
+pub fn is_invisible(c: char) -> bool {
+    use unicode_general_category::{GeneralCategory as G, get_general_category};
+    matches!(
+        get_general_category(c),
+        G::Control | G::Format | G::LineSeparator | G::ParagraphSeparator
+    )
 }
 
 /// The image type the bytes start with (PNG, JPEG, GIF, WebP), if any.
@@ -246,6 +260,17 @@ mod tests {
         assert_eq!(sanitize_name(""), "file");
         assert_eq!(sanitize_name("../.."), "file");
         assert_eq!(sanitize_name("/"), "file");
+        // Issue 53, item 8: nothing invisible, nothing that reorders or
+        // breaks the line.
+        assert_eq!(sanitize_name("evil\u{202E}hs.png"), "evilhs.png");
+        assert_eq!(sanitize_name("report\u{200B}.pdf"), "report.pdf");
+        assert_eq!(sanitize_name("a\u{2028}b\u{2029}c.txt"), "abc.txt");
+        assert_eq!(
+            sanitize_name("x\u{2066}y\u{2069}\u{FEFF}\u{AD}.md"),
+            "xy.md"
+        );
+        assert_eq!(sanitize_name("\u{202E}\u{200B}"), "file");
+        assert_eq!(sanitize_name("café 📎.txt"), "café 📎.txt");
         let long = format!("{}.png", "é".repeat(300));
         let cut = sanitize_name(&long);
         assert!(cut.len() <= 200 && cut.ends_with(".png"), "{cut}");

@@ -103,9 +103,10 @@ pub(crate) struct MessageWithAttachments {
 /// is read). A file of 0 bytes is 400 `invalid_request`. Files stream to
 /// temporary files, never held whole in memory; 8 uploads are read at once
 /// and 1 stored at once, the others wait their turn within the body
-/// deadline (408 `request_timeout` past it). A file's name is made safe (its last path component,
-/// no control characters or leading dots, at most 200 bytes, `file` when
-/// empty); its type is sniffed from its bytes (PNG, JPEG, GIF, WebP) and
+/// deadline (408 `request_timeout` past it). A file's name is made safe
+/// (its last path component, no leading dots and no invisible characters:
+/// controls, format and bidi characters such as U+202E or U+200B, line and
+/// paragraph separators; at most 200 bytes, `file` when empty); its type is sniffed from its bytes (PNG, JPEG, GIF, WebP) and
 /// anything else is served as `application/octet-stream`.
 ///
 /// Files are stored in the database, content-addressed by SHA-256 (a file

@@ -925,3 +925,73 @@ async fn bytes_no_turn_names_are_removed_with_retention_off() {
     // A named blob stays; an unnamed one younger than an hour too (for now).
     assert_eq!(db.stored().await, (2, 8));
 }
+
+/// Issue 53, item 8: names with a bidi override (U+202E), a zero-width
+/// space (U+200B) or a line separator (U+2028) are stored and saved without
+/// them, and each path named to the agent is a file on disk (on 74c10af the
+/// names kept them: `…/evil\u{202E}hs.png` shown as `evilgnp.sh`, a path with a
+/// line break).
+#[tokio::test]
+async fn invisible_characters_leave_names_and_the_named_paths_exist() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let files = [
+        file("evil\u{202E}hs.png", "image/png", png(10)),
+        file("report\u{200B}.pdf", "application/pdf", b"%PDF".to_vec()),
+        file("a\u{2028}b.txt", "text/plain", b"ab".to_vec()),
+    ];
+    let sent = c
+        .enqueue_with_attachments(host.session_id(), &web("names"), &files)
+        .await
+        .unwrap()
+        .body;
+    let turn = c.turn(host.session_id(), &sent.turn_id).await.unwrap().body;
+    let names: Vec<&str> = turn.attachments.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, ["evilhs.png", "report.pdf", "ab.txt"]);
+    let dir = tempfile::tempdir().unwrap();
+    let output = claim_saving(&broker, &host, "inv-1", dir.path()).await;
+    let named = attached_paths(&output);
+    assert_eq!(named.len(), 3, "{output}");
+    for path in named {
+        assert!(
+            std::path::Path::new(&path).is_file(),
+            "{path:?} is not on disk"
+        );
+        assert!(
+            !path.chars().any(loopx::attachments::is_invisible),
+            "{path:?}"
+        );
+    }
+}
+
+/// `worker-bridge attached-session-claim --save-attachments DIR`: its stdout.
+async fn claim_saving(
+    broker: &TestBroker,
+    host: &Host,
+    claim_id: &str,
+    dir: &std::path::Path,
+) -> String {
+    run_with_stdin(
+        loopx()
+            .args(["worker-bridge", "attached-session-claim", "--session-id"])
+            .arg(host.session_id())
+            .args(["--host-surface", HOST_SURFACE, "--host-session-id"])
+            .arg(&host.host_session_id)
+            .args(["--claim-id", claim_id, "--broker-url", &broker.url])
+            .arg("--save-attachments")
+            .arg(dir)
+            .env("LOOPX_TOKEN", TOKEN),
+        "",
+    )
+    .await
+}
+
+/// The paths of the `Attached: <path> (<type>, <size>)` lines.
+fn attached_paths(output: &str) -> Vec<String> {
+    output
+        .lines()
+        .filter_map(|l| l.strip_prefix("Attached: "))
+        .filter_map(|l| l.rsplit_once(" (").map(|(path, _)| path.to_owned()))
+        .collect()
+}
