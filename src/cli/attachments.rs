@@ -4,11 +4,16 @@
 //! private folder (`<dir>/<session>/<turn>/`, mode 0700, files 0600) under
 //! its safe name, and a line for the agent naming each with its type and
 //! size. Names follow `crate::attachments`'s rule; nothing lands outside
-//! the folder.
+//! the folder: the folders below `<dir>` are opened without following a
+//! link and only if they are this user's, and no mode is changed on a
+//! folder this code did not make (`<dir>` may be `/tmp`).
 
 use std::collections::HashSet;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags};
 
 use sha2::{Digest, Sha256};
 
@@ -48,15 +53,15 @@ pub async fn save(
         return Vec::new();
     }
     let folder = turn_folder(root, session_id, turn_id);
-    let made = private_folder(root).and_then(|()| private_folder(&folder));
+    let made = open_turn_folder(root, session_id, turn_id);
     let mut names = HashSet::new();
     let mut saved = Vec::new();
     for attachment in attachments {
         let outcome = match &made {
             Err(e) => Err(format!("the folder could not be made: {e}")),
-            Ok(()) => {
+            Ok(dir) => {
                 let name = unique_name(&mut names, attachment);
-                fetch_into(client, attachment, &folder.join(name)).await
+                fetch_into(client, attachment, dir, &folder, &name).await
             }
         };
         saved.push(Saved {
@@ -83,7 +88,9 @@ fn unique_name(taken: &mut HashSet<String>, attachment: &Attachment) -> String {
 async fn fetch_into(
     client: &Client,
     attachment: &Attachment,
-    path: &Path,
+    dir: &OwnedFd,
+    folder: &Path,
+    name: &str,
 ) -> Result<PathBuf, String> {
     let (bytes, _) = client
         .download(&attachment.download)
@@ -92,32 +99,54 @@ async fn fetch_into(
     if hex::encode(Sha256::digest(&bytes)) != attachment.sha256 {
         return Err("the downloaded bytes do not match their sha256".into());
     }
-    write_private(path, &bytes).map_err(|e| format!("it could not be written: {e}"))?;
-    Ok(path.to_owned())
+    write_private(dir, name, &bytes).map_err(|e| format!("it could not be written: {e}"))?;
+    Ok(folder.join(name))
 }
 
-/// A folder (and its parents) made owner-only.
-fn private_folder(folder: &Path) -> std::io::Result<()> {
+/// `<root>/<session>/<turn>`, opened: `root` made (0700) if missing, else
+/// left as it is (never chmod-ed: it may be `/tmp`); the two folders below
+/// it made 0700, or opened if they exist, without following a link and
+/// only if they are ours. The path [`turn_folder`] names is this folder.
+fn open_turn_folder(root: &Path, session_id: &str, turn_id: &str) -> std::io::Result<OwnedFd> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(folder)?;
-    std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o700))
+        .create(root)?;
+    let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
+    let root = rustix::fs::open(root, flags, Mode::empty())?;
+    let session = own_folder(&root, &sanitize_name(session_id))?;
+    own_folder(&session, &sanitize_name(turn_id))
 }
 
-/// A new owner-only file; whatever had its name (a file, a link) is
-/// removed first, so a link planted there is never followed.
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-        _ => {}
+/// A folder of ours in `parent`: made owner-only, or, when it exists,
+/// opened without following a link (a link there is refused) and only if
+/// this user owns it; its mode is never changed.
+fn own_folder(parent: &OwnedFd, name: &str) -> std::io::Result<OwnedFd> {
+    match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700)) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(e.into()),
     }
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
+    let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
+    let folder = rustix::fs::openat(parent, name, flags, Mode::empty())?;
+    if rustix::fs::fstat(&folder)?.st_uid != rustix::process::geteuid().as_raw() {
+        return Err(std::io::Error::other(format!(
+            "{name} is not this user's folder"
+        )));
+    }
+    Ok(folder)
+}
+
+/// A new owner-only file `name` in `dir`; whatever had its name (a file, a
+/// link) is removed first, and a link is never followed.
+fn write_private(dir: &OwnedFd, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    match rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::empty()) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o600))?;
+    let mut file = std::fs::File::from(fd);
     file.write_all(bytes)?;
     file.sync_all()
 }

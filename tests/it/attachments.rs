@@ -995,3 +995,55 @@ fn attached_paths(output: &str) -> Vec<String> {
         .filter_map(|l| l.rsplit_once(" (").map(|(path, _)| path.to_owned()))
         .collect()
 }
+
+/// Issue 53, item 9: `--save-attachments DIR` leaves DIR's mode alone (on
+/// 74c10af an existing 1777 DIR became 0700), and a link planted at
+/// `DIR/<session>/<turn>` is never followed: its target is neither chmod-ed
+/// nor written to, and the file is named as not saved.
+#[tokio::test]
+async fn save_attachments_changes_no_mode_it_did_not_make_and_follows_no_link() {
+    use std::os::unix::fs::PermissionsExt;
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let one = [file("a.txt", "text/plain", b"one".to_vec())];
+    let sent = c
+        .enqueue_with_attachments(host.session_id(), &web("first"), &one)
+        .await
+        .unwrap()
+        .body;
+    let output = claim_saving(&broker, &host, "keep-1", dir.path()).await;
+    assert_eq!(mode(dir.path()), 0o1777, "DIR's mode was changed");
+    let session_dir = dir.path().join(host.session_id());
+    assert_eq!(mode(&session_dir), 0o700);
+    assert_eq!(attached_paths(&output).len(), 1, "{output}");
+    c.complete(
+        host.session_id(),
+        &sent.turn_id,
+        &host.completion("keep-1", "k-1", "ok"),
+    )
+    .await
+    .unwrap();
+
+    // A link planted where the next turn's folder goes.
+    let target = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(target.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let next = c
+        .enqueue_with_attachments(host.session_id(), &web("second"), &one)
+        .await
+        .unwrap()
+        .body;
+    std::os::unix::fs::symlink(target.path(), session_dir.join(&next.turn_id)).unwrap();
+    let output = claim_saving(&broker, &host, "keep-2", dir.path()).await;
+    assert!(attached_paths(&output).is_empty(), "{output}");
+    assert!(output.contains("could not be saved"), "{output}");
+    assert_eq!(mode(target.path()), 0o755, "the link's target was chmod-ed");
+    assert_eq!(
+        std::fs::read_dir(target.path()).unwrap().count(),
+        0,
+        "written through the link"
+    );
+}
