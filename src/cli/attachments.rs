@@ -59,10 +59,9 @@ pub async fn save(
     for attachment in attachments {
         let outcome = match &made {
             Err(e) => Err(format!("the folder could not be made: {e}")),
-            Ok(dir) => {
-                let name = unique_name(&mut names, attachment);
-                fetch_into(client, attachment, dir, &folder, &name).await
-            }
+            Ok(dir) => fetch_into(client, attachment, dir, &mut names)
+                .await
+                .map(|name| folder.join(name)),
         };
         saved.push(Saved {
             attachment: attachment.clone(),
@@ -72,26 +71,69 @@ pub async fn save(
     saved
 }
 
-/// A name of its own in the folder: the safe name, or `<position>-name`
-/// when an earlier file of the turn has it.
-fn unique_name(taken: &mut HashSet<String>, attachment: &Attachment) -> String {
-    let name = sanitize_name(&attachment.name);
-    let name = if taken.contains(&name) {
-        sanitize_name(&format!("{}-{name}", attachment.position))
-    } else {
-        name
-    };
-    taken.insert(name.clone());
-    name
+/// The names a turn's file may take, in order: its safe name, then
+/// `2-name`, `3-name`, …
+fn candidates(name: &str) -> impl Iterator<Item = String> + '_ {
+    std::iter::once(name.to_owned())
+        .chain((2..=MAX_CANDIDATES).map(move |n| sanitize_name(&format!("{n}-{name}"))))
 }
 
+/// How many names a file tries before it is named as not saved.
+const MAX_CANDIDATES: usize = 100;
+
+/// Saves `bytes` in `dir` under a name no other file of the turn took
+/// (`taken`) and nothing on disk has: never over an existing file. A file
+/// already there with these very bytes (the turn delivered again) is
+/// taken as saved. The name used.
+fn save_unique(
+    dir: &OwnedFd,
+    taken: &mut HashSet<String>,
+    name: &str,
+    bytes: &[u8],
+) -> std::io::Result<String> {
+    for candidate in candidates(name) {
+        if taken.contains(&candidate) {
+            continue;
+        }
+        let saved = match write_private(dir, &candidate, bytes) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                holds(dir, &candidate, bytes)
+            }
+            Err(e) => return Err(e),
+        };
+        if saved {
+            taken.insert(candidate.clone());
+            return Ok(candidate);
+        }
+    }
+    Err(std::io::Error::other("every name it could take is taken"))
+}
+
+/// Whether `name` in `dir` is a plain file (not followed if a link) holding
+/// exactly `bytes`.
+fn holds(dir: &OwnedFd, name: &str, bytes: &[u8]) -> bool {
+    use std::io::Read;
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let Ok(fd) = rustix::fs::openat(dir, name, flags, Mode::empty()) else {
+        return false;
+    };
+    let mut file = std::fs::File::from(fd);
+    let mut held = Vec::new();
+    let same_size = file
+        .metadata()
+        .is_ok_and(|m| m.is_file() && m.len() == bytes.len() as u64);
+    same_size && file.read_to_end(&mut held).is_ok() && held == bytes
+}
+
+/// Downloads a file, checks its sha256 and saves it in `dir`: the name it
+/// took there.
 async fn fetch_into(
     client: &Client,
     attachment: &Attachment,
     dir: &OwnedFd,
-    folder: &Path,
-    name: &str,
-) -> Result<PathBuf, String> {
+    taken: &mut HashSet<String>,
+) -> Result<String, String> {
     let (bytes, _) = client
         .download(&attachment.download)
         .await
@@ -99,8 +141,8 @@ async fn fetch_into(
     if hex::encode(Sha256::digest(&bytes)) != attachment.sha256 {
         return Err("the downloaded bytes do not match their sha256".into());
     }
-    write_private(dir, name, &bytes).map_err(|e| format!("it could not be written: {e}"))?;
-    Ok(folder.join(name))
+    save_unique(dir, taken, &sanitize_name(&attachment.name), &bytes)
+        .map_err(|e| format!("it could not be written: {e}"))
 }
 
 /// `<root>/<session>/<turn>`, opened: `root` made (0700) if missing, else
@@ -136,14 +178,10 @@ fn own_folder(parent: &OwnedFd, name: &str) -> std::io::Result<OwnedFd> {
     Ok(folder)
 }
 
-/// A new owner-only file `name` in `dir`; whatever had its name (a file, a
-/// link) is removed first, and a link is never followed.
+/// A new owner-only file `name` in `dir`: never over anything that has its
+/// name (a file, a link: `AlreadyExists`), never through a link.
 fn write_private(dir: &OwnedFd, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
-    match rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::empty()) {
-        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
-        Err(e) => return Err(e.into()),
-    }
     let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let fd = rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o600))?;
     let mut file = std::fs::File::from(fd);

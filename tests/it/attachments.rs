@@ -1047,3 +1047,38 @@ async fn save_attachments_changes_no_mode_it_did_not_make_and_follows_no_link() 
         "written through the link"
     );
 }
+
+/// Issue 53, item 10: `x.txt`, `2-x.txt`, `x.txt` in one turn are three
+/// files (on 74c10af the third became `2-x.txt` over the second, and two
+/// lines named it); saving never overwrites, and the turn delivered again
+/// names the same three files.
+#[tokio::test]
+async fn colliding_names_are_saved_as_distinct_files_and_never_overwritten() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let files = [
+        file("x.txt", "text/plain", b"one".to_vec()),
+        file("2-x.txt", "text/plain", b"two".to_vec()),
+        file("x.txt", "text/plain", b"three".to_vec()),
+    ];
+    c.enqueue_with_attachments(host.session_id(), &web("three"), &files)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let output = claim_saving(&broker, &host, "coll-1", dir.path()).await;
+    let paths = attached_paths(&output);
+    let contents: Vec<Vec<u8>> = paths.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    assert_eq!(
+        contents,
+        [b"one".to_vec(), b"two".to_vec(), b"three".to_vec()],
+        "{output}"
+    );
+    let distinct: std::collections::HashSet<&String> = paths.iter().collect();
+    assert_eq!(distinct.len(), 3, "{output}");
+    // Delivered again (the same claim replayed): the same files, nothing new.
+    let again = claim_saving(&broker, &host, "coll-1", dir.path()).await;
+    assert_eq!(attached_paths(&again), paths, "{again}");
+    let folder = std::path::Path::new(&paths[0]).parent().unwrap();
+    assert_eq!(std::fs::read_dir(folder).unwrap().count(), 3);
+}
