@@ -97,6 +97,10 @@ pub struct Broker {
     /// [`crate::decide::presence::stalls`]).
     stall_after: Duration,
     shutdown: CancellationToken,
+    /// Each session's terminal prompts, at most
+    /// [`crate::decide::terminal::PROMPT_BURST`] at once and
+    /// [`crate::decide::terminal::PROMPTS_PER_MINUTE`] a minute (per replica).
+    prompts: governor::DefaultKeyedRateLimiter<String>,
 }
 
 /// One entry of a session's event log, as the stream sends it.
@@ -158,6 +162,10 @@ impl Broker {
             outbox: Default::default(),
             fetches: Default::default(),
             max_wait_seconds: MAX_WAIT_SECONDS,
+            prompts: governor::RateLimiter::keyed(
+                governor::Quota::per_minute(nonzero(crate::decide::terminal::PROMPTS_PER_MINUTE))
+                    .allow_burst(nonzero(crate::decide::terminal::PROMPT_BURST)),
+            ),
             holder_silence: holders::DEFAULT_SILENCE,
             stall_after: holders::DEFAULT_STALL_AFTER,
             shutdown,
@@ -646,6 +654,12 @@ impl Broker {
     ) -> Result<Session> {
         let said = crate::decide::presence::Report::checked(&report)?;
         let host = checked_host(report.host_surface, report.host_session_id)?;
+        if matches!(said.said, Some(crate::decide::terminal::Said::Prompt(_))) {
+            // The session's own refusals (404, 403, 409) come before its rate.
+            let session = crate::decide::hosted(self.store.session(session_id).await?, &host)?;
+            crate::decide::open(&session)?;
+            self.prompt_allowed(session_id)?;
+        }
         let answered = matches!(said.said, Some(crate::decide::terminal::Said::Answer(_)));
         let reported = self
             .store
@@ -658,6 +672,23 @@ impl Broker {
         // An agent that left may leave a turn behind: released now.
         self.release_if_left(&reported.session).await;
         Ok(reported.session.projection())
+    }
+
+    /// A terminal prompt for the session within its rate, or 429
+    /// `too_many_prompts` with the seconds until the next one fits.
+    fn prompt_allowed(&self, session_id: &str) -> Result<()> {
+        use governor::clock::{Clock, DefaultClock};
+        if self.prompts.len() > 10_000 {
+            // Sessions whose prompts are all forgotten take no room.
+            self.prompts.retain_recent();
+        }
+        match self.prompts.check_key(&session_id.to_owned()) {
+            Ok(()) => Ok(()),
+            Err(not_until) => {
+                let wait = not_until.wait_time_from(DefaultClock::default().now());
+                Err(Error::too_many_prompts(wait.as_secs().max(1) as u32))
+            }
+        }
     }
 
     /// The host's agent waits at its terminal: a `notification` event.
@@ -973,4 +1004,9 @@ impl EventCursor {
             }
         }
     }
+}
+
+/// A limit that is not zero, as governor takes it.
+fn nonzero(n: u32) -> std::num::NonZeroU32 {
+    std::num::NonZeroU32::new(n).unwrap_or(std::num::NonZeroU32::MIN)
 }
