@@ -13,24 +13,24 @@ use crate::support::*;
 const MIB: usize = 1024 * 1024;
 
 /// A multipart body: the `message` part, then a `file` part of `file_bytes`
-/// bytes streamed in 64 KiB chunks; with `endless`, it never ends after them.
+/// bytes streamed in 64 KiB chunks; with `endless`, the file never ends (no
+/// closing boundary ever comes, so the body is never complete).
 fn upload_body(file_bytes: usize, endless: bool) -> reqwest::Body {
     let head = "--b\r\nContent-Disposition: form-data; name=\"message\"\r\n\r\n\
          {\"origin\":\"web\",\"text\":\"x\"}\r\n\
          --b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f.bin\"\r\n\
          Content-Type: application/octet-stream\r\n\r\n";
     let chunk = Bytes::from(vec![7u8; 64 * 1024]);
-    let chunks = file_bytes.div_ceil(chunk.len());
-    let parts = futures_util::stream::iter(
-        std::iter::once(Bytes::from(head))
-            .chain(std::iter::repeat_n(chunk, chunks))
-            .chain(std::iter::once(Bytes::from_static(b"\r\n--b--\r\n")))
-            .map(Ok::<Bytes, std::io::Error>),
-    );
-    match endless {
-        true => reqwest::Body::wrap_stream(parts.chain(futures_util::stream::pending())),
-        false => reqwest::Body::wrap_stream(parts),
+    let head = futures_util::stream::iter([Ok::<Bytes, std::io::Error>(Bytes::from(head))]);
+    if endless {
+        let forever = futures_util::stream::repeat_with(move || Ok(chunk.clone()));
+        return reqwest::Body::wrap_stream(head.chain(forever));
     }
+    let chunks = file_bytes.div_ceil(chunk.len());
+    let rest = std::iter::repeat_n(chunk, chunks)
+        .chain(std::iter::once(Bytes::from_static(b"\r\n--b--\r\n")))
+        .map(Ok);
+    reqwest::Body::wrap_stream(head.chain(futures_util::stream::iter(rest)))
 }
 
 fn upload(
