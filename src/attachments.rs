@@ -2,7 +2,8 @@
 //! file: the limits (per file, per message, per session), a file name made
 //! safe, the image types read from magic bytes, the type a file is served
 //! as, and the stored form a turn lists. The broker checks an upload here
-//! before anything is written; the client side saves what it downloads
+//! before anything is written, and stores its bytes only with the turn
+//! that names them; the client side saves what it downloads
 //! under the same name rule. It knows no HTTP and no SQL.
 
 use serde::{Deserialize, Serialize};
@@ -78,24 +79,19 @@ pub fn list_json(list: &[Stored]) -> Option<String> {
     (!list.is_empty()).then(|| serde_json::to_string(list).unwrap_or_default())
 }
 
-/// Stores each upload's bytes under their sha256 (once however often), before
-/// the decision that names them; what the turn keeps of each.
-pub async fn store_files(
-    store: &dyn crate::store::Store,
-    uploads: &[Upload],
-) -> crate::error::Result<Vec<Stored>> {
-    let now = crate::time::now_ms();
-    for upload in uploads {
-        store
-            .put_blob(crate::store::Blob {
-                sha256: upload.stored.sha256.clone(),
-                sniffed_type: sniff_image(&upload.bytes),
-                bytes: upload.bytes.clone(),
-                at: now,
-            })
-            .await?;
-    }
-    Ok(uploads.iter().map(|u| u.stored.clone()).collect())
+/// The bytes of each upload, to be stored in the transaction of the turn
+/// that names them (never before: a refused upload leaves nothing behind).
+pub fn blobs(uploads: &[Upload]) -> Vec<crate::store::Blob> {
+    let at = crate::time::now_ms();
+    uploads
+        .iter()
+        .map(|upload| crate::store::Blob {
+            sha256: upload.stored.sha256.clone(),
+            sniffed_type: sniff_image(&upload.bytes),
+            bytes: upload.bytes.clone(),
+            at,
+        })
+        .collect()
 }
 
 /// One file of an upload: its bytes and what is stored about it.
@@ -122,7 +118,7 @@ impl Upload {
         check_file(bytes.len() as u64)?;
         let sha256 = hex::encode(Sha256::digest(&bytes));
         let declared_type = declared_type
-            .map(|t| t.chars().filter(|c| !c.is_control()).take(255).collect())
+            .map(|t| t.chars().filter(|c| !is_invisible(*c)).take(255).collect())
             .filter(|t: &String| !t.is_empty())
             .unwrap_or_else(|| OCTET_STREAM.to_owned());
         Ok(Upload {
@@ -183,12 +179,15 @@ fn too_large(message: String) -> Error {
 }
 
 /// A file name safe to show and to create in a folder: its last path
-/// component (`../../.bashrc` is `bashrc`), without control characters
-/// (NUL included) or leading dots, at most 200 bytes (the extension kept),
-/// and `file` when nothing is left.
+/// component (`../../.bashrc` is `bashrc`), without invisible characters
+/// ([`is_invisible`]: no `evil\u{202E}hs.png` shown as `evilgnp.sh`, no
+/// line break in a path) or leading dots, at most 200 bytes (the extension
+/// kept), and `file` when nothing is left. The broker stores names this
+/// way and the host saves files under it, so the path named to the agent
+/// is the path on disk.
 pub fn sanitize_name(name: &str) -> String {
     let last = name.rsplit(['/', '\\']).next().unwrap_or("");
-    let clean: String = last.chars().filter(|c| !c.is_control()).collect();
+    let clean: String = last.chars().filter(|c| !is_invisible(*c)).collect();
     let clean = clean.trim().trim_start_matches('.').trim();
     if clean.is_empty() {
         return "file".to_owned();
@@ -206,6 +205,17 @@ pub fn sanitize_name(name: &str) -> String {
         cut -= 1;
     }
     format!("{}{ext}", &stem[..cut])
+}
+
+/// A character a name drops: a control (Unicode category Cc, NUL
+/// included), a format character (Cf: zero-width ones, the bidi overrides
+/// and isolates such as U+202E), a line or paragraph separator (Zl, Zp).
+pub fn is_invisible(c: char) -> bool {
+    use unicode_general_category::{GeneralCategory as G, get_general_category};
+    matches!(
+        get_general_category(c),
+        G::Control | G::Format | G::LineSeparator | G::ParagraphSeparator
+    )
 }
 
 /// The image type the bytes start with (PNG, JPEG, GIF, WebP), if any.
@@ -250,6 +260,17 @@ mod tests {
         assert_eq!(sanitize_name(""), "file");
         assert_eq!(sanitize_name("../.."), "file");
         assert_eq!(sanitize_name("/"), "file");
+        // Issue 53, item 8: nothing invisible, nothing that reorders or
+        // breaks the line.
+        assert_eq!(sanitize_name("evil\u{202E}hs.png"), "evilhs.png");
+        assert_eq!(sanitize_name("report\u{200B}.pdf"), "report.pdf");
+        assert_eq!(sanitize_name("a\u{2028}b\u{2029}c.txt"), "abc.txt");
+        assert_eq!(
+            sanitize_name("x\u{2066}y\u{2069}\u{FEFF}\u{AD}.md"),
+            "xy.md"
+        );
+        assert_eq!(sanitize_name("\u{202E}\u{200B}"), "file");
+        assert_eq!(sanitize_name("café 📎.txt"), "café 📎.txt");
         let long = format!("{}.png", "é".repeat(300));
         let cut = sanitize_name(&long);
         assert!(cut.len() <= 200 && cut.ends_with(".png"), "{cut}");

@@ -97,6 +97,10 @@ pub struct Broker {
     /// [`crate::decide::presence::stalls`]).
     stall_after: Duration,
     shutdown: CancellationToken,
+    /// Each session's terminal prompts, at most
+    /// [`crate::decide::terminal::PROMPT_BURST`] at once and
+    /// [`crate::decide::terminal::PROMPTS_PER_MINUTE`] a minute (per replica).
+    prompts: governor::DefaultKeyedRateLimiter<String>,
 }
 
 /// One entry of a session's event log, as the stream sends it.
@@ -158,6 +162,10 @@ impl Broker {
             outbox: Default::default(),
             fetches: Default::default(),
             max_wait_seconds: MAX_WAIT_SECONDS,
+            prompts: governor::RateLimiter::keyed(
+                governor::Quota::per_minute(nonzero(crate::decide::terminal::PROMPTS_PER_MINUTE))
+                    .allow_burst(nonzero(crate::decide::terminal::PROMPT_BURST)),
+            ),
             holder_silence: holders::DEFAULT_SILENCE,
             stall_after: holders::DEFAULT_STALL_AFTER,
             shutdown,
@@ -280,15 +288,15 @@ impl Broker {
 
     /// An enqueue with files: checked against every limit (per file, per
     /// message, per session) and the message's own rules before anything is
-    /// written; then each file's bytes are stored under their sha256, and
-    /// the turn, naming them, is enqueued as [`Broker::enqueue`] does (the
-    /// same idempotency: a replay must name the same files). The session's
-    /// limit is read here first, so an upload over it writes nothing; the
-    /// enqueue checks it again under the session's lock
-    /// ([`crate::decide::turn::enqueue_within`]), so uploads racing for the
-    /// last bytes never pass it together. Bytes stored
-    /// for an enqueue that is then refused are named by no turn, and
-    /// retention removes them.
+    /// written; then the turn, naming them, is enqueued as [`Broker::enqueue`]
+    /// does (the same idempotency: a replay must name the same files), and
+    /// each file's bytes are stored under their sha256 in the enqueue's own
+    /// transaction: a replay, a reused `client_message_id` (422) or an
+    /// upload that loses the race for the session's last bytes (413) stores
+    /// nothing. The session's limit is read here first, so an upload over it
+    /// is refused early; the enqueue checks it again under the session's
+    /// lock ([`crate::decide::turn::enqueue_within`]), so uploads racing for
+    /// the last bytes never pass it together.
     pub async fn enqueue_with_attachments(
         &self,
         session_id: &str,
@@ -316,8 +324,30 @@ impl Broker {
                 return Err(over);
             }
         }
-        message.attachments = attachments::store_files(self.store.as_ref(), &uploads).await?;
-        self.enqueue(session_id, message).await
+        message.attachments = uploads.iter().map(|u| u.stored.clone()).collect();
+        let blobs = attachments::blobs(&uploads);
+        drop(uploads);
+        self.enqueue_files(session_id, message, blobs).await
+    }
+
+    /// What an upload is checked against before its body is read: the
+    /// session exists (404) and is open (409); the bytes its files hold.
+    pub async fn attachments_held(&self, session_id: &str) -> Result<u64> {
+        let session = crate::decide::existing(self.store.session(session_id).await?)?;
+        crate::decide::open(&session)?;
+        self.store.session_attachment_bytes(session_id).await
+    }
+
+    /// Whether the session holds a turn enqueued with `client_message_id`
+    /// (an upload that replays it: its files are counted already).
+    pub async fn holds_client_message_id(
+        &self,
+        session_id: &str,
+        client_message_id: &str,
+    ) -> Result<bool> {
+        self.store
+            .has_client_message_id(session_id, client_message_id)
+            .await
     }
 
     /// A turn's file at `position`, for its download (404 when none).
@@ -338,6 +368,17 @@ impl Broker {
         session_id: &str,
         message: EnqueueRequest,
     ) -> Result<Answer<Enqueued>> {
+        self.enqueue_files(session_id, message, Vec::new()).await
+    }
+
+    /// [`Broker::enqueue`], with the bytes of the files the message names,
+    /// stored in the enqueue's transaction when it queues a new turn.
+    async fn enqueue_files(
+        &self,
+        session_id: &str,
+        message: EnqueueRequest,
+        blobs: Vec<crate::store::Blob>,
+    ) -> Result<Answer<Enqueued>> {
         check_message(&message)?;
         let started = Instant::now();
         let taken = match self.store.shared() {
@@ -352,6 +393,7 @@ impl Broker {
                 let enqueue = Command::Enqueue {
                     session_id: session_id.to_owned(),
                     message,
+                    blobs,
                 };
                 let claim = Command::Claim {
                     session_id: session_id.to_owned(),
@@ -362,7 +404,10 @@ impl Broker {
                 taken.deliver(claimed.and_then(Done::claimed));
                 done.enqueued()?
             }
-            None => self.store.enqueue(session_id.to_owned(), message).await?,
+            None => {
+                let session_id = session_id.to_owned();
+                self.store.enqueue(session_id, message, blobs).await?
+            }
         };
         if !done.duplicate {
             self.metrics.turn("enqueued", 1);
@@ -609,6 +654,12 @@ impl Broker {
     ) -> Result<Session> {
         let said = crate::decide::presence::Report::checked(&report)?;
         let host = checked_host(report.host_surface, report.host_session_id)?;
+        if matches!(said.said, Some(crate::decide::terminal::Said::Prompt(_))) {
+            // The session's own refusals (404, 403, 409) come before its rate.
+            let session = crate::decide::hosted(self.store.session(session_id).await?, &host)?;
+            crate::decide::open(&session)?;
+            self.prompt_allowed(session_id)?;
+        }
         let answered = matches!(said.said, Some(crate::decide::terminal::Said::Answer(_)));
         let reported = self
             .store
@@ -621,6 +672,23 @@ impl Broker {
         // An agent that left may leave a turn behind: released now.
         self.release_if_left(&reported.session).await;
         Ok(reported.session.projection())
+    }
+
+    /// A terminal prompt for the session within its rate, or 429
+    /// `too_many_prompts` with the seconds until the next one fits.
+    fn prompt_allowed(&self, session_id: &str) -> Result<()> {
+        use governor::clock::{Clock, DefaultClock};
+        if self.prompts.len() > 10_000 {
+            // Sessions whose prompts are all forgotten take no room.
+            self.prompts.retain_recent();
+        }
+        match self.prompts.check_key(&session_id.to_owned()) {
+            Ok(()) => Ok(()),
+            Err(not_until) => {
+                let wait = not_until.wait_time_from(DefaultClock::default().now());
+                Err(Error::too_many_prompts(wait.as_secs().max(1) as u32))
+            }
+        }
     }
 
     /// The host's agent waits at its terminal: a `notification` event.
@@ -936,4 +1004,9 @@ impl EventCursor {
             }
         }
     }
+}
+
+/// A limit that is not zero, as governor takes it.
+fn nonzero(n: u32) -> std::num::NonZeroU32 {
+    std::num::NonZeroU32::new(n).unwrap_or(std::num::NonZeroU32::MIN)
 }

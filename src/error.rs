@@ -64,6 +64,9 @@ pub enum ErrorCode {
     IdempotencyKeyReused,
     /// 429: the session already has 10,000 queued turns.
     QueueFull,
+    /// 429: prompts typed at the session's terminal come faster than 10 at
+    /// once and 30 a minute; retry after `Retry-After` seconds.
+    TooManyPrompts,
     /// 503: the store did not answer; retry later.
     StoreUnavailable,
     /// 503: the broker holds as many connections as it may; retry after `Retry-After` seconds.
@@ -95,7 +98,7 @@ impl ErrorCode {
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            QueueFull => StatusCode::TOO_MANY_REQUESTS,
+            QueueFull | TooManyPrompts => StatusCode::TOO_MANY_REQUESTS,
             StoreUnavailable | Overloaded => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -164,6 +167,17 @@ impl Error {
             ..Self::new(
                 ErrorCode::Overloaded,
                 "The broker holds as many connections as it may; retry after the Retry-After seconds.",
+            )
+        }
+    }
+
+    /// A terminal's prompts over their rate: retry after `retry_after_seconds`.
+    pub fn too_many_prompts(retry_after_seconds: u32) -> Self {
+        Self {
+            retry_after_seconds: Some(retry_after_seconds),
+            ..Self::new(
+                ErrorCode::TooManyPrompts,
+                "Prompts come faster than a person types: nothing was recorded; retry after the Retry-After seconds.",
             )
         }
     }

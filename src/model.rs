@@ -554,7 +554,7 @@ pub struct EnqueueRequest {
     #[serde(default)]
     pub lark: Option<LarkRef>,
     /// The files sent with the message (the multipart route's `file`
-    /// parts, their bytes already stored); never read from JSON.
+    /// parts, their bytes stored with the turn); never read from JSON.
     #[serde(skip)]
     #[schema(ignore)]
     pub attachments: Vec<crate::attachments::Stored>,

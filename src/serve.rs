@@ -179,6 +179,9 @@ pub struct AppConfig {
     /// announced stalled (zero: never).
     pub stall_after: Duration,
     pub limits: ConnectionLimits,
+    /// Where uploads' files stream to before they are stored (unnamed
+    /// temporary files): `<data dir>/uploads`.
+    pub upload_dir: PathBuf,
 }
 
 impl AppConfig {
@@ -194,6 +197,7 @@ impl AppConfig {
             holder_silence: crate::broker::DEFAULT_HOLDER_SILENCE,
             stall_after: crate::broker::DEFAULT_STALL_AFTER,
             limits: ConnectionLimits::default(),
+            upload_dir: std::env::temp_dir(),
         }
     }
 }
@@ -215,6 +219,10 @@ impl App {
         if let Some(days) = config.retain_closed_days {
             tokio::spawn(retention::run(config.store.clone(), days, shutdown.clone()));
         }
+        tokio::spawn(retention::sweep_blobs(
+            config.store.clone(),
+            shutdown.clone(),
+        ));
         let broker = Arc::new(
             Broker::new(config.store, shutdown.clone())
                 .with_max_wait_seconds(config.max_wait_seconds)
@@ -251,6 +259,7 @@ impl App {
             lark: config.lark.map(Arc::new),
             lark_connector,
             openapi: crate::openapi::document_json,
+            uploads: Arc::new(http::attachments::Uploads::new(config.upload_dir)),
         };
         Self {
             state,
@@ -325,6 +334,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
             holder_silence: args.holder_silence,
             stall_after: args.stall_after,
             limits,
+            upload_dir: data_dir.join("uploads"),
             ..AppConfig::new(store, token)
         },
         shutdown,

@@ -23,6 +23,14 @@ pub enum Said {
     Answer(String),
 }
 
+/// How many prompts a session's terminal may report at once, and then per
+/// minute (a person types far slower): the one place of this limit, which
+/// the broker enforces per session before the decision (beyond it, 429
+/// `too_many_prompts` and nothing recorded). A prompt's size is a
+/// message's (1 byte to 64 KiB, [`crate::broker::MAX_TEXT_BYTES`]).
+pub const PROMPT_BURST: u32 = 10;
+pub const PROMPTS_PER_MINUTE: u32 = 30;
+
 /// How much of a prompt and of its answer a terminal turn's card shows.
 pub const FEED_CHARS: usize = 2_000;
 

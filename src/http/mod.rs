@@ -5,7 +5,7 @@
 //! contract's errors, the fallbacks, and the request log.
 
 pub(crate) mod agent_threads;
-pub(crate) mod attachments;
+pub mod attachments;
 pub(crate) mod claims;
 pub(crate) mod events;
 pub(crate) mod lark_connector;
@@ -53,6 +53,8 @@ pub struct AppState {
     /// the app: the document is generated from these routes, so they cannot
     /// name its generator.
     pub openapi: fn() -> String,
+    /// Where uploads stream to, and how many run at once.
+    pub uploads: Arc<attachments::Uploads>,
 }
 
 /// The owner token; never printed.

@@ -76,6 +76,10 @@ pub async fn notification(
 /// never claimable, and never delays a queued message. One still open when
 /// the next prompt comes (the person interrupted the agent), or answered
 /// blank, is cancelled `unanswered`; a close cancels it `session_closed`.
+/// A `prompt` is 1 byte to 64 KiB, as a message's text; a session's
+/// terminal may report 10 prompts at once and then 30 a minute (per broker
+/// replica): beyond that, 429 `too_many_prompts` with `Retry-After`, and
+/// nothing of the report is recorded (after 404, 403 and 409).
 ///
 /// Stalled: a `working` agent with no report that names a state for the
 /// broker's `--stall-after` (`LOOPX_STALL_AFTER`, default 10 minutes) is
@@ -106,6 +110,8 @@ pub async fn notification(
         (status = 409, description = "`session_closed`.", body = ErrorBody),
         (status = 413, description = "`payload_too_large`.", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+        (status = 429, description = "`too_many_prompts`: a `prompt` over the session's 10 at once and 30 a minute; nothing recorded.", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds until a prompt fits again."))),
     ))]
 pub async fn agent_state(
     State(state): State<AppState>,

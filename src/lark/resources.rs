@@ -240,14 +240,14 @@ impl Fetcher {
             }
         }
         let ended = async {
-            let stored = attachments::store_files(self.store.as_ref(), &uploads).await?;
             let fetched = Fetched {
                 session_id: job.session_id.clone(),
                 turn_id: job.turn_id.clone(),
-                attachments: stored,
+                attachments: uploads.iter().map(|u| u.stored.clone()).collect(),
                 failures,
             };
-            self.store.lark_fetched(fetched).await
+            let blobs = attachments::blobs(&uploads);
+            self.store.lark_fetched(fetched, blobs).await
         };
         if let Err(e) = ended.await {
             tracing::error!(error = %e.message, "could not store a lark message's files");

@@ -133,6 +133,25 @@ async fn decided<X: Tx, T>(tx: &mut X, decided: Decided<T>) -> Result<T, X::Fail
     Ok(decided.answer)
 }
 
+/// Stores, in the decision's transaction, the bytes of each file a turn's
+/// attachments JSON (`named`) lists: a blob it does not name is not written,
+/// so nothing refused or dropped leaves bytes behind.
+async fn put_blobs<X: Tx>(
+    tx: &mut X,
+    blobs: &[crate::store::Blob],
+    named: Option<&str>,
+) -> Result<(), X::Fail> {
+    let named = crate::attachments::parse_list(named);
+    let mut written = std::collections::HashSet::new();
+    for blob in blobs {
+        let wanted = named.iter().any(|file| file.sha256 == blob.sha256);
+        if wanted && written.insert(blob.sha256.as_str()) {
+            tx.execute(statement::put_blob(blob)).await?;
+        }
+    }
+    Ok(())
+}
+
 /// Takes `command` in the caller's transaction: what it decided.
 pub(crate) async fn command<X: Tx>(
     tx: &mut X,
@@ -160,6 +179,7 @@ pub(crate) async fn command<X: Tx>(
         Command::Enqueue {
             session_id,
             message,
+            blobs,
         } => {
             let client_message_id = message.client_message_id.as_deref();
             let (session, earlier) = tx.enqueue_rows(&session_id, client_message_id).await?;
@@ -169,7 +189,11 @@ pub(crate) async fn command<X: Tx>(
                 _ => 0,
             };
             let decision = turn::enqueue_within(session, earlier, message, held, minter, now)?;
-            Done::Enqueue(Box::new(decided(tx, decision).await?))
+            let enqueued = decided(tx, decision).await?;
+            if !enqueued.duplicate {
+                put_blobs(tx, &blobs, enqueued.turn.attachments.as_deref()).await?;
+            }
+            Done::Enqueue(Box::new(enqueued))
         }
         Command::Claim {
             session_id,
@@ -332,7 +356,7 @@ pub(crate) async fn command<X: Tx>(
             let decision = lark::click(rows, click, now)?;
             Done::LarkClick(Box::new(decided(tx, decision).await?))
         }
-        Command::LarkFetched { fetched } => {
+        Command::LarkFetched { fetched, blobs } => {
             let rows = lark::FetchedRows {
                 session: tx.lock_session(&fetched.session_id).await?,
                 turn: tx.turn(&fetched.session_id, &fetched.turn_id).await?,
@@ -340,6 +364,13 @@ pub(crate) async fn command<X: Tx>(
                 held: tx.attachment_bytes(&fetched.session_id).await?,
             };
             let decision = lark::fetched(rows, fetched, now);
+            let named = match &decision.writes.fetch {
+                Some(lark::FetchWrite::Finish {
+                    turn: Some(turn), ..
+                }) => turn.attachments.clone(),
+                _ => None,
+            };
+            put_blobs(tx, &blobs, named.as_deref()).await?;
             Done::LarkFetched(Box::new(decided(tx, decision).await?))
         }
         Command::RecordReply { outbound, update } => {
@@ -373,9 +404,9 @@ pub(crate) async fn command<X: Tx>(
         Command::PruneStep { cutoff_ms } => {
             Done::PruneStep(Box::new(tx.prune_step(cutoff_ms).await?))
         }
-        Command::PutBlob { blob } => {
-            tx.execute(statement::put_blob(&blob)).await?;
-            Done::PutBlob(Box::new(()))
+        Command::SweepBlobs { cutoff_ms } => {
+            let sweep = Statement::new(crate::store::retention::DELETE_UNNAMED_BLOBS);
+            Done::SweepBlobs(Box::new(tx.execute(sweep.bind(cutoff_ms)).await?))
         }
         Command::RecordFetch {
             turn_id,

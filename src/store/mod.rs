@@ -503,8 +503,11 @@ commands! {
     PreviewBind { bind: BindRequest } -> Option<SessionRow>, preview_bind, "checking a bind";
     /// Binds a session ([`crate::decide::session::bind`]).
     Bind { bind: BindRequest } -> Bound, bind, "binding a session";
-    /// Enqueues a message ([`crate::decide::turn::enqueue`]).
-    Enqueue { session_id: String, message: EnqueueRequest } -> Enqueue, enqueue, "enqueueing";
+    /// Enqueues a message ([`crate::decide::turn::enqueue`]) and, in the
+    /// same transaction, the bytes of the files its new turn names (none for
+    /// a replay or a refusal: a refused upload leaves nothing behind).
+    Enqueue { session_id: String, message: EnqueueRequest, blobs: Vec<Blob> } -> Enqueue, enqueue,
+        "enqueueing";
     /// Claims the oldest queued turn ([`crate::decide::turn::claim`]).
     Claim { session_id: String, host: HostIdentity, claim_id: String } -> ClaimOutcome, claim,
         "claiming";
@@ -574,12 +577,13 @@ commands! {
     /// One small step of retention (see [`retention`]): part of the oldest
     /// session closed before `cutoff_ms`, or old Lark redelivery guards.
     PruneStep { cutoff_ms: i64 } -> retention::PruneStep, prune_step, "pruning";
-    /// Stores a file's bytes under their sha256 ([`UPSERT_BLOB`]), before
-    /// the enqueue that names them; one already stored is only touched.
-    PutBlob { blob: Blob } -> (), put_blob, "storing a file";
+    /// Removes up to ten files' bytes that no turn names, stored before
+    /// `cutoff_ms` ([`retention::DELETE_UNNAMED_BLOBS`]): how many.
+    SweepBlobs { cutoff_ms: i64 } -> u64, sweep_blobs, "removing files no turn names";
     /// Ends a Lark turn's download job, once ([`crate::decide::lark::fetched`]):
-    /// the turn takes its files, and the claims it held back may take it.
-    LarkFetched { fetched: crate::decide::lark::Fetched } -> bool, lark_fetched,
+    /// the turn takes its files, and the claims it held back may take it;
+    /// the bytes of those it keeps are stored in the same transaction.
+    LarkFetched { fetched: crate::decide::lark::Fetched, blobs: Vec<Blob> } -> bool, lark_fetched,
         "storing a Lark message's files";
     /// Records a download job's attempt that is to be tried again: its
     /// failures so far, and when.
@@ -788,7 +792,8 @@ pub const RECORD_FETCH: &str =
 /// attachments JSON, `$3` turn); its `turn_attachments` rows follow.
 pub const FETCHED_TURN: &str = "update turns set text = $1, attachments = $2 where turn_id = $3";
 
-/// A file's bytes to store ([`Command::PutBlob`]).
+/// A file's bytes to store, with the turn that names them
+/// ([`Command::Enqueue`], [`Command::LarkFetched`]).
 #[derive(Debug, Clone)]
 pub struct Blob {
     pub sha256: String,

@@ -53,18 +53,21 @@ pub const DELETE_CHILDREN: [&str; 12] = [
 /// The session itself (`$1`), once its rows are gone; only if still closed.
 pub const DELETE_SESSION: &str = "delete from sessions where session_id = $1 and state = 'closed'";
 
+/// Files' bytes no turn names any more (their sessions pruned; stored by a
+/// broker before bytes were written with their turn), untouched since the
+/// cutoff (`$1`); ten at a time (each up to 20 MiB). Run by retention and,
+/// whatever its setting, by [`sweep_blobs`].
+pub const DELETE_UNNAMED_BLOBS: &str = "delete from attachment_blobs where sha256 in \
+     (select b.sha256 from attachment_blobs b where b.created_at < $1 \
+      and not exists (select 1 from turn_attachments a where a.sha256 = b.sha256) limit 10)";
+
 /// What belongs to no session and is old (`$1`: the cutoff), each a chunk
 /// at a time: attachments' bytes no turn names, Lark's redelivery guards received before the cutoff (Lark
 /// stops redelivering after about 7 hours, so older ones guard nothing), and
 /// the broker's answers to commands that named no session, made before it
 /// and no longer waiting to be sent.
 pub const DELETE_OLD: [&str; 3] = [
-    // Files no turn names any more (their sessions pruned, or an upload
-    // whose enqueue was refused), untouched since the cutoff; ten at a time
-    // (each up to 20 MiB).
-    "delete from attachment_blobs where sha256 in \
-     (select b.sha256 from attachment_blobs b where b.created_at < $1 \
-      and not exists (select 1 from turn_attachments a where a.sha256 = b.sha256) limit 10)",
+    DELETE_UNNAMED_BLOBS,
     "delete from lark_events where (app_id, event_id) in \
      (select app_id, event_id from lark_events where received_at < $1 limit 500)",
     "delete from lark_notes where message_id in \
@@ -120,6 +123,44 @@ pub async fn run(store: Arc<dyn Store>, days: u32, shutdown: CancellationToken) 
                 Ok(_) => {}
                 // Logged by the store; the next round tries again.
                 Err(_) => {}
+            },
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(EVERY) => {}
+        }
+    }
+}
+
+/// How long a file's bytes no turn names are kept before [`sweep_blobs`]
+/// removes them.
+pub const UNNAMED_BLOB_GRACE_MS: i64 = 3_600_000;
+
+/// Removes the files' bytes no turn names, stored over
+/// [`UNNAMED_BLOB_GRACE_MS`] before `now_ms`, ten at a time: how many.
+pub async fn sweep_unnamed_blobs(store: &dyn Store, now_ms: i64) -> Result<u64> {
+    let cutoff_ms = now_ms - UNNAMED_BLOB_GRACE_MS;
+    let mut removed = 0;
+    loop {
+        match store.sweep_blobs(cutoff_ms).await? {
+            0 => return Ok(removed),
+            n => removed += n,
+        }
+    }
+}
+
+/// Always on, whatever `--retain-closed-days` says: at start and then every
+/// hour, the files' bytes no turn names are removed, so no upload, refused
+/// or not, holds the disk for long.
+pub async fn sweep_blobs(store: Arc<dyn Store>, shutdown: CancellationToken) {
+    const EVERY: Duration = Duration::from_secs(3600);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            swept = sweep_unnamed_blobs(store.as_ref(), crate::time::now_ms()) => match swept {
+                Ok(n) if n > 0 => tracing::info!(blobs = n, "removed files no turn names"),
+                // Nothing to do, or logged by the store; the next round tries again.
+                _ => {}
             },
         }
         tokio::select! {

@@ -786,3 +786,299 @@ async fn racing_uploads_never_take_a_session_over_its_limit() {
     }
     assert_eq!(all_turns(c, &host).await.len(), 1);
 }
+
+impl Db {
+    /// The files' bytes stored: how many blobs, and their bytes together.
+    async fn stored(&self) -> (i64, i64) {
+        let sql = "select count(*), cast(coalesce(sum(size), 0) as bigint) from attachment_blobs";
+        match self {
+            Db::Sqlite(db) => sqlx::query_as(sql).fetch_one(db).await,
+            Db::Postgres(db) => sqlx::query_as(sql).fetch_one(db).await,
+        }
+        .unwrap()
+    }
+
+    /// A blob no turn names, stored `age_ms` ago (as a broker before issue
+    /// 53 left one behind).
+    async fn orphan(&self, sha256: &str, age_ms: i64) {
+        let at = loopx::time::now_ms() - age_ms;
+        let sql = match self {
+            Db::Sqlite(_) => {
+                "insert into attachment_blobs (sha256, size, sniffed_type, bytes, created_at) \
+                 values ($2, 3, null, cast('abc' as blob), $1)"
+            }
+            Db::Postgres(_) => {
+                "insert into attachment_blobs (sha256, size, sniffed_type, bytes, created_at) \
+                 values ($2, 3, null, convert_to('abc', 'UTF8'), $1)"
+            }
+        };
+        self.execute(sql, at, sha256).await;
+    }
+}
+
+/// Issue 53, item 6: a request that reuses a `client_message_id` with other
+/// files is refused 422 and stores none of their bytes (on 74c10af, four
+/// such requests of 1 MiB each left 4 MiB behind; the tester's 50 MiB ones,
+/// 200 MB).
+#[tokio::test]
+async fn a_reused_client_message_id_with_new_files_stores_no_bytes() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let message = keyed("first", "reuse-1");
+    c.enqueue_with_attachments(
+        host.session_id(),
+        &message,
+        &[file("a.txt", "", vec![1; 10])],
+    )
+    .await
+    .unwrap();
+    let db = Db::of(&broker).await;
+    let before = db.stored().await;
+    assert_eq!(before, (1, 10));
+    for i in 0..4u8 {
+        let other = [file("big.bin", "", vec![i + 2; 1024 * 1024])];
+        assert_eq!(
+            code(
+                c.enqueue_with_attachments(host.session_id(), &message, &other)
+                    .await
+            ),
+            (422, "idempotency_key_reused".into())
+        );
+    }
+    assert_eq!(db.stored().await, before, "a refused upload left its bytes");
+    // A replay stores nothing new either, and still answers 200.
+    let replay = c
+        .enqueue_with_attachments(
+            host.session_id(),
+            &message,
+            &[file("a.txt", "", vec![1; 10])],
+        )
+        .await
+        .unwrap();
+    assert!(replay.reply.replayed);
+    assert_eq!(db.stored().await, before);
+}
+
+/// Issue 53, item 6: uploads that lose the race for the session's last
+/// bytes (413 under the session's lock) leave none of their bytes behind.
+#[tokio::test]
+async fn uploads_that_lose_the_race_for_the_last_bytes_leave_nothing() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let db = Db::of(&broker).await;
+    db.execute(
+        "insert into turn_attachments (turn_id, position, session_id, name, declared_type, \
+         content_type, size, sha256) values ('turn_fake', 0, $2, 'big', 'x', 'x', $1, 'none')",
+        500 * 1024 * 1024 - 150_000,
+        host.session_id(),
+    )
+    .await;
+    let upload = async |i: u8| {
+        let files = [file(&format!("f{i}.bin"), "", vec![i; 100_000])];
+        c.enqueue_with_attachments(host.session_id(), &web(&format!("race {i}")), &files)
+            .await
+    };
+    let (a, b, d, e, f, g) = tokio::join!(
+        upload(0),
+        upload(1),
+        upload(2),
+        upload(3),
+        upload(4),
+        upload(5)
+    );
+    let answers = [a, b, d, e, f, g];
+    assert_eq!(answers.iter().filter(|a| a.is_ok()).count(), 1);
+    // One file's bytes, the winner's: 100,000 (on 74c10af, up to 600,000).
+    assert_eq!(db.stored().await, (1, 100_000));
+}
+
+/// Issue 53, item 6: bytes no turn names (left by an older broker) are
+/// removed at start and hourly, with retention off (the default).
+#[tokio::test]
+async fn bytes_no_turn_names_are_removed_with_retention_off() {
+    let mut broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    c.enqueue_with_attachments(
+        host.session_id(),
+        &web("kept"),
+        &[file("k.txt", "", vec![9; 5])],
+    )
+    .await
+    .unwrap();
+    let db = Db::of(&broker).await;
+    db.orphan(&"0".repeat(64), 2 * 3_600_000).await;
+    db.orphan(&"1".repeat(64), 60_000).await;
+    assert_eq!(db.stored().await.0, 3);
+    broker.restart(None).await;
+    let mut left = 0;
+    for _ in 0..100 {
+        left = db.blobs(&"0".repeat(64)).await;
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(left, 0, "an unnamed blob over an hour old is still stored");
+    // A named blob stays; an unnamed one younger than an hour too (for now).
+    assert_eq!(db.stored().await, (2, 8));
+}
+
+/// Issue 53, item 8: names with a bidi override (U+202E), a zero-width
+/// space (U+200B) or a line separator (U+2028) are stored and saved without
+/// them, and each path named to the agent is a file on disk (on 74c10af the
+/// names kept them: `…/evil\u{202E}hs.png` shown as `evilgnp.sh`, a path with a
+/// line break).
+#[tokio::test]
+async fn invisible_characters_leave_names_and_the_named_paths_exist() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let files = [
+        file("evil\u{202E}hs.png", "image/png", png(10)),
+        file("report\u{200B}.pdf", "application/pdf", b"%PDF".to_vec()),
+        file("a\u{2028}b.txt", "text/plain", b"ab".to_vec()),
+    ];
+    let sent = c
+        .enqueue_with_attachments(host.session_id(), &web("names"), &files)
+        .await
+        .unwrap()
+        .body;
+    let turn = c.turn(host.session_id(), &sent.turn_id).await.unwrap().body;
+    let names: Vec<&str> = turn.attachments.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, ["evilhs.png", "report.pdf", "ab.txt"]);
+    let dir = tempfile::tempdir().unwrap();
+    let output = claim_saving(&broker, &host, "inv-1", dir.path()).await;
+    let named = attached_paths(&output);
+    assert_eq!(named.len(), 3, "{output}");
+    for path in named {
+        assert!(
+            std::path::Path::new(&path).is_file(),
+            "{path:?} is not on disk"
+        );
+        assert!(
+            !path.chars().any(loopx::attachments::is_invisible),
+            "{path:?}"
+        );
+    }
+}
+
+/// `worker-bridge attached-session-claim --save-attachments DIR`: its stdout.
+async fn claim_saving(
+    broker: &TestBroker,
+    host: &Host,
+    claim_id: &str,
+    dir: &std::path::Path,
+) -> String {
+    run_with_stdin(
+        loopx()
+            .args(["worker-bridge", "attached-session-claim", "--session-id"])
+            .arg(host.session_id())
+            .args(["--host-surface", HOST_SURFACE, "--host-session-id"])
+            .arg(&host.host_session_id)
+            .args(["--claim-id", claim_id, "--broker-url", &broker.url])
+            .arg("--save-attachments")
+            .arg(dir)
+            .env("LOOPX_TOKEN", TOKEN),
+        "",
+    )
+    .await
+}
+
+/// The paths of the `Attached: <path> (<type>, <size>)` lines.
+fn attached_paths(output: &str) -> Vec<String> {
+    output
+        .lines()
+        .filter_map(|l| l.strip_prefix("Attached: "))
+        .filter_map(|l| l.rsplit_once(" (").map(|(path, _)| path.to_owned()))
+        .collect()
+}
+
+/// Issue 53, item 9: `--save-attachments DIR` leaves DIR's mode alone (on
+/// 74c10af an existing 1777 DIR became 0700), and a link planted at
+/// `DIR/<session>/<turn>` is never followed: its target is neither chmod-ed
+/// nor written to, and the file is named as not saved.
+#[tokio::test]
+async fn save_attachments_changes_no_mode_it_did_not_make_and_follows_no_link() {
+    use std::os::unix::fs::PermissionsExt;
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let one = [file("a.txt", "text/plain", b"one".to_vec())];
+    let sent = c
+        .enqueue_with_attachments(host.session_id(), &web("first"), &one)
+        .await
+        .unwrap()
+        .body;
+    let output = claim_saving(&broker, &host, "keep-1", dir.path()).await;
+    assert_eq!(mode(dir.path()), 0o1777, "DIR's mode was changed");
+    let session_dir = dir.path().join(host.session_id());
+    assert_eq!(mode(&session_dir), 0o700);
+    assert_eq!(attached_paths(&output).len(), 1, "{output}");
+    c.complete(
+        host.session_id(),
+        &sent.turn_id,
+        &host.completion("keep-1", "k-1", "ok"),
+    )
+    .await
+    .unwrap();
+
+    // A link planted where the next turn's folder goes.
+    let target = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(target.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let next = c
+        .enqueue_with_attachments(host.session_id(), &web("second"), &one)
+        .await
+        .unwrap()
+        .body;
+    std::os::unix::fs::symlink(target.path(), session_dir.join(&next.turn_id)).unwrap();
+    let output = claim_saving(&broker, &host, "keep-2", dir.path()).await;
+    assert!(attached_paths(&output).is_empty(), "{output}");
+    assert!(output.contains("could not be saved"), "{output}");
+    assert_eq!(mode(target.path()), 0o755, "the link's target was chmod-ed");
+    assert_eq!(
+        std::fs::read_dir(target.path()).unwrap().count(),
+        0,
+        "written through the link"
+    );
+}
+
+/// Issue 53, item 10: `x.txt`, `2-x.txt`, `x.txt` in one turn are three
+/// files (on 74c10af the third became `2-x.txt` over the second, and two
+/// lines named it); saving never overwrites, and the turn delivered again
+/// names the same three files.
+#[tokio::test]
+async fn colliding_names_are_saved_as_distinct_files_and_never_overwritten() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let files = [
+        file("x.txt", "text/plain", b"one".to_vec()),
+        file("2-x.txt", "text/plain", b"two".to_vec()),
+        file("x.txt", "text/plain", b"three".to_vec()),
+    ];
+    c.enqueue_with_attachments(host.session_id(), &web("three"), &files)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let output = claim_saving(&broker, &host, "coll-1", dir.path()).await;
+    let paths = attached_paths(&output);
+    let contents: Vec<Vec<u8>> = paths.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    assert_eq!(
+        contents,
+        [b"one".to_vec(), b"two".to_vec(), b"three".to_vec()],
+        "{output}"
+    );
+    let distinct: std::collections::HashSet<&String> = paths.iter().collect();
+    assert_eq!(distinct.len(), 3, "{output}");
+    // Delivered again (the same claim replayed): the same files, nothing new.
+    let again = claim_saving(&broker, &host, "coll-1", dir.path()).await;
+    assert_eq!(attached_paths(&again), paths, "{again}");
+    let folder = std::path::Path::new(&paths[0]).parent().unwrap();
+    assert_eq!(std::fs::read_dir(folder).unwrap().count(), 3);
+}

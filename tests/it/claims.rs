@@ -652,6 +652,7 @@ async fn two_decisions_in_one_commit_keep_the_first_when_the_second_is_refused()
     let enqueue = |text: &str| Command::Enqueue {
         session_id: id.clone(),
         message: web(text),
+        blobs: Vec::new(),
     };
     let claim = |claim_id: &str| Command::Claim {
         session_id: id.clone(),

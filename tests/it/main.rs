@@ -5,6 +5,7 @@
 mod support;
 
 mod attachments;
+mod attachments_streaming;
 mod auth_and_errors;
 mod claims;
 mod cli;

@@ -689,7 +689,7 @@ mod tests {
                         // and then another (refused).
                         let text = format!("t{n}-{}", rng.below(5) / 4);
                         if let Ok(done) = as_dyn(&store)
-                            .enqueue(session.clone(), message(text, cmid))
+                            .enqueue(session.clone(), message(text, cmid), Vec::new())
                             .await
                         {
                             ids.turns.push((session, done.turn.turn_id));
@@ -780,7 +780,7 @@ mod tests {
                 for i in 0..200 {
                     let text = format!("turn {w}-{i}");
                     as_dyn(&store)
-                        .enqueue(session.clone(), message(text, None))
+                        .enqueue(session.clone(), message(text, None), Vec::new())
                         .await
                         .unwrap();
                 }
