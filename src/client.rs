@@ -582,9 +582,21 @@ impl Client {
         request_id: &str,
         behavior: Behavior,
     ) -> Result<TypedReply<PermissionRequest>, ClientError> {
+        let answer = AnswerPermission::plain(behavior);
+        self.answer_permission_with(session_id, request_id, &answer)
+            .await
+    }
+
+    /// Answers as the owner, with what is chosen beyond allow or deny (a
+    /// question's answers, a suggestion, a plan's mode, a message).
+    pub async fn answer_permission_with(
+        &self,
+        session_id: &str,
+        request_id: &str,
+        answer: &AnswerPermission,
+    ) -> Result<TypedReply<PermissionRequest>, ClientError> {
         let path = permission_path(session_id, request_id, "/answer");
-        let body = AnswerPermission { behavior };
-        self.call(Method::POST, &path, Some(&body), None).await
+        self.call(Method::POST, &path, Some(answer), None).await
     }
 
     /// Withdraws the host's unanswered request.

@@ -116,6 +116,9 @@ pub struct Error {
     pub retry_after_seconds: Option<u32>,
     /// For `permission_already_answered`: the request's final state.
     pub permission_state: Option<crate::model::PermissionState>,
+    /// An `invalid_request` that is well formed but does not fit what it
+    /// answers (a question allowed without its answers): 422, not 400.
+    pub unfit: bool,
 }
 
 /// The details of a `claim_active` conflict.
@@ -135,6 +138,16 @@ impl Error {
             active_claim: None,
             retry_after_seconds: None,
             permission_state: None,
+            unfit: false,
+        }
+    }
+
+    /// 422 `invalid_request`: a well-formed body that does not fit the
+    /// resource it answers.
+    pub fn unfit(message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            unfit: true,
+            ..Self::invalid(message)
         }
     }
 
@@ -222,6 +235,9 @@ impl Error {
     }
 
     pub fn status(&self) -> StatusCode {
+        if self.unfit {
+            return StatusCode::UNPROCESSABLE_ENTITY;
+        }
         self.code.status()
     }
 

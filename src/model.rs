@@ -311,6 +311,11 @@ pub struct WithdrawPermission {
         pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
     )]
     pub host_session_id: String,
+    /// The person answered at the agent's terminal first: the request is
+    /// `expired` with `answered_via: "terminal"` (default false: nobody
+    /// answered in time).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub answered_at_terminal: bool,
 }
 
 /// Why a turn was cancelled: its session closed, or (a `terminal` turn
@@ -998,18 +1003,104 @@ pub enum Behavior {
 }
 
 /// Who answered a permission request: the owner (bearer token: the Web page,
-/// the API) or an approver of the linked Lark chat.
+/// the API), an approver of the linked Lark chat, or the person at the
+/// agent's terminal first (the request is then `expired`: the phone's
+/// answer came too late).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
 #[sqlx(rename_all = "snake_case")]
 pub enum AnsweredVia {
     Owner,
     Lark,
+    Terminal,
+}
+
+/// What a permission request asks: a tool's use (`tool`), the agent's
+/// questions with options (`question`, Claude Code's `AskUserQuestion`) or
+/// approval of its plan (`plan`, `ExitPlanMode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PermissionKind {
+    #[default]
+    Tool,
+    Question,
+    Plan,
+}
+
+/// One question of a `question` request, as the agent asked it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Question {
+    /// The question's text (at most 4,096 bytes); the answer is keyed by it.
+    #[schema(min_length = 1, max_length = 4096)]
+    pub question: String,
+    /// A short label (at most 256 bytes).
+    #[serde(default)]
+    #[schema(max_length = 256)]
+    pub header: String,
+    /// Whether several options may be chosen.
+    #[serde(default)]
+    pub multi_select: bool,
+    /// 1 to 8 options.
+    #[schema(min_items = 1, max_items = 8)]
+    pub options: Vec<QuestionOption>,
+}
+
+/// An option of a question.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QuestionOption {
+    /// At most 1,024 bytes.
+    #[schema(min_length = 1, max_length = 1024)]
+    pub label: String,
+    /// At most 4,096 bytes.
+    #[serde(default)]
+    #[schema(max_length = 4096)]
+    pub description: String,
+}
+
+/// One of the agent's "always allow" choices for a tool request, as a
+/// person reads it; the host keeps the agent's own form and echoes it back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Suggestion {
+    /// At most 1,024 bytes, e.g. "Always allow Bash(npm test) in this project".
+    #[schema(min_length = 1, max_length = 1024)]
+    pub label: String,
+}
+
+/// How an approved plan goes on: every edit accepted, or each one reviewed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanMode {
+    AcceptEdits,
+    Default,
+}
+
+/// What was chosen with an answer beyond allow or deny, as read back:
+/// content, like message text.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChosenAnswer {
+    /// The person's words to the agent (a denial's reason, a plan's
+    /// feedback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// A question's answers: each question's text to the chosen labels
+    /// (joined with ", ") or the person's own words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answers: Option<std::collections::BTreeMap<String, String>>,
+    /// The index of the chosen "always allow" suggestion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suggestion: Option<u32>,
+    /// How an approved plan goes on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<PlanMode>,
 }
 
 /// `POST /v1/sessions/{session_id}/permission-requests`, by the host: a tool
 /// approval dialog of the agent CLI, relayed as is.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"host_surface": "claude-code", "host_session_id": "host-abc", "request_id": "abcde", "tool_name": "Bash", "description": "Remove the build directory", "input_preview": "rm -rf build"}))]
 pub struct CreatePermissionRequest {
@@ -1044,11 +1135,27 @@ pub struct CreatePermissionRequest {
     /// Up to 64 KiB; stored like message text, shown as plain preformatted text.
     #[schema(max_length = 65536)]
     pub input_preview: String,
+    /// What it asks (default `tool`).
+    #[serde(default)]
+    pub kind: PermissionKind,
+    /// A `question` request's questions: 1 to 4 (only for `question`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_items = 1, max_items = 4)]
+    pub questions: Option<Vec<Question>>,
+    /// A `plan` request's plan, Markdown, up to 64 KiB (only for `plan`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 65536)]
+    pub plan: Option<String>,
+    /// A `tool` request's "always allow" choices, in the agent's order: at
+    /// most 8 (only for `tool`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_items = 8)]
+    pub suggestions: Option<Vec<Suggestion>>,
 }
 
 /// A permission request as read back (content-bearing, like a turn).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
-#[schema(example = json!({"request_id": "abcde", "session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "tool_name": "Bash", "description": "Remove the build directory", "input_preview": "rm -rf build", "state": "allowed", "created_at": "2026-11-30T10:00:01.000Z", "answered_at": "2026-11-30T10:00:09.000Z", "answered_via": "owner", "relayed_at": "2026-11-30T10:00:10.000Z"}))]
+#[schema(example = json!({"request_id": "abcde", "session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "tool_name": "Bash", "description": "Remove the build directory", "input_preview": "rm -rf build", "state": "allowed", "created_at": "2026-11-30T10:00:01.000Z", "answered_at": "2026-11-30T10:00:09.000Z", "answered_via": "owner", "relayed_at": "2026-11-30T10:00:10.000Z", "kind": "tool", "suggestions": [{"label": "Always allow Bash(rm -rf build) in this project"}], "answer": {"suggestion": 0}}))]
 pub struct PermissionRequest {
     pub request_id: String,
     pub session_id: String,
@@ -1069,6 +1176,23 @@ pub struct PermissionRequest {
     #[serde(default)]
     #[schema(required = true)]
     pub relayed_at: Option<String>,
+    /// What it asks.
+    #[serde(default)]
+    pub kind: PermissionKind,
+    /// A `question` request's questions (absent for the other kinds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub questions: Option<Vec<Question>>,
+    /// A `plan` request's plan, Markdown (absent for the other kinds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+    /// A `tool` request's "always allow" choices (empty when none).
+    #[serde(default)]
+    pub suggestions: Vec<Suggestion>,
+    /// What was chosen with the answer (null while pending, when expired,
+    /// and for a plain allow or deny).
+    #[serde(default)]
+    #[schema(required = true)]
+    pub answer: Option<ChosenAnswer>,
 }
 
 /// A session's permission requests: pending first, then newest first.
@@ -1086,12 +1210,42 @@ pub struct ListPermissions {
     pub state: Option<PermissionState>,
 }
 
-/// `POST .../permission-requests/{request_id}/answer`.
-#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+/// `POST .../permission-requests/{request_id}/answer`: allow or deny, and
+/// for a `question` its answers (an allow needs one for every question), for
+/// a `tool` the index of an "always allow" suggestion, for a `plan` how it
+/// goes on; `message` reaches the agent with a denial (a plan's feedback).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"behavior": "allow"}))]
+#[schema(example = json!({"behavior": "allow", "answers": {"Which database?": "PostgreSQL"}}))]
 pub struct AnswerPermission {
     pub behavior: Behavior,
+    /// Up to 4,096 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 4096)]
+    pub message: Option<String>,
+    /// A `question`'s answers: each question's text to the chosen labels
+    /// (joined with ", ") or the person's own words (each 1 to 4,096 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answers: Option<std::collections::BTreeMap<String, String>>,
+    /// An index into a `tool` request's `suggestions` (allow only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suggestion: Option<u32>,
+    /// A `plan`'s way on (allow only; default `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<PlanMode>,
+}
+
+impl AnswerPermission {
+    /// A plain allow or deny (a Lark button, `yes <id>`).
+    pub fn plain(behavior: Behavior) -> Self {
+        AnswerPermission {
+            behavior,
+            message: None,
+            answers: None,
+            suggestion: None,
+            mode: None,
+        }
+    }
 }
 
 /// `POST .../permission-requests/{request_id}/relayed`, by the host.

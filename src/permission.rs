@@ -6,9 +6,12 @@
 //! for a new request. It decides nothing and knows no SQL, no HTTP and no
 //! waiting.
 
+use serde::{Deserialize, Serialize};
+
 use crate::error::{Error, Result};
 use crate::model::{
-    AnsweredVia, Behavior, LarkLink, MAX_OPEN_ID_BYTES, PermissionRequest, PermissionState,
+    AnsweredVia, Behavior, ChosenAnswer, CreatePermissionRequest, LarkLink, MAX_OPEN_ID_BYTES,
+    PermissionKind, PermissionRequest, PermissionState, Question, Suggestion,
 };
 use crate::time::rfc3339;
 
@@ -26,10 +29,17 @@ pub struct PermissionRow {
     pub answered_via: Option<AnsweredVia>,
     /// When its host relayed the answer to the agent.
     pub relayed_at: Option<i64>,
+    /// What it asks beyond a tool's preview ([`Detail`] as JSON; none: a
+    /// plain tool request). Content, like message text.
+    pub detail: Option<String>,
+    /// What was chosen with its answer ([`ChosenAnswer`] as JSON; none: a
+    /// plain allow or deny). Content, like message text.
+    pub answer: Option<String>,
 }
 
 impl PermissionRow {
     pub fn readback(&self) -> PermissionRequest {
+        let detail = self.detail();
         PermissionRequest {
             request_id: self.request_id.clone(),
             session_id: self.session_id.clone(),
@@ -41,8 +51,169 @@ impl PermissionRow {
             answered_at: self.answered_at.map(rfc3339),
             answered_via: self.answered_via,
             relayed_at: self.relayed_at.map(rfc3339),
+            kind: detail.kind,
+            questions: detail.questions,
+            plan: detail.plan,
+            suggestions: detail.suggestions,
+            answer: self.chosen(),
         }
     }
+
+    /// What it asks beyond a tool's preview (nothing unreadable is kept).
+    pub fn detail(&self) -> Detail {
+        self.detail
+            .as_deref()
+            .and_then(|text| serde_json::from_str(text).ok())
+            .unwrap_or_default()
+    }
+
+    /// What was chosen with its answer.
+    pub fn chosen(&self) -> Option<ChosenAnswer> {
+        self.answer
+            .as_deref()
+            .and_then(|text| serde_json::from_str(text).ok())
+    }
+}
+
+/// A request's content beyond the tool's preview, as stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Detail {
+    #[serde(default)]
+    pub kind: PermissionKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub questions: Option<Vec<Question>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suggestions: Vec<Suggestion>,
+}
+
+/// A plain tool request's detail: nothing beyond the preview.
+pub static PLAIN: Detail = Detail {
+    kind: PermissionKind::Tool,
+    questions: None,
+    plan: None,
+    suggestions: Vec::new(),
+};
+
+/// The most questions a `question` request holds, and options a question.
+pub const MAX_QUESTIONS: usize = 4;
+pub const MAX_OPTIONS: usize = 8;
+/// The most "always allow" suggestions a tool request holds.
+pub const MAX_SUGGESTIONS: usize = 8;
+/// The longest question, option description, answer or message (bytes).
+pub const MAX_WORDS_BYTES: usize = 4096;
+/// The longest header, label or suggestion (bytes).
+pub const MAX_LABEL_BYTES: usize = 1024;
+
+fn too_long(field: &str, value: &str, max: usize) -> Result<()> {
+    if value.len() > max {
+        return Err(Error::invalid(format!(
+            "`{field}` must be at most {max} bytes."
+        )));
+    }
+    Ok(())
+}
+
+fn blank(field: &str, value: &str) -> Result<()> {
+    if value.trim().is_empty() {
+        return Err(Error::invalid(format!("`{field}` must not be blank.")));
+    }
+    Ok(())
+}
+
+/// A create's content beyond the preview, checked, as it is stored: each
+/// kind with its own fields only (`questions` for `question`, `plan` for
+/// `plan`, `suggestions` for `tool`), within the limits above. `None`: a
+/// plain tool request.
+pub fn detail_of(request: &CreatePermissionRequest) -> Result<Option<String>> {
+    let kind = request.kind;
+    let only = |field: &str, present: bool, for_kind: PermissionKind| -> Result<()> {
+        if present && kind != for_kind {
+            return Err(Error::invalid(format!(
+                "`{field}` is only for a `{}` request.",
+                crate::model::wire(&for_kind)
+            )));
+        }
+        Ok(())
+    };
+    only(
+        "questions",
+        request.questions.is_some(),
+        PermissionKind::Question,
+    )?;
+    only("plan", request.plan.is_some(), PermissionKind::Plan)?;
+    only(
+        "suggestions",
+        request.suggestions.is_some(),
+        PermissionKind::Tool,
+    )?;
+    let detail = Detail {
+        kind,
+        questions: request.questions.clone(),
+        plan: request.plan.clone(),
+        suggestions: request.suggestions.clone().unwrap_or_default(),
+    };
+    match kind {
+        PermissionKind::Question => check_questions(detail.questions.as_deref())?,
+        PermissionKind::Plan => {
+            let plan = detail.plan.as_deref().unwrap_or_default();
+            blank("plan", plan)?;
+            too_long("plan", plan, crate::broker::MAX_TEXT_BYTES)?;
+        }
+        PermissionKind::Tool => {
+            if detail.suggestions.len() > MAX_SUGGESTIONS {
+                return Err(Error::invalid(format!(
+                    "`suggestions` holds at most {MAX_SUGGESTIONS}."
+                )));
+            }
+            for suggestion in &detail.suggestions {
+                blank("suggestions[].label", &suggestion.label)?;
+                too_long("suggestions[].label", &suggestion.label, MAX_LABEL_BYTES)?;
+            }
+            if detail.suggestions.is_empty() {
+                return Ok(None);
+            }
+        }
+    }
+    Ok(serde_json::to_string(&detail).ok())
+}
+
+fn check_questions(questions: Option<&[Question]>) -> Result<()> {
+    let questions = questions.unwrap_or_default();
+    if questions.is_empty() || questions.len() > MAX_QUESTIONS {
+        return Err(Error::invalid(format!(
+            "A `question` request holds 1 to {MAX_QUESTIONS} `questions`."
+        )));
+    }
+    for (n, q) in questions.iter().enumerate() {
+        blank("questions[].question", &q.question)?;
+        too_long("questions[].question", &q.question, MAX_WORDS_BYTES)?;
+        too_long("questions[].header", &q.header, MAX_LABEL_BYTES)?;
+        if questions[..n]
+            .iter()
+            .any(|other| other.question == q.question)
+        {
+            return Err(Error::invalid(
+                "Each of `questions` must ask another question.",
+            ));
+        }
+        if q.options.is_empty() || q.options.len() > MAX_OPTIONS {
+            return Err(Error::invalid(format!(
+                "Each question has 1 to {MAX_OPTIONS} `options`."
+            )));
+        }
+        for option in &q.options {
+            blank("options[].label", &option.label)?;
+            too_long("options[].label", &option.label, MAX_LABEL_BYTES)?;
+            too_long(
+                "options[].description",
+                &option.description,
+                MAX_WORDS_BYTES,
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// The most requests a list answers: every pending one first, then the

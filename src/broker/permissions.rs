@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::ids::check;
 use crate::model::HostIdentity;
 use crate::model::{
-    AnsweredVia, Behavior, CreatePermissionRequest, ListPermissions, PermissionList,
+    AnswerPermission, AnsweredVia, CreatePermissionRequest, ListPermissions, PermissionList,
     PermissionRequest, RelayedPermission, WaitPermission, WithdrawPermission, wire,
 };
 use crate::permission;
@@ -39,6 +39,7 @@ impl Broker {
                 )));
             }
         }
+        crate::permission::detail_of(&request)?;
         let host = HostIdentity {
             host_surface: request.host_surface.clone(),
             host_session_id: request.host_session_id.clone(),
@@ -55,15 +56,15 @@ impl Broker {
         &self,
         session_id: &str,
         request_id: &str,
-        behavior: Behavior,
+        answer: AnswerPermission,
         via: AnsweredVia,
     ) -> Result<Answer<PermissionRequest>> {
         check("request_id", request_id)?;
+        let outcome = wire(&answered_state(answer.behavior));
         let decision = self
             .store
-            .answer_permission(session_id.to_owned(), request_id.to_owned(), behavior, via)
+            .answer_permission(session_id.to_owned(), request_id.to_owned(), answer, via)
             .await?;
-        let outcome = wire(&answered_state(behavior));
         Ok(self.decided(decision, &outcome))
     }
 
@@ -75,10 +76,16 @@ impl Broker {
         host: WithdrawPermission,
     ) -> Result<Answer<PermissionRequest>> {
         check("request_id", request_id)?;
+        let at_terminal = host.answered_at_terminal;
         let host = checked_host(host.host_surface, host.host_session_id)?;
         let decision = self
             .store
-            .withdraw_permission(session_id.to_owned(), request_id.to_owned(), host)
+            .withdraw_permission(
+                session_id.to_owned(),
+                request_id.to_owned(),
+                host,
+                at_terminal,
+            )
             .await?;
         Ok(self.decided(decision, WITHDRAWN.as_str()))
     }

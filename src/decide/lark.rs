@@ -17,8 +17,8 @@ use super::{Subject, existing, log, open};
 use crate::error::Result;
 use crate::ids::Minter;
 use crate::model::{
-    AnsweredVia, Behavior, EnqueueRequest, Ingress, LarkLink, LarkRef, Origin, PermissionState,
-    TurnState,
+    AnswerPermission, AnsweredVia, Behavior, EnqueueRequest, Ingress, LarkLink, LarkRef, Origin,
+    PermissionState, TurnState,
 };
 use crate::permission::{LarkCommand, PermissionRow, approvers_from_stored, approvers_to_stored};
 
@@ -374,7 +374,12 @@ pub fn event(
             };
             // An answer that changes nothing (another answer to an answered
             // or expired request, an unknown id) is not said in the chat.
-            let Ok(mut answered) = answer(rows, behavior, AnsweredVia::Lark, now) else {
+            let Ok(mut answered) = answer(
+                rows,
+                &AnswerPermission::plain(behavior),
+                AnsweredVia::Lark,
+                now,
+            ) else {
                 return recorded(Decided::nothing(LarkIngest::Ignored));
             };
             if let Decision::Write(row) = &answered.answer {
@@ -549,7 +554,12 @@ fn click_decision(rows: ClickRows, click: &LarkClick, now: i64) -> Result<Decide
         session: Some(session),
         existing: Some(request),
     };
-    let answered = answer(rows, click.behavior, AnsweredVia::Lark, now)?;
+    let answered = answer(
+        rows,
+        &AnswerPermission::plain(click.behavior),
+        AnsweredVia::Lark,
+        now,
+    )?;
     let Decision::Write(row) = answered.answer else {
         return Ok(settled(answered.answer.into_row(), name, answered_by));
     };

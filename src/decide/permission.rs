@@ -10,8 +10,11 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::model::HostIdentity;
-use crate::model::{AnsweredVia, Behavior, CreatePermissionRequest, PermissionState};
-use crate::permission::PermissionRow;
+use crate::model::{
+    AnswerPermission, AnsweredVia, Behavior, ChosenAnswer, CreatePermissionRequest, PermissionKind,
+    PermissionState,
+};
+use crate::permission::{MAX_WORDS_BYTES, PermissionRow};
 
 /// What a create or an answer answers: the request as written, or as stored
 /// for a replay.
@@ -55,10 +58,15 @@ pub struct AnswerRows {
     pub existing: Option<PermissionRow>,
 }
 
-fn same_request(row: &PermissionRow, request: &CreatePermissionRequest) -> bool {
+fn same_request(
+    row: &PermissionRow,
+    request: &CreatePermissionRequest,
+    detail: &Option<String>,
+) -> bool {
     row.tool_name == request.tool_name
         && row.description == request.description
         && row.input_preview == request.input_preview
+        && &row.detail == detail
 }
 
 /// The host records a request, in this order: unknown session 404; wrong
@@ -72,8 +80,9 @@ pub fn create(
     now: i64,
 ) -> Result<Decided<Decision>> {
     let mut session = hosted(rows.session, host)?;
+    let detail = crate::permission::detail_of(&request)?;
     if let Some(row) = rows.existing {
-        if same_request(&row, &request) {
+        if same_request(&row, &request, &detail) {
             return Ok(Decided::nothing(Decision::Replayed(row)));
         }
         return Err(key_reused("request_id", "another request on this session"));
@@ -90,6 +99,8 @@ pub fn create(
         answered_at: None,
         answered_via: None,
         relayed_at: None,
+        detail,
+        answer: None,
     };
     let event = log(
         &mut session,
@@ -125,12 +136,14 @@ fn settle(
     row: PermissionRow,
     state: PermissionState,
     via: Option<AnsweredVia>,
+    chosen: Option<ChosenAnswer>,
     now: i64,
 ) -> Decided<Decision> {
     let row = PermissionRow {
         state,
         answered_at: Some(now),
         answered_via: via,
+        answer: chosen.and_then(|c| serde_json::to_string(&c).ok()),
         ..row
     };
     let event = log(
@@ -158,13 +171,16 @@ pub fn answered_state(behavior: Behavior) -> PermissionState {
     }
 }
 
-/// An answer, in this order: unknown session or request 404; a pending
+/// An answer, in this order: unknown session or request 404; an answer
+/// that does not fit the request 422 (a `question` allowed without an
+/// answer for each of its questions, an unknown question, a suggestion that
+/// is not one of the request's, a `mode` for anything but a plan); a pending
 /// request takes it; the same answer again is a replay; another answer, or
-/// any answer to an expired request, is 409 `permission_already_answered`
-/// (with the state).
+/// any answer to an expired request (one answered at the terminal first
+/// among them), is 409 `permission_already_answered` (with the state).
 pub fn answer(
     rows: AnswerRows,
-    behavior: Behavior,
+    answer: &AnswerPermission,
     via: AnsweredVia,
     now: i64,
 ) -> Result<Decided<Decision>> {
@@ -172,12 +188,105 @@ pub fn answer(
     let row = rows
         .existing
         .ok_or_else(|| Error::not_found("permission request"))?;
-    let wanted = answered_state(behavior);
+    let chosen = chosen(&row, answer)?;
+    let wanted = answered_state(answer.behavior);
     match row.state {
-        PermissionState::Pending => Ok(settle(session, row, wanted, Some(via), now)),
-        state if state == wanted => Ok(Decided::nothing(Decision::Replayed(row))),
+        PermissionState::Pending => Ok(settle(session, row, wanted, Some(via), chosen, now)),
+        state if state == wanted && row.chosen() == chosen => {
+            Ok(Decided::nothing(Decision::Replayed(row)))
+        }
         state => Err(Error::permission_already_answered(state)),
     }
+}
+
+/// What an answer chooses beyond allow or deny, checked against the request
+/// (none: a plain allow or deny).
+fn chosen(row: &PermissionRow, answer: &AnswerPermission) -> Result<Option<ChosenAnswer>> {
+    let detail = row.detail();
+    let allow = answer.behavior == Behavior::Allow;
+    if let Some(message) = &answer.message
+        && message.len() > MAX_WORDS_BYTES
+    {
+        return Err(Error::unfit(format!(
+            "`message` must be at most {MAX_WORDS_BYTES} bytes."
+        )));
+    }
+    if answer.mode.is_some() && (detail.kind != PermissionKind::Plan || !allow) {
+        return Err(Error::unfit(
+            "`mode` is only for allowing a `plan` request.",
+        ));
+    }
+    if let Some(index) = answer.suggestion
+        && (!allow || index as usize >= detail.suggestions.len())
+    {
+        return Err(Error::unfit(
+            "`suggestion` must be the index of one of the request's `suggestions`, with an allow.",
+        ));
+    }
+    let answers = match (&detail.questions, &answer.answers, allow) {
+        (_, None, false) => None,
+        (_, Some(_), false) => {
+            return Err(Error::unfit("`answers` goes with an allow."));
+        }
+        (Some(questions), Some(answers), _) => {
+            check_answers(questions, answers)?;
+            Some(answers.clone())
+        }
+        (Some(_), None, true) => {
+            return Err(Error::unfit(
+                "Allowing a `question` request needs `answers`: one for each question.",
+            ));
+        }
+        (None, Some(_), _) => {
+            return Err(Error::unfit("`answers` is only for a `question` request."));
+        }
+        (None, None, true) => None,
+    };
+    let mode = match detail.kind {
+        PermissionKind::Plan if allow => {
+            Some(answer.mode.unwrap_or(crate::model::PlanMode::Default))
+        }
+        _ => None,
+    };
+    let chosen = ChosenAnswer {
+        message: answer.message.clone().filter(|m| !m.trim().is_empty()),
+        answers,
+        suggestion: answer.suggestion,
+        mode,
+    };
+    Ok((chosen != ChosenAnswer::default()).then_some(chosen))
+}
+
+/// A question's answers: one for each question, none for another, each
+/// 1 to [`MAX_WORDS_BYTES`] bytes and not blank.
+fn check_answers(
+    questions: &[crate::model::Question],
+    answers: &std::collections::BTreeMap<String, String>,
+) -> Result<()> {
+    if answers
+        .keys()
+        .any(|k| !questions.iter().any(|q| &q.question == k))
+    {
+        return Err(Error::unfit(
+            "`answers` names a question the request does not ask.",
+        ));
+    }
+    for question in questions {
+        match answers.get(&question.question) {
+            Some(text) if !text.trim().is_empty() && text.len() <= MAX_WORDS_BYTES => {}
+            Some(_) => {
+                return Err(Error::unfit(format!(
+                    "Each of `answers` must be 1 to {MAX_WORDS_BYTES} bytes, not blank."
+                )));
+            }
+            None => {
+                return Err(Error::unfit(
+                    "`answers` needs an answer for each question of the request.",
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The host records that it relayed the answer to its agent, in this order:
@@ -229,11 +338,17 @@ pub const WITHDRAWN: PermissionState = PermissionState::Expired;
 
 /// The host withdraws its request, in this order: unknown session or request
 /// 404; another host 403 `host_mismatch`; a pending request becomes
-/// [`WITHDRAWN`] (its event logged); an expired one again is a replay; an
-/// answered one is 409 `permission_already_answered` with its state (the
-/// host then uses that answer after all). Also on a closed session, whose
-/// requests are all expired already.
-pub fn withdraw(rows: AnswerRows, host: &HostIdentity, now: i64) -> Result<Decided<Decision>> {
+/// [`WITHDRAWN`] (its event logged; `answered_via: "terminal"` when the
+/// person answered at the terminal first); an expired one again is a
+/// replay; an answered one is 409 `permission_already_answered` with its
+/// state (the host then uses that answer after all). Also on a closed
+/// session, whose requests are all expired already.
+pub fn withdraw(
+    rows: AnswerRows,
+    host: &HostIdentity,
+    at_terminal: bool,
+    now: i64,
+) -> Result<Decided<Decision>> {
     let session = existing(rows.session)?;
     let row = rows
         .existing
@@ -242,7 +357,10 @@ pub fn withdraw(rows: AnswerRows, host: &HostIdentity, now: i64) -> Result<Decid
         return Err(Error::host_mismatch());
     }
     match row.state {
-        PermissionState::Pending => Ok(settle(session, row, WITHDRAWN, None, now)),
+        PermissionState::Pending => {
+            let via = at_terminal.then_some(AnsweredVia::Terminal);
+            Ok(settle(session, row, WITHDRAWN, via, None, now))
+        }
         PermissionState::Expired => Ok(Decided::nothing(Decision::Replayed(row))),
         state => Err(Error::permission_already_answered(state)),
     }
@@ -263,6 +381,7 @@ pub(crate) mod tests {
             tool_name: "Bash".into(),
             description: "d".into(),
             input_preview: preview.into(),
+            ..CreatePermissionRequest::default()
         }
     }
 
@@ -354,26 +473,26 @@ pub(crate) mod tests {
             existing,
         };
         assert_eq!(
-            code(withdraw(rows(None), &host("h"), 7)),
+            code(withdraw(rows(None), &host("h"), false, 7)),
             ErrorCode::NotFound
         );
-        let wrong = withdraw(rows(Some(created())), &host("x"), 7);
+        let wrong = withdraw(rows(Some(created())), &host("x"), false, 7);
         assert_eq!(code(wrong), ErrorCode::HostMismatch);
-        let first = withdraw(rows(Some(created())), &host("h"), 7).unwrap();
+        let first = withdraw(rows(Some(created())), &host("h"), false, 7).unwrap();
         let Decision::Write(expired) = first.answer else {
             panic!("a first withdrawal writes")
         };
         assert_eq!((expired.state, expired.answered_at), (WITHDRAWN, Some(7)));
         let event = first.writes.event.expect("an event");
         assert_eq!((event.kind, event.state), ("permission", "expired"));
-        let again = withdraw(rows(Some(expired.clone())), &host("h"), 8).unwrap();
+        let again = withdraw(rows(Some(expired.clone())), &host("h"), false, 8).unwrap();
         assert!(matches!(again.answer, Decision::Replayed(ref r) if *r == expired));
         assert!(again.writes.event.is_none());
         let allowed = PermissionRow {
             state: PermissionState::Allowed,
             ..created()
         };
-        let late = withdraw(rows(Some(allowed)), &host("h"), 8);
+        let late = withdraw(rows(Some(allowed)), &host("h"), false, 8);
         assert_eq!(code(late), ErrorCode::PermissionAlreadyAnswered);
     }
 
@@ -382,7 +501,12 @@ pub(crate) mod tests {
             session: Some(session(SessionState::Open)),
             existing,
         };
-        answer(rows, behavior, AnsweredVia::Owner, 10)
+        answer(
+            rows,
+            &AnswerPermission::plain(behavior),
+            AnsweredVia::Owner,
+            10,
+        )
     }
 
     #[test]
@@ -392,13 +516,24 @@ pub(crate) mod tests {
             session: None,
             existing: Some(created()),
         };
-        let unknown = answer(no_session, Behavior::Allow, AnsweredVia::Owner, 1);
+        let unknown = answer(
+            no_session,
+            &AnswerPermission::plain(Behavior::Allow),
+            AnsweredVia::Owner,
+            1,
+        );
         assert_eq!(code(unknown), ErrorCode::NotFound);
         let rows = AnswerRows {
             session: Some(session(SessionState::Open)),
             existing: Some(created()),
         };
-        let first = answer(rows, Behavior::Allow, AnsweredVia::Lark, 9).unwrap();
+        let first = answer(
+            rows,
+            &AnswerPermission::plain(Behavior::Allow),
+            AnsweredVia::Lark,
+            9,
+        )
+        .unwrap();
         let Decision::Write(allowed) = first.answer else {
             panic!("a first answer writes")
         };

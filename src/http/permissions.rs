@@ -46,7 +46,10 @@ pub fn router() -> axum::Router<AppState> {
 /// Withdraw an unanswered request (by the host).
 ///
 /// Nobody answered in time: the agent asks at its terminal instead, so no
-/// card stays open. A pending request becomes `expired` (announced as
+/// card stays open; or (`answered_at_terminal: true`) the person answered at
+/// the agent's terminal first, recorded as `answered_via: "terminal"`, so
+/// the cards say so and a late answer from the phone is refused. A pending
+/// request becomes `expired` (announced as
 /// `event: permission`); 200 with the request. Again: 200 with
 /// `Idempotent-Replayed: true` (also for a request its session's close
 /// expired). Order of checks: 404 (session, then request), 403
@@ -83,8 +86,12 @@ pub async fn withdraw(
 
 /// Record a permission request (by the host).
 ///
-/// The host bridge relays its agent CLI's tool-approval dialog (Claude Code's
-/// `permission_request`): the request is recorded `pending` on the session,
+/// The host bridge relays what its agent CLI stops to ask (HOOKS.md "Every
+/// blocking prompt"): a tool's use (`kind: "tool"`, with the agent's "always
+/// allow" `suggestions`, at most 8), its questions (`question`: 1 to 4
+/// `questions` of 1 to 8 `options` each) or its plan (`plan`: Markdown, up
+/// to 64 KiB). Each kind takes its own fields only (400 otherwise); all of
+/// them are content, like message text. The request is recorded `pending` on the session,
 /// shown on the Web page and sent to a linked Lark chat, and announced on the
 /// event stream as `event: permission`. `request_id` is unique per session:
 /// the same `request_id` with the same body again answers 200 with
@@ -166,13 +173,22 @@ pub async fn read(
 
 /// Answer a permission request (the owner).
 ///
-/// `allow` or `deny`; recorded with `answered_via: "owner"`. The first answer
-/// wins and is final: the same answer again answers 200 with
-/// `Idempotent-Replayed: true`; another answer to an answered request, or any
-/// answer to an expired one (its session closed), is 409
-/// `permission_already_answered` with the request's `state` inside `error`.
-/// An answer to a closed session's request is refused the same way, since a
-/// close expires every pending request. Unknown session or request: 404.
+/// `allow` or `deny`; recorded with `answered_via: "owner"`. What the request
+/// asks decides what else the answer carries (HOOKS.md "Every blocking
+/// prompt"): a `question` is allowed only with `answers`, one for each of its
+/// questions (the chosen labels joined with ", ", or the person's own words);
+/// a `tool` request may be allowed with `suggestion`, the index of one of its
+/// "always allow" `suggestions`; a `plan` is allowed with `mode`
+/// (`accept_edits` or `default`, the default) or denied with `message`, the
+/// feedback the agent reads; any denial may carry `message`. An answer that
+/// does not fit the request is 422 `invalid_request` and changes nothing.
+/// The first answer wins and is final: the same answer again answers 200
+/// with `Idempotent-Replayed: true`; another answer to an answered request,
+/// or any answer to an expired one (its session closed, its host withdrew it,
+/// or the person answered at the agent's terminal first: `answered_via:
+/// "terminal"`), is 409 `permission_already_answered` with the request's
+/// `state` inside `error`. Unknown session or request: 404. Order: 404, 422,
+/// 409.
 #[utoipa::path(post, path = "/v1/sessions/{session_id}/permission-requests/{request_id}/answer", operation_id = "answerPermissionRequest", tag = "permissions",
     params(
         ("session_id" = String, Path, description = "The session id."),
@@ -187,6 +203,7 @@ pub async fn read(
         (status = 409, description = "`permission_already_answered`, with `state`.", body = ErrorBody),
         (status = 413, description = "`payload_too_large`.", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+        (status = 422, description = "`invalid_request`: the answer does not fit the request (a question without an answer for each question, a suggestion it does not offer, a mode for anything but a plan).", body = ErrorBody),
     ))]
 pub async fn answer(
     State(state): State<AppState>,
@@ -195,12 +212,7 @@ pub async fn answer(
 ) -> Result<Response> {
     let answer = state
         .broker
-        .answer_permission(
-            &session_id,
-            &request_id,
-            answer.behavior,
-            AnsweredVia::Owner,
-        )
+        .answer_permission(&session_id, &request_id, answer, AnsweredVia::Owner)
         .await?;
     Ok((replayed_header(answer.replayed), Json(answer.body)).into_response())
 }

@@ -254,20 +254,21 @@ pub(crate) async fn command<X: Tx>(
         Command::AnswerPermission {
             session_id,
             request_id,
-            behavior,
+            answer,
             via,
         } => {
             let rows = answer_rows(tx, &session_id, &request_id).await?;
-            let decision = permission::answer(rows, behavior, via, now)?;
+            let decision = permission::answer(rows, &answer, via, now)?;
             Done::AnswerPermission(Box::new(decided(tx, decision).await?))
         }
         Command::WithdrawPermission {
             session_id,
             request_id,
             host,
+            at_terminal,
         } => {
             let rows = answer_rows(tx, &session_id, &request_id).await?;
-            let decision = permission::withdraw(rows, &host, now)?;
+            let decision = permission::withdraw(rows, &host, at_terminal, now)?;
             Done::WithdrawPermission(Box::new(decided(tx, decision).await?))
         }
         Command::RelayedPermission {

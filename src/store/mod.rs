@@ -50,7 +50,7 @@ macro_rules! turn_readback {
 macro_rules! permission_columns {
     () => {
         "session_id, request_id, tool_name, description, input_preview, state, created_at, \
-         answered_at, answered_via, relayed_at"
+         answered_at, answered_via, relayed_at, detail, answer"
     };
 }
 
@@ -73,9 +73,9 @@ use crate::decide::turn::{ClaimOutcome, Enqueue, Releaser};
 use crate::decide::{Changed, EventRow, SessionRow, TurnRow};
 use crate::error::Result;
 use crate::model::{
-    AnsweredVia, Behavior, BindRequest, CompleteRequest, CreatePermissionRequest, EnqueueRequest,
-    HostIdentity, LarkLink, ListSessions, ListTurns, NotificationKind, PermissionState, Receipt,
-    RegisterAgentThread, Released, ReplyState,
+    AnswerPermission, AnsweredVia, BindRequest, CompleteRequest, CreatePermissionRequest,
+    EnqueueRequest, HostIdentity, LarkLink, ListSessions, ListTurns, NotificationKind,
+    PermissionState, Receipt, RegisterAgentThread, Released, ReplyState,
 };
 use crate::permission::PermissionRow;
 
@@ -526,10 +526,10 @@ commands! {
     CreatePermission { session_id: String, host: HostIdentity, request: CreatePermissionRequest }
         -> Decision, create_permission, "recording a permission request";
     /// Answers a permission request ([`crate::decide::permission::answer`]).
-    AnswerPermission { session_id: String, request_id: String, behavior: Behavior, via: AnsweredVia }
+    AnswerPermission { session_id: String, request_id: String, answer: AnswerPermission, via: AnsweredVia }
         -> Decision, answer_permission, "answering a permission request";
     /// The host withdraws its request ([`crate::decide::permission::withdraw`]).
-    WithdrawPermission { session_id: String, request_id: String, host: HostIdentity }
+    WithdrawPermission { session_id: String, request_id: String, host: HostIdentity, at_terminal: bool }
         -> Decision, withdraw_permission, "withdrawing a permission request";
     /// Records that the host relayed the answer ([`crate::decide::permission::relayed`]).
     RelayedPermission { session_id: String, request_id: String, host: HostIdentity }

@@ -99,6 +99,11 @@ fn body(text: &str) -> Arg {
     Arg::Body(Some(text.to_owned()))
 }
 
+/// Content that may be absent.
+fn optional_body(text: Option<&str>) -> Arg {
+    Arg::Body(text.map(str::to_owned))
+}
+
 /// A diagnostic from afar, storable anywhere: a stray U+0000 replaced.
 fn diagnostic(error: Option<String>) -> Arg {
     Arg::Text(error.map(|e| e.replace('\0', "\u{fffd}")))
@@ -237,10 +242,10 @@ const DELETE_LINK: &str = "delete from lark_links where session_id = $1";
 const INSERT_LINK: &str = "insert into lark_links (chat_id, session_id, linked_at, approvers, \
      terminal_turns) values ($1, $2, $3, $4, $5)";
 const INSERT_PERMISSION: &str = "insert into permission_requests (session_id, request_id, \
-     tool_name, description, input_preview, state, created_at, answered_at, answered_via) \
-     values ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+     tool_name, description, input_preview, state, created_at, answered_at, answered_via, \
+     detail) values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 const UPDATE_PERMISSION: &str = "update permission_requests set state = $1, answered_at = $2, \
-     answered_via = $3, relayed_at = $4 where session_id = $5 and request_id = $6";
+     answered_via = $3, relayed_at = $4, answer = $5 where session_id = $6 and request_id = $7";
 const INSERT_PERMISSION_MESSAGE: &str = "insert into lark_permission_messages (session_id, \
      request_id, chat_id, text, state, next_attempt_at, created_at, updated_at) \
      values ($1, $2, $3, $4, 'pending', $5, $5, $5)";
@@ -371,7 +376,8 @@ fn permission_writes(writes: &Writes, out: &mut Vec<Statement>) {
                 .bind(row.state)
                 .bind(row.created_at)
                 .bind(row.answered_at)
-                .bind(row.answered_via),
+                .bind(row.answered_via)
+                .bind(optional_body(row.detail.as_deref())),
         ),
         Some(Change::Update(row)) => out.push(
             Statement::new(UPDATE_PERMISSION)
@@ -379,6 +385,7 @@ fn permission_writes(writes: &Writes, out: &mut Vec<Statement>) {
                 .bind(row.answered_at)
                 .bind(row.answered_via)
                 .bind(row.relayed_at)
+                .bind(optional_body(row.answer.as_deref()))
                 .bind(&row.session_id)
                 .bind(&row.request_id),
         ),

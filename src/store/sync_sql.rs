@@ -211,6 +211,8 @@ impl FromRow for PermissionRow {
             answered_at: r.get(7)?,
             answered_via: r.get(8)?,
             relayed_at: r.get(9)?,
+            detail: r.get(10)?,
+            answer: r.get(11)?,
         })
     }
 }

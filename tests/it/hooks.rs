@@ -16,15 +16,15 @@ use crate::support::*;
 
 /// What a hook run left: its exit code, stdout, stderr and how long it took.
 #[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-    took: Duration,
+pub(crate) struct Run {
+    pub(crate) code: i32,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+    pub(crate) took: Duration,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Agent {
+pub(crate) enum Agent {
     ClaudeCode,
     Codex,
 }
@@ -115,7 +115,7 @@ fn hooks_data_dir() -> std::path::PathBuf {
 /// One agent's hooks on one bound session, with the agent's transcript (a
 /// file that grows by a line each turn, as the agents' transcripts do) and
 /// its current turn (Codex's `turn_id`).
-struct Agents<'a> {
+pub(crate) struct Agents<'a> {
     broker: &'a TestBroker,
     host: &'a Host,
     agent: Agent,
@@ -124,7 +124,7 @@ struct Agents<'a> {
 }
 
 impl<'a> Agents<'a> {
-    fn new(broker: &'a TestBroker, host: &'a Host, agent: Agent) -> Self {
+    pub(crate) fn new(broker: &'a TestBroker, host: &'a Host, agent: Agent) -> Self {
         Agents {
             broker,
             host,
@@ -134,7 +134,13 @@ impl<'a> Agents<'a> {
         }
     }
 
-    async fn run(&self, event: &str, name: &str, mut fields: Value, extra: &[&str]) -> Run {
+    pub(crate) async fn run(
+        &self,
+        event: &str,
+        name: &str,
+        mut fields: Value,
+        extra: &[&str],
+    ) -> Run {
         fields["transcript_path"] = json!(self.transcript.path());
         if self.agent == Agent::Codex && event != "session-start" && event != "session-end" {
             fields["turn_id"] = json!(format!("turn-{}", self.turn.get()));

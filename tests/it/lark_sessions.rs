@@ -198,6 +198,7 @@ async fn lark_sessions_cards_name_their_session_and_a_tap_answers_its_own() {
         tool_name: "Bash".into(),
         description: "list".into(),
         input_preview: "ls".into(),
+        ..Default::default()
     };
     c.create_permission(hosts[0].session_id(), &permission)
         .await

@@ -30,6 +30,7 @@ mod openapi_drift;
 mod owner_close;
 mod permissions;
 mod presence;
+mod prompts;
 mod replicas;
 mod retention;
 mod sessions;

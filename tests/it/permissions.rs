@@ -22,6 +22,7 @@ pub fn request(host: &Host, request_id: &str, preview: &str) -> CreatePermission
         tool_name: "Bash".into(),
         description: "Remove the build directory".into(),
         input_preview: preview.into(),
+        ..CreatePermissionRequest::default()
     }
 }
 

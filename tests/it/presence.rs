@@ -15,6 +15,7 @@ pub fn withdrawal(host: &Host) -> WithdrawPermission {
     WithdrawPermission {
         host_surface: HOST_SURFACE.into(),
         host_session_id: host.host_session_id.clone(),
+        answered_at_terminal: false,
     }
 }
 

@@ -118,6 +118,7 @@ async fn history(client: &loopx::client::Client, open: bool) -> Host {
         tool_name: "Bash".into(),
         description: "d".into(),
         input_preview: "ls".into(),
+        ..Default::default()
     };
     client
         .create_permission(host.session_id(), &permission)

@@ -80,7 +80,9 @@ pub struct InstallArgs {
 const EVENTS: [(&str, &str, Option<u64>); 8] = [
     ("SessionStart", "session-start", Some(30)),
     ("UserPromptSubmit", "user-prompt-submit", Some(30)),
-    ("PreToolUse", "pre-tool-use", Some(10)),
+    // Long enough for a question asked on the phone (Claude Code's
+    // AskUserQuestion outside `default` mode arrives here).
+    ("PreToolUse", "pre-tool-use", Some(300)),
     ("PostToolUse", "post-tool-use", Some(10)),
     ("Stop", "stop", Some(60)),
     ("PermissionRequest", "permission-request", Some(300)),

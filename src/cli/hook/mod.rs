@@ -222,11 +222,19 @@ fn run_event(event: &str, options: HookOptions) -> Result<Option<String>, Failur
             "user-prompt-submit" => turns::prompt_submitted(&hook).await,
             "pre-tool-use" => {
                 let tool = hook.field("tool_name").unwrap_or_default().to_owned();
-                hook.report_tool(tool).await.map(|_| None)
+                hook.report_tool(tool).await?;
+                approval::question_before_use(&hook).await
             }
             "post-tool-use" => hook.report_tool(String::new()).await.map(|_| None),
             _ => notification(&hook).await,
         }?;
+        if matches!(
+            event,
+            "post-tool-use" | "stop" | "user-prompt-submit" | "session-end"
+        ) && let Err(why) = approval::moved_on(&hook, event).await
+        {
+            eprintln!("loopx hook {event}: {why}");
+        }
         if matches!(event, "session-start" | "user-prompt-submit" | "stop")
             && let Err(why) = hook.wake().await
         {

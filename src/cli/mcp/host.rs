@@ -517,6 +517,7 @@ impl Host {
         tool_name: &str,
         description: &str,
         input_preview: &str,
+        detail: &crate::permission::Detail,
     ) -> Result<PermissionRequest, Problem> {
         let session_id = self.session_id().await?;
         let request = CreatePermissionRequest {
@@ -526,6 +527,10 @@ impl Host {
             tool_name: tool_name.to_owned(),
             description: description.to_owned(),
             input_preview: input_preview.to_owned(),
+            kind: detail.kind,
+            questions: detail.questions.clone(),
+            plan: detail.plan.clone(),
+            suggestions: (!detail.suggestions.is_empty()).then(|| detail.suggestions.clone()),
         };
         Ok(self
             .client

@@ -66,6 +66,7 @@ impl Relay {
                     &params.tool_name,
                     &params.description,
                     &params.input_preview,
+                    &crate::permission::PLAIN,
                 )
             })
             .retry(backoff())

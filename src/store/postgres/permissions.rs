@@ -5,6 +5,19 @@ use sqlx::Row;
 use sqlx::postgres::PgRow;
 
 use super::rows::{enumeration, optional_enumeration, unstorable, utf8};
+
+/// A content column that may be null.
+fn optional_utf8(row: &PgRow, column: &str) -> sqlx::Result<Option<String>> {
+    let bytes: Option<Vec<u8>> = row.try_get(column)?;
+    bytes
+        .map(|b| {
+            String::from_utf8(b).map_err(|e| sqlx::Error::ColumnDecode {
+                index: column.to_owned(),
+                source: Box::new(e),
+            })
+        })
+        .transpose()
+}
 use crate::permission::PermissionRow;
 
 pub(super) const PERMISSION_COLUMNS: &str = permission_columns!();
@@ -21,6 +34,8 @@ pub(super) fn permission_row(row: &PgRow) -> sqlx::Result<PermissionRow> {
         answered_at: row.try_get("answered_at")?,
         answered_via: optional_enumeration(row, "answered_via")?,
         relayed_at: row.try_get("relayed_at")?,
+        detail: optional_utf8(row, "detail")?,
+        answer: optional_utf8(row, "answer")?,
     })
 }
 
