@@ -811,7 +811,8 @@ async fn install_refuses_a_session_hooks_cannot_attach_to_and_doctor_shows_refus
 
     // Codex runs the hooks as its own session: refused, and doctor says so.
     let stop = |host_session_id: &str| {
-        Agent::Codex.input(host_session_id, "Stop", json!({"stop_hook_active": false}))
+        let fields = json!({"stop_hook_active": false, "cwd": dir.path()});
+        Agent::Codex.input(host_session_id, "Stop", fields)
     };
     let hook = words(&format!(
         "hook stop --agent codex --session-id {}",

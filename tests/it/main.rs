@@ -17,6 +17,7 @@ mod fake_lark;
 mod fake_lark_ws;
 mod holders;
 mod hooks;
+mod hooks_doctor;
 mod journal;
 mod lark;
 mod lark_attachments;

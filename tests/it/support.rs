@@ -389,7 +389,8 @@ pub fn loopx() -> tokio::process::Command {
     command
         .env_remove("LOOPX_TOKEN")
         .env_remove("LOOPX_DATA_DIR")
-        .env_remove("LOOPX_DATABASE_URL");
+        .env_remove("LOOPX_DATABASE_URL")
+        .env_remove("CLAUDE_PROJECT_DIR");
     command
 }
 

@@ -1,8 +1,10 @@
 //! `loopx hook doctor`: what the person at the terminal runs when a message
 //! stays queued. It reads the hook entries `install` wrote, checks what they
-//! name (the binary, the broker, the token, the session), and shows the
-//! hooks' recent refusals, which the agents themselves keep in a debug log
-//! nobody reads. Content-free like the hooks' own lines.
+//! name (the binary, the broker, the token against the broker, the
+//! session), shows this project's recent hook refusals, which the agents
+//! themselves keep in a debug log nobody reads, and for Codex warns when its
+//! shared background server runs the hooks (no idle Codex is typed into
+//! then). Content-free like the hooks' own lines.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -11,22 +13,23 @@ use clap::Args;
 use serde_json::Value;
 
 use super::install::{Settings, is_ours};
-use super::{Agent, failures};
-use crate::client::{Client, DEFAULT_BROKER_URL};
-use crate::config;
-use crate::model::SessionState;
+use super::{Agent, UNDER_APP_SERVER, failures};
+use crate::client::{Client, ClientError, DEFAULT_BROKER_URL};
+use crate::config::{self, TokenSource};
+use crate::model::{ListSessions, SessionState};
 
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
     #[command(flatten)]
     pub settings: Settings,
-    /// The data dir whose owner.token and hooks.log the hooks use
+    /// The data dir whose owner.token and hook logs the hooks use
     /// [default: $XDG_DATA_HOME/loopx, else ~/.local/share/loopx].
     #[arg(long, env = "LOOPX_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
 }
 
-/// One finding: fine, or a problem with what to do about it.
+/// What doctor found: each line fine, a warning, or a problem with what to
+/// do about it (only problems fail).
 struct Findings {
     lines: Vec<String>,
     problems: usize,
@@ -40,6 +43,10 @@ impl Findings {
     fn problem(&mut self, line: String) {
         self.problems += 1;
         self.lines.push(format!("problem: {line}"));
+    }
+
+    fn warning(&mut self, line: String) {
+        self.lines.push(format!("warning: {line}"));
     }
 }
 
@@ -61,12 +68,28 @@ pub fn run(args: DoctorArgs) -> ExitCode {
         }
         Err(line) => found.problem(line),
     }
-    let recent = failures::recent(&data_dir, 5);
-    if recent.is_empty() {
-        found.ok("no hook has failed recently".into());
+    let project = failures::canonical(
+        args.settings
+            .project_dir
+            .clone()
+            .or_else(|| std::env::current_dir().ok())
+            .unwrap_or_default(),
+    );
+    let recent = failures::recent(&data_dir, &project, 5);
+    let (unwoken, failed): (Vec<String>, Vec<String>) = recent
+        .into_iter()
+        .partition(|line| line.contains(UNDER_APP_SERVER));
+    if failed.is_empty() {
+        found.ok(format!(
+            "no hook has failed recently in {}",
+            project.display()
+        ));
     }
-    for line in recent {
+    for line in failed {
         found.problem(format!("a hook failed: {line}"));
+    }
+    if args.settings.agent == Agent::Codex {
+        check_app_server(!unwoken.is_empty(), &mut found);
     }
     for line in &found.lines {
         println!("{line}");
@@ -138,9 +161,11 @@ fn check_command(command: &[String], data_dir: &Path, found: &mut Findings) {
     let url = flag("--broker-url")
         .or_else(|| std::env::var("LOOPX_BROKER_URL").ok())
         .unwrap_or_else(|| DEFAULT_BROKER_URL.to_owned());
-    let token_file = flag("--token-file").map(PathBuf::from);
-    let token = match config::owner_token(token_file.as_deref(), data_dir, false) {
-        Ok((token, _)) => token,
+    let token_file = flag("--token-file")
+        .or_else(|| std::env::var("LOOPX_TOKEN_FILE").ok())
+        .map(PathBuf::from);
+    let (token, source) = match config::owner_token(token_file.as_deref(), data_dir, false) {
+        Ok(found) => found,
         Err(reason) => {
             return found.problem(format!("the hooks find no owner token: {reason}"));
         }
@@ -160,11 +185,70 @@ fn check_command(command: &[String], data_dir: &Path, found: &mut Findings) {
             ));
         }
         found.ok(format!("the broker at {url} answers"));
+        if !check_token(&client, &url, &source, found).await {
+            return;
+        }
         match flag("--session-id") {
             Some(session_id) => check_session(&client, &session_id, found).await,
             None => found.ok("the hooks bind a session on the agent's first hook".into()),
         }
     });
+}
+
+/// Whether the broker takes the token the hooks use: an authenticated read
+/// (a page of one session), since `/healthz` asks for none.
+async fn check_token(
+    client: &Client,
+    url: &str,
+    source: &TokenSource,
+    found: &mut Findings,
+) -> bool {
+    let one = ListSessions {
+        limit: Some(1),
+        ..ListSessions::default()
+    };
+    match client.sessions(&one).await {
+        Ok(_) => {
+            found.ok(format!("the broker takes the owner token from {source}"));
+            true
+        }
+        Err(ClientError::Refused { reply, .. }) if reply.status.as_u16() == 401 => {
+            found.problem(format!(
+                "the broker at {url} refused the owner token from {source} (401 unauthorized): \
+                 the hooks must use the token of the broker's data dir, the owner.token that \
+                 `loopx serve` keeps there (by default {}; or the LOOPX_TOKEN / --token-file \
+                 it was started with): set LOOPX_DATA_DIR to that data dir, or run \
+                 `loopx hook install` again with --token-file <its owner.token>",
+                config::default_data_dir().join("owner.token").display()
+            ));
+            false
+        }
+        Err(e) => {
+            found.problem(format!(
+                "the broker at {url} did not take the owner token from {source}: {e}"
+            ));
+            false
+        }
+    }
+}
+
+/// Codex: typing into an idle Codex needs its hooks to run in its own
+/// process, which its shared background server (the TUI's default) is not.
+fn check_app_server(hook_saw_it: bool, found: &mut Findings) {
+    let fix = "start Codex with --no-daemon (`loopx run -- codex --no-daemon`, or \
+               `codex --no-daemon` in a tmux pane)";
+    if let Some(pid) = crate::cli::wake::procfs::managed_app_server() {
+        found.warning(format!(
+            "Codex's shared background server runs for this user (`codex app-server \
+             --managed-daemon`, pid {pid}): a Codex TUI started without --no-daemon runs \
+             its hooks there, where no message is typed into the idle agent: {fix}"
+        ));
+    } else if hook_saw_it {
+        found.warning(format!(
+            "this project's last hooks ran in Codex's shared app-server, where no message \
+             is typed into the idle agent: {fix}"
+        ));
+    }
 }
 
 async fn check_session(client: &Client, session_id: &str, found: &mut Findings) {

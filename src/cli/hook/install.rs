@@ -33,7 +33,8 @@ pub struct Settings {
     pub agent: Agent,
     #[arg(long, value_enum, default_value_t = Scope::Project)]
     pub scope: Scope,
-    /// The project directory for --scope project [default: $CLAUDE_PROJECT_DIR, else the current one].
+    /// The project directory: where --scope project settings are, and whose
+    /// hook refusals doctor shows [default: $CLAUDE_PROJECT_DIR, else the current one].
     #[arg(long, env = "CLAUDE_PROJECT_DIR")]
     pub project_dir: Option<PathBuf>,
 }

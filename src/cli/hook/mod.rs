@@ -180,29 +180,53 @@ pub fn run(args: HookArgs) -> ExitCode {
     };
     let agent = options.agent.flag();
     let data_dir = options.connection.data_dir();
-    match run_event(event, options) {
-        Ok(output) => {
-            failures::clear(&data_dir);
+    let started = Instant::now();
+    let stdin_budget = match event {
+        "session-end" => SESSION_END_BUDGET,
+        _ => STDIN_BUDGET,
+    };
+    let input = read_stdin(event, stdin_budget);
+    let cwd = input.as_ref().ok().and_then(|input| input.get("cwd"));
+    let project = failures::project_of(cwd.and_then(Value::as_str));
+    match input.and_then(|input| run_event(event, options, input, started)) {
+        Ok(Done { output, unwoken }) => {
+            failures::clear(&data_dir, &project);
+            // Kept for `doctor`: under Codex's shared app-server no idle
+            // Codex is ever typed into, though every hook works.
+            if let Some(why) = unwoken.filter(|why| why.starts_with(UNDER_APP_SERVER)) {
+                failures::record(&data_dir, &project, agent, event, &why);
+            }
             if let Some(output) = output {
                 println!("{output}");
             }
         }
         Err(why) => {
             eprintln!("loopx hook {event}: {why}");
-            failures::record(&data_dir, agent, event, &why);
+            failures::record(&data_dir, &project, agent, event, &why);
         }
     }
     ExitCode::SUCCESS
 }
 
-/// The event's JSON for stdout, if any.
-fn run_event(event: &str, options: HookOptions) -> Result<Option<String>, Failure> {
-    let started = Instant::now();
-    let stdin_budget = match event {
-        "session-end" => SESSION_END_BUDGET,
-        _ => STDIN_BUDGET,
-    };
-    let input = read_stdin(event, stdin_budget)?;
+/// What an event that did its work leaves.
+struct Done {
+    /// The JSON for stdout, if any.
+    output: Option<String>,
+    /// Why the idle agent cannot be typed into, when it cannot.
+    unwoken: Option<Failure>,
+}
+
+/// How `wake`'s refusal under Codex's shared app-server begins (`doctor`
+/// knows it by that).
+pub const UNDER_APP_SERVER: &str = "Codex runs this hook in its shared app-server";
+
+/// Runs the event on the agent's document.
+fn run_event(
+    event: &str,
+    options: HookOptions,
+    input: Value,
+    started: Instant,
+) -> Result<Done, Failure> {
     let hook = Hook::new(options, input)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -235,13 +259,15 @@ fn run_event(event: &str, options: HookOptions) -> Result<Option<String>, Failur
         {
             eprintln!("loopx hook {event}: {why}");
         }
+        let mut unwoken = None;
         if matches!(event, "session-start" | "user-prompt-submit" | "stop")
             && let Err(why) = hook.wake().await
         {
             // The event did its work: typing into the idle agent is extra.
             eprintln!("loopx hook {event}: {why}");
+            unwoken = Some(why);
         }
-        Ok(output)
+        Ok(Done { output, unwoken })
     })
 }
 
@@ -346,12 +372,11 @@ impl Hook {
     pub async fn wake(&self) -> Result<(), Failure> {
         use crate::cli::wake::{HostIdentity, procfs, run, tmux};
         if procfs::under_app_server(std::process::id() as i32) {
-            return Err(
-                "Codex runs this hook in its shared app-server, which cannot tell \
-                        which terminal the agent is in: nothing is typed into an idle Codex \
-                        unless it runs with --no-daemon (`loopx run -- codex --no-daemon`)"
-                    .into(),
-            );
+            return Err(format!(
+                "{UNDER_APP_SERVER}, which cannot tell which terminal the agent is in: \
+                 nothing is typed into an idle Codex unless it runs with --no-daemon \
+                 (`loopx run -- codex --no-daemon`)"
+            ));
         }
         let session_id = self.host.session_id().await?;
         // The agent process itself (never a shell): typing goes only there.

@@ -148,6 +148,25 @@ pub fn under_app_server(pid: i32) -> bool {
     false
 }
 
+/// A running Codex shared background server of this user (`codex app-server
+/// --managed-daemon`, which Codex's TUI starts unless run with
+/// `--no-daemon`): its pid. Every Codex TUI of the user then runs its hooks
+/// there, where they cannot type into an idle agent.
+pub fn managed_app_server() -> Option<i32> {
+    use std::os::unix::fs::MetadataExt;
+    let me = rustix::process::getuid().as_raw();
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| entry.metadata().is_ok_and(|m| m.uid() == me))
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| {
+            let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let has = |word: &[u8]| argv.split(|b| *b == 0).any(|arg| arg == word);
+            has(b"app-server") && has(b"--managed-daemon")
+        })
+}
+
 /// Where the agent is now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Now {
