@@ -15,7 +15,8 @@ With STUB_TOOL_USE set to `{"name": ..., "input": {...}}`, a streamed request
 that offers that tool and carries no tool result yet is answered with one
 `tool_use` block calling it (stop_reason "tool_use"), its input streamed as
 `input_json_delta` pieces; once the conversation has a tool result, the
-answers are text as above.
+answers are text as above. A tool result is logged (and echoed) as a text
+"tool_result: <what the tool returned>".
 
 Usage: python3 stub_model.py PORT [TEXT [--same]]
 """
@@ -49,13 +50,18 @@ class H(BaseHTTPRequestHandler):
             c = m.get("content")
             if isinstance(c, str): c = [{"type": "text", "text": c}]
             for p in c if isinstance(c, list) else []:
+                if p.get("type") == "tool_result":
+                    # What the tool returned, as the model reads it.
+                    r = p.get("content")
+                    r = r if isinstance(r, str) else " ".join(x.get("text", "") for x in r or [] if isinstance(x, dict))
+                    texts.append("tool_result: " + r); continue
                 if p.get("type") != "text" or p["text"].lstrip().startswith("<system-reminder>"): continue
                 # "system" messages: the environment (skipped), a Stop hook's block (kept)
                 if m.get("role") == "system" and not p["text"].startswith("Stop hook"): continue
                 texts.append(p["text"])
         last = texts[-1] if texts else ""
         if os.environ.get("STUB_LOG"):
-            with open(os.environ["STUB_LOG"], "a") as f: f.write(json.dumps({"t": time.time(), "texts": texts}) + "\n")
+            with open(os.environ["STUB_LOG"], "a") as f: f.write(json.dumps({"t": time.time(), "texts": texts, "tools": [t.get("name") for t in body.get("tools") or []]}) + "\n")
         text = TEXT if SAME else TEXT + " [" + last[-60:].replace("\n"," ") + "]"
         msg = {"id":"msg_1","type":"message","role":"assistant","model":body.get("model","m"),"content":[],"stop_reason":None,"stop_sequence":None,"usage":{"input_tokens":1,"output_tokens":1}}
         if not body.get("stream"):
@@ -65,7 +71,7 @@ class H(BaseHTTPRequestHandler):
         def ev(name, data): self.wfile.write(("event: %s\ndata: %s\n\n" % (name, json.dumps(data))).encode())
         ev("message_start", {"type":"message_start","message":msg})
         if wants_tool(body):
-            block = {"type":"tool_use","id":"toolu_stub_1","name":TOOL_USE["name"],"input":{}}
+            block = {"type":"tool_use","id":"toolu_stub_%d" % time.time_ns(),"name":TOOL_USE["name"],"input":{}}
             ev("content_block_start", {"type":"content_block_start","index":0,"content_block":block})
             args = json.dumps(TOOL_USE["input"])
             for i in range(0, len(args), 16):  # in pieces, as the real API streams them
