@@ -1070,6 +1070,41 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn a_forms_answers_are_the_words_else_the_labels_in_order_and_a_gap_is_named() {
+        let option = |label: &str| crate::model::QuestionOption {
+            label: label.into(),
+            description: String::new(),
+        };
+        let questions = vec![
+            Question {
+                question: "Which?".into(),
+                header: String::new(),
+                multi_select: true,
+                options: vec![option("A"), option("B"), option("C")],
+            },
+            Question {
+                question: "Why?".into(),
+                header: "Reason".into(),
+                multi_select: false,
+                options: vec![option("X")],
+            },
+        ];
+        let picked = |options: Vec<u32>, text: &str| Picked {
+            options,
+            text: text.into(),
+        };
+        let full = [picked(vec![2, 0, 9], ""), picked(vec![0], " mine ")];
+        let answers = answers_of(&questions, &full).expect("complete");
+        assert_eq!(answers["Which?"], "A, C");
+        assert_eq!(answers["Why?"], "mine");
+        let gaps = [picked(vec![9], " "), picked(vec![], "")];
+        assert_eq!(
+            answers_of(&questions, &gaps),
+            Err(Missing::Answers(vec!["Which?".into(), "Reason".into()]))
+        );
+    }
+
     fn tap(operator: &str, chat: &str) -> LarkClick {
         LarkClick {
             app_id: "cli_1".into(),

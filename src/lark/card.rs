@@ -759,6 +759,41 @@ mod tests {
     }
 
     #[test]
+    fn a_forms_values_are_read_back_into_the_choice() {
+        let value = |extra: Value| -> ButtonValue {
+            let mut v = json!({"session_id": "s", "request_id": "r", "behavior": "allow"});
+            v.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            serde_json::from_value(v).unwrap()
+        };
+        let form = json!({"q0": "1", "q1": ["0", "2", "x"], "a1": "words"});
+        let Choice::Answers(picked) = value(json!({"form": "answers"})).choice(&form) else {
+            panic!("answers")
+        };
+        assert_eq!(picked.len(), MAX_QUESTIONS);
+        assert_eq!(
+            (picked[0].options.clone(), picked[0].text.as_str()),
+            (vec![1], "")
+        );
+        assert_eq!(
+            (picked[1].options.clone(), picked[1].text.as_str()),
+            (vec![0, 2], "words")
+        );
+        let feedback = value(json!({"form": "feedback"})).choice(&json!({"feedback": "no"}));
+        assert_eq!(feedback, Choice::Feedback("no".into()));
+        assert_eq!(
+            value(json!({"suggestion": 1})).choice(&Value::Null),
+            Choice::Suggestion(1)
+        );
+        assert_eq!(
+            value(json!({"mode": "accept_edits"})).choice(&Value::Null),
+            Choice::Mode(PlanMode::AcceptEdits)
+        );
+        assert_eq!(value(json!({})).choice(&Value::Null), Choice::Plain);
+    }
+
+    #[test]
     fn the_preview_is_an_escaped_code_block_no_backticks_can_close() {
         let row = PermissionRow {
             input_preview: "echo ```\n</script>".into(),
