@@ -8,7 +8,7 @@
 //! `yes`/`no` would.
 
 use super::chat::{self, ChatCommand, ChatRows};
-use super::pairing::{ChatRow, Note, PairAt, PairRows, SessionName, pair};
+use super::pairing::{ChatRow, Note, PairAt, PairRows, SessionName, noted, pair};
 use super::permission::{AnswerRows, Decision, answer};
 use super::turn::enqueue;
 use super::{CardWrite, Decided, LinkChange, NewLink, SeenLarkEvent, SentMessage, Writes};
@@ -16,9 +16,11 @@ use super::{SessionRow, TurnRow};
 use super::{Subject, existing, log, open};
 use crate::error::Result;
 use crate::ids::Minter;
+use std::collections::BTreeMap;
+
 use crate::model::{
     AnswerPermission, AnsweredVia, Behavior, EnqueueRequest, Ingress, LarkLink, LarkRef, Origin,
-    PermissionState, TurnState,
+    PermissionKind, PermissionState, PlanMode, Question, TurnState,
 };
 use crate::permission::{LarkCommand, PermissionRow, approvers_from_stored, approvers_to_stored};
 
@@ -367,6 +369,20 @@ pub fn event(
         &approvers,
     ) {
         Verdict::Ignore => recorded(Decided::nothing(LarkIngest::Ignored)),
+        Verdict::Answer(Behavior::Allow) if needs_answers(rows.request.as_ref()) => {
+            // `yes` cannot say what the answers are: the chat is told where
+            // to give them, and the request stays pending.
+            let at = PairAt {
+                chat_id,
+                message_id,
+                sender: event.sender,
+            };
+            let note = Note::NeedsAnswers {
+                name: SessionName::of(&session),
+                request_id: rows.request.map(|r| r.request_id).unwrap_or_default(),
+            };
+            recorded(noted(Writes::default(), &at, note, now))
+        }
         Verdict::Answer(behavior) => {
             let rows = AnswerRows {
                 session: Some(session),
@@ -451,9 +467,48 @@ pub struct LarkClick {
     pub session_id: String,
     pub request_id: String,
     pub behavior: Behavior,
+    /// What the button (or the form it submits) chooses beyond allow or deny.
+    pub choice: Choice,
     /// Who clicked (Lark open id), and in which chat, when Lark said.
     pub operator: Option<String>,
     pub chat_id: Option<String>,
+}
+
+/// What a click chooses beyond allow or deny (issue 54): the card drew
+/// the button, the Lark layer read the click back into one of these.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice {
+    /// A plain Allow / Deny.
+    Plain,
+    /// A tool request's "always allow" suggestion, by its index.
+    Suggestion(u32),
+    /// A plan approved, and how it goes on.
+    Mode(PlanMode),
+    /// One tap on an option of a request's only (single-select) question.
+    Option(u32),
+    /// A question card's form: what was picked for each question, in the
+    /// request's order.
+    Answers(Vec<Picked>),
+    /// A plan's "Keep planning…" form: the person's feedback.
+    Feedback(String),
+}
+
+/// What a question card's form holds for one question: the options picked
+/// (their indexes) and the person's own words (which win when not blank).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Picked {
+    pub options: Vec<u32>,
+    pub text: String,
+}
+
+/// What a click on a card left out, so nothing was answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Missing {
+    /// The questions (their headers, or their text when they have none)
+    /// that have neither a pick nor words.
+    Answers(Vec<String>),
+    /// "Keep planning…" without feedback.
+    Feedback,
 }
 
 /// What a click decision reads. A store that finds the event seen needs load
@@ -491,6 +546,12 @@ pub enum Clicked {
         name: SessionName,
         by: Option<String>,
     },
+    /// An approver's click that left something out (a question without
+    /// its answer, feedback without words): nothing answered.
+    Incomplete(Missing),
+    /// An approver's click that does not fit the request (an unknown
+    /// option or suggestion): nothing answered; what the rule said.
+    Unfit(String),
     /// The request was settled before (answered, expired): its final state.
     Settled {
         row: PermissionRow,
@@ -550,16 +611,18 @@ fn click_decision(rows: ClickRows, click: &LarkClick, now: i64) -> Result<Decide
     }
     let answered_by = rows.answered_by;
     let name = SessionName::of(&session);
+    let wanted = match answer_of(click, &request) {
+        Ok(wanted) => wanted,
+        Err(missing) => return Ok(Decided::nothing(Clicked::Incomplete(missing))),
+    };
     let rows = AnswerRows {
         session: Some(session),
         existing: Some(request),
     };
-    let answered = answer(
-        rows,
-        &AnswerPermission::plain(click.behavior),
-        AnsweredVia::Lark,
-        now,
-    )?;
+    let answered = match answer(rows, &wanted, AnsweredVia::Lark, now) {
+        Err(e) if e.unfit => return Ok(Decided::nothing(Clicked::Unfit(e.message.into()))),
+        answered => answered?,
+    };
     let Decision::Write(row) = answered.answer else {
         return Ok(settled(answered.answer.into_row(), name, answered_by));
     };
@@ -574,6 +637,83 @@ fn click_decision(rows: ClickRows, click: &LarkClick, now: i64) -> Result<Decide
             row,
         },
     })
+}
+
+/// The answer a click gives: its behavior and its choice, a form read
+/// against the request's questions. A form that leaves something out is
+/// what it misses; an option that is not one of the request's is left to
+/// [`answer`] to refuse.
+fn answer_of(click: &LarkClick, request: &PermissionRow) -> Result<AnswerPermission, Missing> {
+    let mut wanted = AnswerPermission::plain(click.behavior);
+    match &click.choice {
+        Choice::Plain => {}
+        Choice::Suggestion(index) => wanted.suggestion = Some(*index),
+        Choice::Mode(mode) => wanted.mode = Some(*mode),
+        Choice::Option(option) => {
+            let questions = request.detail().questions.unwrap_or_default();
+            let label = match questions.as_slice() {
+                [only] => only.options.get(*option as usize).map(|o| &o.label),
+                _ => None,
+            };
+            // An option the request does not have answers nothing: the
+            // empty map is refused as unfit.
+            let answers = questions
+                .iter()
+                .zip(label)
+                .map(|(q, label)| (q.question.clone(), label.clone()))
+                .collect();
+            wanted.answers = Some(answers);
+        }
+        Choice::Answers(picked) => {
+            let questions = request.detail().questions.unwrap_or_default();
+            wanted.answers = Some(answers_of(&questions, picked)?);
+        }
+        Choice::Feedback(text) => {
+            if text.trim().is_empty() {
+                return Err(Missing::Feedback);
+            }
+            wanted.message = Some(text.trim().to_owned());
+        }
+    }
+    Ok(wanted)
+}
+
+/// A form's answers, one for each question: the person's words when not
+/// blank, else the labels picked, in the question's order, joined with
+/// ", " (HOOKS.md); a pick that names no option counts for nothing. A
+/// question with neither is missing.
+fn answers_of(
+    questions: &[Question],
+    picked: &[Picked],
+) -> Result<BTreeMap<String, String>, Missing> {
+    let mut answers = BTreeMap::new();
+    let mut missing = Vec::new();
+    for (n, question) in questions.iter().enumerate() {
+        let picked = picked.get(n).cloned().unwrap_or_default();
+        let labels: Vec<&str> = question
+            .options
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| picked.options.contains(&(*i as u32)))
+            .map(|(_, o)| o.label.as_str())
+            .collect();
+        let answer = match picked.text.trim() {
+            "" => labels.join(", "),
+            text => text.to_owned(),
+        };
+        if answer.is_empty() {
+            missing.push(match question.header.trim() {
+                "" => question.question.clone(),
+                header => header.to_owned(),
+            });
+        } else {
+            answers.insert(question.question.clone(), answer);
+        }
+    }
+    match missing.is_empty() {
+        true => Ok(answers),
+        false => Err(Missing::Answers(missing)),
+    }
 }
 
 /// A click on a settled request: the answer to it shows the card's final
@@ -608,6 +748,14 @@ enum Verdict {
     /// link), or to an unknown id of the request form: acknowledged, nothing
     /// written, no turn, nothing said in the chat.
     Ignore,
+}
+
+/// Whether the request is a pending question, which an allow without its
+/// answers cannot answer.
+fn needs_answers(request: Option<&PermissionRow>) -> bool {
+    request.is_some_and(|r| {
+        r.state == PermissionState::Pending && r.detail().kind == PermissionKind::Question
+    })
 }
 
 /// Claude Code's request id form: five lowercase letters, never `l`.
@@ -922,6 +1070,41 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn a_forms_answers_are_the_words_else_the_labels_in_order_and_a_gap_is_named() {
+        let option = |label: &str| crate::model::QuestionOption {
+            label: label.into(),
+            description: String::new(),
+        };
+        let questions = vec![
+            Question {
+                question: "Which?".into(),
+                header: String::new(),
+                multi_select: true,
+                options: vec![option("A"), option("B"), option("C")],
+            },
+            Question {
+                question: "Why?".into(),
+                header: "Reason".into(),
+                multi_select: false,
+                options: vec![option("X")],
+            },
+        ];
+        let picked = |options: Vec<u32>, text: &str| Picked {
+            options,
+            text: text.into(),
+        };
+        let full = [picked(vec![2, 0, 9], ""), picked(vec![0], " mine ")];
+        let answers = answers_of(&questions, &full).expect("complete");
+        assert_eq!(answers["Which?"], "A, C");
+        assert_eq!(answers["Why?"], "mine");
+        let gaps = [picked(vec![9], " "), picked(vec![], "")];
+        assert_eq!(
+            answers_of(&questions, &gaps),
+            Err(Missing::Answers(vec!["Which?".into(), "Reason".into()]))
+        );
+    }
+
     fn tap(operator: &str, chat: &str) -> LarkClick {
         LarkClick {
             app_id: "cli_1".into(),
@@ -929,6 +1112,7 @@ mod tests {
             session_id: "ses_1".into(),
             request_id: "abcde".into(),
             behavior: Behavior::Deny,
+            choice: Choice::Plain,
             operator: Some(operator.into()),
             chat_id: Some(chat.into()),
         }

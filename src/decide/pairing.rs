@@ -153,6 +153,12 @@ pub enum Note {
     Unlinked(SessionName),
     /// `N` names none of the chat's sessions.
     NoSuchSession,
+    /// `yes <id>` to a question: an allow needs its answers, given on the
+    /// request's card or the Web page (nothing was answered).
+    NeedsAnswers {
+        name: SessionName,
+        request_id: String,
+    },
 }
 
 /// How a session is named in a chat: goal · agent, and its host surface.
@@ -173,7 +179,8 @@ impl Note {
             | Note::Unlinked(name)
             | Note::Closed(name)
             | Note::Stalled(name)
-            | Note::Terminal { name, .. } => Some(&name.session_id),
+            | Note::Terminal { name, .. }
+            | Note::NeedsAnswers { name, .. } => Some(&name.session_id),
             _ => None,
         }
     }

@@ -12,33 +12,123 @@ use serde_json::{Value, json};
 
 use super::markdown::escape_html;
 use crate::decide::chat::Listed;
+use crate::decide::lark::{Choice, Missing, Picked};
 use crate::decide::pairing::{Note, SessionName};
 use crate::decide::terminal::FEED_CHARS;
-use crate::model::{AnsweredVia, Behavior, PermissionState};
-use crate::permission::PermissionRow;
+use crate::model::{
+    AnsweredVia, Behavior, ChosenAnswer, PermissionKind, PermissionState, PlanMode, Question,
+};
+use crate::permission::{Detail, MAX_QUESTIONS, PermissionRow};
 
 /// How much of the description and of the preview a card shows (the Web
 /// page shows them whole); it keeps a card far below Lark's 30 KB.
 const DESCRIPTION_CHARS: usize = 500;
 const PREVIEW_CHARS: usize = 1500;
 
-/// What a button sends back when it is clicked (its callback `value`).
+/// How much of a plan a card shows, in bytes of the request body (Lark's
+/// card limit is 30 KB; the rest of the card and its envelope fit in what
+/// is left).
+const PLAN_BYTES: usize = 20_000;
+/// How much of a question, an option's description or an answer a card
+/// shows, and of a label on a button or in a select (Lark: ≤ 100).
+const WORDS_CHARS: usize = 500;
+const LABEL_CHARS: usize = 90;
+/// Lark's longest `input` (characters).
+const INPUT_CHARS: usize = 1000;
+
+/// What a button sends back when it is clicked (its callback `value`):
+/// the session, the request, the answer, and what it chooses beyond allow
+/// or deny (issue 54). A form's submit button says which form it sends.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct ButtonValue {
     pub session_id: String,
     pub request_id: String,
     pub behavior: Behavior,
+    #[serde(default)]
+    pub suggestion: Option<u32>,
+    #[serde(default)]
+    pub mode: Option<PlanMode>,
+    /// An option of the request's only question (one tap answers it).
+    #[serde(default)]
+    pub option: Option<u32>,
+    /// `answers` (a question card's form) or `feedback` (a plan's).
+    #[serde(default)]
+    pub form: Option<String>,
+}
+
+/// The form names a question card's fields take: its options `q<n>`, its
+/// own words `a<n>`; a plan's feedback `feedback`.
+const ANSWERS_FORM: &str = "answers";
+const FEEDBACK_FORM: &str = "feedback";
+
+impl ButtonValue {
+    /// What the click chooses, its form's values (`action.form_value`: a
+    /// field name to a string, or to strings for a multi-select) read back.
+    pub fn choice(&self, form_value: &Value) -> Choice {
+        if let Some(index) = self.suggestion {
+            return Choice::Suggestion(index);
+        }
+        if let Some(mode) = self.mode {
+            return Choice::Mode(mode);
+        }
+        if let Some(option) = self.option {
+            return Choice::Option(option);
+        }
+        let text = |name: &str| form_value[name].as_str().unwrap_or_default().to_owned();
+        match self.form.as_deref() {
+            Some(ANSWERS_FORM) => Choice::Answers(
+                (0..MAX_QUESTIONS)
+                    .map(|n| Picked {
+                        options: picks(&form_value[format!("q{n}")]),
+                        text: text(&format!("a{n}")),
+                    })
+                    .collect(),
+            ),
+            Some(FEEDBACK_FORM) => Choice::Feedback(text(FEEDBACK_FORM)),
+            _ => Choice::Plain,
+        }
+    }
+}
+
+/// A select's value: one option index, or several.
+fn picks(value: &Value) -> Vec<u32> {
+    let one = |v: &Value| v.as_str().and_then(|s| s.parse().ok());
+    match value {
+        Value::Array(values) => values.iter().filter_map(one).collect(),
+        value => one(value).into_iter().collect(),
+    }
 }
 
 /// The card a linked chat receives for a new request, its header naming
-/// the session.
+/// the session: a tool's with Allow / Deny and its "always allow" choices,
+/// a question's with its options, a plan's with its approvals.
 pub fn open(row: &PermissionRow, name: &SessionName) -> Value {
+    let detail = row.detail();
+    match detail.kind {
+        PermissionKind::Tool => tool_card(row, name, &detail),
+        PermissionKind::Question => question_card(row, name, &detail),
+        PermissionKind::Plan => plan_card(row, name, &detail),
+    }
+}
+
+fn tool_card(row: &PermissionRow, name: &SessionName, detail: &Detail) -> Value {
     let id = escape_html(&row.request_id);
     let mut elements = about(row);
     elements.push(json!({"tag": "column_set", "columns": [
-        button(row, Behavior::Allow, "Allow · 允许", "primary_filled"),
-        button(row, Behavior::Deny, "Deny · 拒绝", "danger"),
+        button(row, Behavior::Allow, "Allow · 允许", "primary_filled", json!({})),
+        button(row, Behavior::Deny, "Deny · 拒绝", "danger", json!({})),
     ]}));
+    for (n, suggestion) in detail.suggestions.iter().enumerate() {
+        let text = cut(&suggestion.label, LABEL_CHARS);
+        let extra = json!({ "suggestion": n });
+        elements.push(row_of(button(
+            row,
+            Behavior::Allow,
+            &text,
+            "primary",
+            extra,
+        )));
+    }
     elements.push(markdown(&format!(
         "Approvers of this chat only. Or reply \"yes {id}\" to allow, \"no {id}\" to deny.\n\
          仅本群审批人可操作。也可回复 \"yes {id}\" 允许，\"no {id}\" 拒绝。"
@@ -50,19 +140,224 @@ pub fn open(row: &PermissionRow, name: &SessionName) -> Value {
     )
 }
 
+/// A question card: each question with its options described; for a
+/// single question that takes one option, a button per option (one tap
+/// answers); a form with a select (or multi-select) per question and an
+/// input for the person's own words; Decline.
+fn question_card(row: &PermissionRow, name: &SessionName, detail: &Detail) -> Value {
+    let questions = detail.questions.as_deref().unwrap_or_default();
+    let mut elements: Vec<Value> = questions.iter().map(asked).collect();
+    let one_tap = matches!(questions, [only] if !only.multi_select);
+    if one_tap {
+        for (n, option) in questions[0].options.iter().enumerate() {
+            let text = cut(&option.label, LABEL_CHARS);
+            let extra = json!({ "option": n });
+            elements.push(row_of(button(
+                row,
+                Behavior::Allow,
+                &text,
+                "primary",
+                extra,
+            )));
+        }
+    }
+    let mut fields = Vec::new();
+    for (n, question) in questions.iter().enumerate() {
+        if !one_tap {
+            fields.push(select(n, question));
+        }
+        fields.push(json!({
+            "tag": "input",
+            "name": format!("a{n}"),
+            "max_length": INPUT_CHARS,
+            "placeholder": {"tag": "plain_text", "content": match (one_tap, questions.len()) {
+                (true, _) => "Or your own answer · 或自己回答".to_owned(),
+                (false, 1) => "Or your own words · 或自己回答".to_owned(),
+                (false, _) => format!("Or your own words for question {} · 或自己回答第 {} 题", n + 1, n + 1),
+            }},
+        }));
+    }
+    let send = if one_tap {
+        "Send my answer · 发送"
+    } else {
+        "Send answers · 发送回答"
+    };
+    fields.push(submit(row, Behavior::Allow, send, ANSWERS_FORM));
+    elements.push(json!({"tag": "form", "name": ANSWERS_FORM, "elements": fields}));
+    elements.push(json!({"tag": "column_set", "columns": [
+        button(row, Behavior::Deny, "Decline · 拒绝", "danger", json!({})),
+    ]}));
+    elements.push(markdown(
+        "Approvers of this chat only; or answer on the Web page.\n仅本群审批人可操作；也可在网页上回答。",
+    ));
+    card(&named("Question · 提问", name), "orange", elements)
+}
+
+/// A question as a card shows it: its header, its text, its options.
+fn asked(question: &Question) -> Value {
+    let mut text = match question.header.trim() {
+        "" => String::new(),
+        header => format!("**{}** · ", escape_html(&cut(header, LABEL_CHARS))),
+    };
+    text.push_str(&escape_html(&cut(&question.question, WORDS_CHARS)));
+    if question.multi_select {
+        text.push_str(" *(one or more · 可多选)*");
+    }
+    for option in &question.options {
+        text.push_str(&format!(
+            "\n- **{}**",
+            escape_html(&cut(&option.label, LABEL_CHARS))
+        ));
+        if !option.description.trim().is_empty() {
+            let description = cut(&option.description, WORDS_CHARS);
+            text.push_str(&format!(": {}", escape_html(&description)));
+        }
+    }
+    markdown(&text)
+}
+
+/// A question's select: each option's value is its index.
+fn select(n: usize, question: &Question) -> Value {
+    let options: Vec<Value> = question
+        .options
+        .iter()
+        .enumerate()
+        .map(|(i, option)| {
+            json!({
+                "text": {"tag": "plain_text", "content": cut(&option.label, LABEL_CHARS)},
+                "value": i.to_string(),
+            })
+        })
+        .collect();
+    let (tag, hint) = match question.multi_select {
+        true => ("multi_select_static", "Choose one or more · 可多选"),
+        false => ("select_static", "Choose one · 选择一项"),
+    };
+    let hint = match question.header.trim() {
+        "" => hint.to_owned(),
+        header => format!("{} · {hint}", cut(header, LABEL_CHARS)),
+    };
+    json!({
+        "tag": tag,
+        "name": format!("q{n}"),
+        "placeholder": {"tag": "plain_text", "content": hint},
+        "options": options,
+    })
+}
+
+/// A plan card: the plan as Markdown (cut below the card limit, saying so),
+/// two approvals, and "Keep planning…" with the person's feedback.
+fn plan_card(row: &PermissionRow, name: &SessionName, detail: &Detail) -> Value {
+    let mut elements = plan_shown(detail);
+    elements.push(json!({"tag": "column_set", "columns": [
+        button(row, Behavior::Allow, "Approve, auto-accept edits · 批准并自动接受编辑", "primary_filled",
+            json!({"mode": PlanMode::AcceptEdits})),
+        button(row, Behavior::Allow, "Approve, review each edit · 批准并逐一审阅", "primary",
+            json!({"mode": PlanMode::Default})),
+    ]}));
+    elements.push(json!({"tag": "form", "name": FEEDBACK_FORM, "elements": [
+        {
+            "tag": "input",
+            "name": FEEDBACK_FORM,
+            "max_length": INPUT_CHARS,
+            "placeholder": {"tag": "plain_text", "content": "What should change? · 需要修改什么？"},
+        },
+        submit(row, Behavior::Deny, "Keep planning… · 继续规划…", FEEDBACK_FORM),
+    ]}));
+    elements.push(markdown(
+        "Approvers of this chat only; or answer on the Web page.\n仅本群审批人可操作；也可在网页上回答。",
+    ));
+    card(&named("Plan · 计划", name), "orange", elements)
+}
+
+/// The plan as a card shows it, cut below the card limit with a note.
+fn plan_shown(detail: &Detail) -> Vec<Value> {
+    let plan = escape_html(detail.plan.as_deref().unwrap_or_default());
+    let (shown, cut) = super::markdown::head(&plan, PLAN_BYTES);
+    let mut elements = vec![markdown(&shown)];
+    if cut {
+        elements.push(markdown(
+            "*The plan is longer than a card holds: the Web page shows it whole.*\n\
+             *计划超出卡片长度：完整内容请在网页上查看。*",
+        ));
+    }
+    elements
+}
+
 /// The card once the request is settled: what was answered, by whom (the
 /// approver's open id, when a click or `yes <id>` in Lark answered), no
 /// buttons; its header naming the session.
 pub fn settled(row: &PermissionRow, name: &SessionName, by: Option<&str>) -> Value {
-    let (title, template) = match row.state {
-        PermissionState::Allowed => ("Allowed · 已允许", "green"),
-        PermissionState::Denied => ("Denied · 已拒绝", "red"),
-        PermissionState::Expired => ("No longer open · 已失效", "grey"),
-        PermissionState::Pending => return open(row, name),
+    let (title, template) = match (row.state, row.answered_via) {
+        (PermissionState::Allowed, _) => ("Allowed · 已允许", "green"),
+        (PermissionState::Denied, _) => ("Denied · 已拒绝", "red"),
+        (PermissionState::Expired, Some(AnsweredVia::Terminal)) => {
+            ("Answered at the terminal · 已在终端处理", "grey")
+        }
+        (PermissionState::Expired, _) => ("No longer open · 已失效", "grey"),
+        (PermissionState::Pending, _) => return open(row, name),
     };
-    let mut elements = about(row);
+    let detail = row.detail();
+    let mut elements = match detail.kind {
+        PermissionKind::Tool => about(row),
+        PermissionKind::Question => detail.questions.iter().flatten().map(asked).collect(),
+        PermissionKind::Plan => plan_shown(&detail),
+    };
     elements.push(markdown(&outcome(row, by)));
+    if let Some(chosen) = chosen(row, &detail) {
+        elements.push(markdown(&chosen));
+    }
     card(&named(title, name), template, elements)
+}
+
+/// What was chosen with the answer, as the settled card says it.
+fn chosen(row: &PermissionRow, detail: &Detail) -> Option<String> {
+    let ChosenAnswer {
+        message,
+        answers,
+        suggestion,
+        mode,
+    } = row.chosen()?;
+    let mut lines = Vec::new();
+    for question in detail.questions.iter().flatten() {
+        if let Some(answer) = answers.as_ref().and_then(|a| a.get(&question.question)) {
+            let asked = match question.header.trim() {
+                "" => cut(&question.question, LABEL_CHARS),
+                header => cut(header, LABEL_CHARS),
+            };
+            lines.push(format!(
+                "**{}** → {}",
+                escape_html(&asked),
+                escape_html(&cut(answer, WORDS_CHARS))
+            ));
+        }
+    }
+    if let Some(label) = suggestion.and_then(|n| detail.suggestions.get(n as usize)) {
+        lines.push(format!(
+            "Chosen · 已选择: **{}**",
+            escape_html(&cut(&label.label, LABEL_CHARS))
+        ));
+    }
+    match mode {
+        Some(PlanMode::AcceptEdits) => {
+            lines.push("Approved, auto-accept edits · 已批准，自动接受编辑".into())
+        }
+        Some(PlanMode::Default) => {
+            lines.push("Approved, review each edit · 已批准，逐一审阅编辑".into())
+        }
+        None => {}
+    }
+    if let Some(message) = message {
+        let said = match detail.kind {
+            PermissionKind::Plan => "Keep planning · 继续规划",
+            _ => "Message · 留言",
+        };
+        lines.push(format!(
+            "{said}: {}",
+            escape_html(&cut(&message, WORDS_CHARS))
+        ));
+    }
+    (!lines.is_empty()).then(|| lines.join("\n"))
 }
 
 /// A card's title followed by the session it is about: `title: goal · agent`.
@@ -161,6 +456,16 @@ pub fn note(note: &Note) -> Value {
                 )),
             ],
         ),
+        Note::NeedsAnswers { name, request_id } => card(
+            &named("Not answered · 未处理", name),
+            "orange",
+            vec![markdown(&format!(
+                "Request {id} asks questions: \"yes\" cannot answer them. Choose the answers \
+                 on its card (or on the Web page); \"no {id}\" declines it.\n\
+                 请求 {id} 需要回答问题，\"yes\" 无法回答。请在卡片（或网页）上选择答案；\"no {id}\" 可拒绝。",
+                id = escape_html(request_id),
+            ))],
+        ),
         Note::Closed(name) => about_session(
             "Closed · 已关闭",
             "grey",
@@ -226,6 +531,11 @@ pub fn title_of(name: &SessionName) -> String {
 fn outcome(row: &PermissionRow, by: Option<&str>) -> String {
     let (en, zh) = match row.state {
         PermissionState::Denied => ("Denied", "拒绝"),
+        PermissionState::Expired if row.answered_via == Some(AnsweredVia::Terminal) => {
+            return "Answered at the terminal first: this card takes no answer now.\n\
+                    已先在终端处理：此卡片不再接受回答。"
+                .into();
+        }
         PermissionState::Expired => {
             return "Not answered here: answered at the terminal, withdrawn, or the session closed.\n\
                     未在此处理：已在终端处理、已撤回，或会话已关闭。"
@@ -255,13 +565,42 @@ pub fn answered_toast(state: PermissionState) -> Value {
     }
 }
 
-/// The toast of a click on a request settled before it.
-pub fn settled_toast(state: PermissionState) -> Value {
-    match state {
-        PermissionState::Allowed => toast("info", "Already allowed · 已被允许"),
-        PermissionState::Denied => toast("info", "Already denied · 已被拒绝"),
+/// The toast of a click on a request settled before it: never an answer.
+pub fn settled_toast(row: &PermissionRow) -> Value {
+    match (row.state, row.answered_via) {
+        (PermissionState::Allowed, _) => {
+            toast("info", "Already answered: allowed · 已处理：已允许")
+        }
+        (PermissionState::Denied, _) => toast("info", "Already answered: denied · 已处理：已拒绝"),
+        (_, Some(AnsweredVia::Terminal)) => {
+            toast("info", "Already answered at the terminal · 已在终端处理")
+        }
         _ => toast("info", "No longer open · 已失效"),
     }
+}
+
+/// The toast of an approver's click that left something out: nothing was
+/// answered.
+pub fn incomplete_toast(missing: &Missing) -> Value {
+    let text = match missing {
+        Missing::Answers(questions) => {
+            let named = questions
+                .iter()
+                .map(|q| cut(q, 40))
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!(
+                "Answer each question first, still missing: {named} · 请先回答每个问题，尚缺：{named}"
+            )
+        }
+        Missing::Feedback => "Say what should change first · 请先写下需要修改的内容".to_owned(),
+    };
+    toast("warning", &text)
+}
+
+/// The toast of an approver's click that does not fit the request.
+pub fn unfit_toast(message: &str) -> Value {
+    toast("error", &format!("Not answered · 未处理: {message}"))
 }
 
 /// The toast of a click by someone not on the link's approver list.
@@ -314,17 +653,44 @@ fn code_block(text: &str) -> String {
     format!("{fence}\n{}\n{fence}", escape_html(text))
 }
 
-fn button(row: &PermissionRow, behavior: Behavior, text: &str, kind: &str) -> Value {
+/// A button in a column (for a `column_set`): its callback `value` names
+/// the session, the request and the answer, and `extra`'s fields.
+fn button(row: &PermissionRow, behavior: Behavior, text: &str, kind: &str, extra: Value) -> Value {
     json!({"tag": "column", "width": "auto", "elements": [{
         "tag": "button",
         "type": kind,
         "text": {"tag": "plain_text", "content": text},
-        "behaviors": [{"type": "callback", "value": {
-            "session_id": row.session_id,
-            "request_id": row.request_id,
-            "behavior": behavior,
-        }}],
+        "behaviors": [{"type": "callback", "value": value(row, behavior, extra)}],
     }]})
+}
+
+/// A button on a row of its own.
+fn row_of(column: Value) -> Value {
+    json!({"tag": "column_set", "columns": [column]})
+}
+
+/// A form's submit button: its `value` says which form it sends.
+fn submit(row: &PermissionRow, behavior: Behavior, text: &str, form: &str) -> Value {
+    json!({
+        "tag": "button",
+        "name": format!("{form}_submit"),
+        "form_action_type": "submit",
+        "type": "primary_filled",
+        "text": {"tag": "plain_text", "content": text},
+        "behaviors": [{"type": "callback", "value": value(row, behavior, json!({"form": form}))}],
+    })
+}
+
+fn value(row: &PermissionRow, behavior: Behavior, extra: Value) -> Value {
+    let mut value = json!({
+        "session_id": row.session_id,
+        "request_id": row.request_id,
+        "behavior": behavior,
+    });
+    if let (Some(value), Value::Object(extra)) = (value.as_object_mut(), extra) {
+        value.extend(extra);
+    }
+    value
 }
 
 fn markdown(content: &str) -> Value {
@@ -390,6 +756,41 @@ mod tests {
         assert_eq!(values[1].behavior, Behavior::Deny);
         assert!(values.iter().all(|v| v.request_id == "abcde"));
         assert!(card.to_string().contains("yes abcde"));
+    }
+
+    #[test]
+    fn a_forms_values_are_read_back_into_the_choice() {
+        let value = |extra: Value| -> ButtonValue {
+            let mut v = json!({"session_id": "s", "request_id": "r", "behavior": "allow"});
+            v.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            serde_json::from_value(v).unwrap()
+        };
+        let form = json!({"q0": "1", "q1": ["0", "2", "x"], "a1": "words"});
+        let Choice::Answers(picked) = value(json!({"form": "answers"})).choice(&form) else {
+            panic!("answers")
+        };
+        assert_eq!(picked.len(), MAX_QUESTIONS);
+        assert_eq!(
+            (picked[0].options.clone(), picked[0].text.as_str()),
+            (vec![1], "")
+        );
+        assert_eq!(
+            (picked[1].options.clone(), picked[1].text.as_str()),
+            (vec![0, 2], "words")
+        );
+        let feedback = value(json!({"form": "feedback"})).choice(&json!({"feedback": "no"}));
+        assert_eq!(feedback, Choice::Feedback("no".into()));
+        assert_eq!(
+            value(json!({"suggestion": 1})).choice(&Value::Null),
+            Choice::Suggestion(1)
+        );
+        assert_eq!(
+            value(json!({"mode": "accept_edits"})).choice(&Value::Null),
+            Choice::Mode(PlanMode::AcceptEdits)
+        );
+        assert_eq!(value(json!({})).choice(&Value::Null), Choice::Plain);
     }
 
     #[test]

@@ -75,18 +75,21 @@ pub async fn take(broker: &Broker, config: &LarkConfig, envelope: Envelope) -> R
 }
 
 /// A `card.action.trigger` read: the button's value (the session, the
-/// request, the answer), who clicked and where. `None` for a click on
+/// request, the answer, what it chooses, with its form's values when it
+/// submits one), who clicked and where. `None` for a click on
 /// anything else.
 fn click_of(app_id: &str, envelope: &Envelope) -> Option<LarkClick> {
     let event = &envelope.event;
     let value: ButtonValue = serde_json::from_value(event["action"]["value"].clone()).ok()?;
     let text = |v: &Value| v.as_str().map(str::to_owned);
+    let choice = value.choice(&event["action"]["form_value"]);
     Some(LarkClick {
         app_id: app_id.to_owned(),
         event_id: envelope.header.event_id.clone(),
         session_id: value.session_id,
         request_id: value.request_id,
         behavior: value.behavior,
+        choice,
         operator: text(&event["operator"]["open_id"]),
         chat_id: text(&event["context"]["open_chat_id"]),
     })
@@ -112,8 +115,10 @@ async fn clicked(broker: &Broker, click: LarkClick) -> Result<Value> {
                 Some(card::settled(&row, &name, by.as_deref())),
             )
         }
+        Clicked::Incomplete(missing) => card::callback(card::incomplete_toast(&missing), None),
+        Clicked::Unfit(message) => card::callback(card::unfit_toast(&message), None),
         Clicked::Settled { row, name, by } => card::callback(
-            card::settled_toast(row.state),
+            card::settled_toast(&row),
             Some(card::settled(&row, &name, by.as_deref())),
         ),
     })

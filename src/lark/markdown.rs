@@ -169,7 +169,22 @@ const NUMBER_BYTES: usize = 32;
 /// request body (escaped twice), preferring block boundaries, never leaving a
 /// code fence open; numbered ("(1/3)") when there is more than one.
 pub fn split(text: &str, limit: usize) -> Vec<String> {
-    let limit = limit.saturating_sub(NUMBER_BYTES).max(64);
+    let mut parts = unnumbered(text, limit.saturating_sub(NUMBER_BYTES));
+    number(&mut parts, "\n\n");
+    parts
+}
+
+/// The first part of Markdown that takes at most `limit` bytes of the
+/// request body, cut as [`split`] cuts (no code fence left open), and
+/// whether anything was left out.
+pub fn head(text: &str, limit: usize) -> (String, bool) {
+    let mut parts = unnumbered(text, limit).into_iter();
+    let first = parts.next().unwrap_or_default();
+    (first, parts.next().is_some())
+}
+
+fn unnumbered(text: &str, limit: usize) -> Vec<String> {
+    let limit = limit.max(64);
     let segments = segments(text, limit);
     let mut parts = Vec::new();
     let mut start = 0;
@@ -202,7 +217,6 @@ pub fn split(text: &str, limit: usize) -> Vec<String> {
         parts.push(render(&segments, start, cut));
         start = cut;
     }
-    number(&mut parts, "\n\n");
     parts
 }
 

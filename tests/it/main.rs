@@ -24,6 +24,7 @@ mod lark_attachments;
 mod lark_cards;
 mod lark_pairing;
 mod lark_permissions;
+mod lark_prompts;
 mod lark_sessions;
 mod lark_ws;
 mod metrics;
