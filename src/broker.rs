@@ -257,11 +257,13 @@ impl Broker {
     }
 
     pub async fn session(&self, session_id: &str) -> Result<Session> {
-        self.store
+        let row = self
+            .store
             .session(session_id)
             .await?
-            .map(|row| row.projection())
-            .ok_or_else(|| Error::not_found("session"))
+            .ok_or_else(|| Error::not_found("session"))?;
+        let asking = self.store.asking_sessions(session_id, session_id).await?;
+        Ok(row.projection_asking(!asking.is_empty()))
     }
 
     pub async fn sessions(&self, filter: ListSessions) -> Result<SessionList> {
@@ -278,11 +280,22 @@ impl Broker {
         let mut rows = self.store.sessions(filter, limit + 1).await?;
         let more = rows.len() > limit as usize;
         rows.truncate(limit as usize);
+        let asking = match (rows.first(), rows.last()) {
+            (Some(first), Some(last)) => {
+                self.store
+                    .asking_sessions(&first.session_id, &last.session_id)
+                    .await?
+            }
+            _ => Vec::new(),
+        };
         Ok(SessionList {
             next_cursor: more
                 .then(|| rows.last().map(|s| s.session_id.clone()))
                 .flatten(),
-            sessions: rows.iter().map(|row| row.projection()).collect(),
+            sessions: rows
+                .iter()
+                .map(|row| row.projection_asking(asking.contains(&row.session_id)))
+                .collect(),
         })
     }
 

@@ -164,7 +164,9 @@ pub struct AgentNotification {
 /// `--stall-after` (default 10 minutes; the next event clears it; time alone
 /// never releases its turn), `waiting` while it is idle and attached (a
 /// parked claim, or between turns), `away` after its session ended or when
-/// no host was heard from for 10 minutes while it was not working.
+/// no host was heard from for 10 minutes while it was not working; and, in
+/// a session's projection, `asking` while a permission request of the
+/// session is pending (the agent waits for a person: "waiting for you").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
 #[sqlx(rename_all = "snake_case")]
@@ -173,6 +175,9 @@ pub enum AgentState {
     Stalled,
     Waiting,
     Away,
+    /// Shown, never stored or reported: the agent stopped to ask (a tool's
+    /// approval, a question, its plan) and a request is pending.
+    Asking,
 }
 
 impl AgentState {
@@ -183,6 +188,7 @@ impl AgentState {
             AgentState::Stalled => "stalled",
             AgentState::Waiting => "waiting",
             AgentState::Away => "away",
+            AgentState::Asking => "asking",
         }
     }
 }

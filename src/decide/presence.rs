@@ -56,6 +56,11 @@ impl Report {
                 "`stalled` is the broker's to say, after `--stall-after` without a word from a working agent; report `working`, `waiting` or `away`.",
             ));
         }
+        if report.state == Some(AgentState::Asking) {
+            return Err(Error::invalid(
+                "`asking` is the broker's to say, while a permission request is pending; report `working`, `waiting` or `away`.",
+            ));
+        }
         let said = match (&report.prompt, &report.answer) {
             (Some(_), Some(_)) => {
                 return Err(Error::invalid(

@@ -94,6 +94,21 @@ impl SessionRow {
         }
     }
 
+    /// The projection of a session one of whose permission requests is
+    /// pending: its agent, there, is `asking`.
+    pub fn projection_asking(&self, asking: bool) -> Session {
+        let mut session = self.projection();
+        if asking
+            && matches!(
+                session.agent.state,
+                AgentState::Working | AgentState::Waiting | AgentState::Stalled
+            )
+        {
+            session.agent.state = AgentState::Asking;
+        }
+        session
+    }
+
     pub fn is_bound_to(&self, host: &HostIdentity) -> bool {
         self.host_surface == host.host_surface && self.host_session_id == host.host_session_id
     }

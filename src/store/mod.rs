@@ -664,6 +664,9 @@ reads! {
     /// newest first, at most [`crate::permission::LIST_LIMIT`].
     Permissions { session_id: &'a str, state: Option<PermissionState> } -> Vec<PermissionRow>,
         permissions;
+    /// Of the sessions from `first` to `last` (by id), those with a pending
+    /// permission request: their agent waits for a person ("asking").
+    AskingSessions { first: &'a str, last: &'a str } -> Vec<String>, asking_sessions;
     /// The session's Lark link; 404 for an unknown session.
     LarkLinkStatus { session_id: &'a str } -> LarkLink, lark_link_status;
     /// Pending replies and permission-request messages due at `now_ms`,

@@ -84,6 +84,10 @@ const PERMISSION: &str = concat!(
     permission_columns!(),
     " from permission_requests where session_id = $1 and request_id = $2"
 );
+/// The page's sessions (a range of ids) that have a pending request: the
+/// primary key's `session_id` prefix bounds the scan.
+const ASKING: &str = "select distinct session_id from permission_requests
+     where session_id >= $1 and session_id <= $2 and state = 'pending'";
 const PERMISSIONS: &str = concat!(
     "select ",
     permission_columns!(),
@@ -186,6 +190,17 @@ where
             ))
         })
         .await
+    }
+
+    async fn asking_sessions(&self, first: &'a str, last: &'a str) -> Result<Vec<String>> {
+        if unstorable(first) || unstorable(last) {
+            return Ok(Vec::new());
+        }
+        let select = Statement::new(ASKING).bind(first).bind(last);
+        let ids = self
+            .rows(select, |row| Only::<String>::from_row(row))
+            .await?;
+        Ok(ids.into_iter().map(|(id,)| id).collect())
     }
 
     async fn permission(&self, session_id: &'a str, request_id: &'a str) -> Result<PermissionRow> {

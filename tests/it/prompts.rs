@@ -410,3 +410,67 @@ async fn a_prompt_answered_at_the_terminal_first_is_retired_and_a_late_answer_re
         (PermissionState::Expired, Some(AnsweredVia::Terminal))
     );
 }
+
+/// While a request is pending, the session's agent is `asking` ("waiting
+/// for you") in the projection and the list; answered, it is not; a host
+/// cannot report `asking` itself.
+#[tokio::test]
+async fn the_agent_is_asking_while_a_request_is_pending() {
+    use loopx::model::{AgentState, ListSessions, ReportAgentState};
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let other = bound_host(c).await;
+    let sid = host.session_id();
+    let report = |state: AgentState| ReportAgentState {
+        host_surface: HOST_SURFACE.into(),
+        host_session_id: host.host_session_id.clone(),
+        state: Some(state),
+        typing_in: None,
+        tool: None,
+        claim_id: None,
+        prompt: None,
+        answer: None,
+    };
+    c.report_agent(sid, &report(AgentState::Working))
+        .await
+        .unwrap();
+    let shown = |id: String| async move {
+        let one = c.session(&id).await.unwrap().body.agent.state;
+        let list = c
+            .sessions(&ListSessions::default())
+            .await
+            .unwrap()
+            .body
+            .sessions;
+        let listed = list
+            .iter()
+            .find(|s| s.session_id == id)
+            .unwrap()
+            .agent
+            .state;
+        assert_eq!(one, listed, "the projection and the list agree");
+        one
+    };
+    assert_eq!(shown(sid.to_owned()).await, AgentState::Working);
+    c.create_permission(sid, &request(&host, "askme", "ls"))
+        .await
+        .unwrap();
+    assert_eq!(shown(sid.to_owned()).await, AgentState::Asking);
+    assert_ne!(
+        shown(other.session_id().to_owned()).await,
+        AgentState::Asking,
+        "only the session that asks"
+    );
+    c.answer_permission(sid, "askme", Behavior::Allow)
+        .await
+        .unwrap();
+    assert_eq!(shown(sid.to_owned()).await, AgentState::Working);
+    let (status, code) = match c.report_agent(sid, &report(AgentState::Asking)).await {
+        Err(loopx::client::ClientError::Refused { reply, error }) => {
+            (reply.status.as_u16(), loopx::model::wire(&error.error.code))
+        }
+        other => panic!("taken: {other:?}"),
+    };
+    assert_eq!((status, code.as_str()), (400, "invalid_request"));
+}
