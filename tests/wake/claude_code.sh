@@ -10,7 +10,8 @@
 #  0. the harness itself: claude at its prompt with no first-run screen, the
 #     installed hooks bind the session, a prompt typed by the test is answered
 #  1. idle 5 s, then one Web message: typed, answered
-#  2. three messages queued while idle: three answers, in order
+#  2. three messages queued while idle: three answers, in order, each typed
+#     in after the turn before (no Stop block: no hook error on the screen)
 #  3. a multi-line message reaches the model as one prompt
 #  4. "/clear everything" is text, not a command: the model gets it with the
 #     earlier conversation
@@ -125,7 +126,11 @@ turns = {t["seq"]: t for t in json.load(urllib.request.urlopen(req))["turns"]}
 done = [turns[s]["completed_at"] for s in seqs]
 assert done == sorted(done), "answered out of order: %r" % done
 PY
-echo "2. three queued messages answered in order: ${seqs[*]}"
+# Typed in after each turn, never handed over by a Stop block (issue 55): the
+# terminal shows each as a prompt, never "Stop hook reported a problem".
+! tui_screen "$pane" | grep -q "Stop hook reported a problem" || {
+  echo "a message was delivered as a Stop hook's error" >&2; exit 1; }
+echo "2. three queued messages answered in order, each typed in, no hook error: ${seqs[*]}"
 fi
 
 # 3. A multi-line message is one prompt: one request whose last user text

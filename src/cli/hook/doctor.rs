@@ -235,8 +235,11 @@ async fn check_token(
 /// Codex: typing into an idle Codex needs its hooks to run in its own
 /// process, which its shared background server (the TUI's default) is not.
 fn check_app_server(hook_saw_it: bool, found: &mut Findings) {
+    // Issue 55 (5): said where the person looks.
     let fix = "start Codex with --no-daemon (`loopx run -- codex --no-daemon`, or \
-               `codex --no-daemon` in a tmux pane)";
+               `codex --no-daemon` in a tmux pane); there, too, a Codex binds its LoopX \
+               session only at its first prompt (SessionStart runs then), so one just \
+               started is reachable from the phone after someone types a first prompt";
     if let Some(pid) = crate::cli::wake::procfs::managed_app_server() {
         found.warning(format!(
             "Codex's shared background server runs for this user (`codex app-server \

@@ -8,6 +8,9 @@
 //! the turn was delivered, so a `stop` repeated with the same input delivers
 //! the same turn again instead of answering it with the answer to the turn
 //! before, while two turns that ended with the same words are told apart.
+//! Where a waker types into the agent, `stop` answers the turn it held and
+//! hands nothing over: the waker types the next message in once the turn
+//! has ended ([`crate::cli::wake::typed_in_here`]).
 
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
@@ -40,12 +43,14 @@ enum Holding {
 pub async fn stop(hook: &Hook) -> Result<Option<String>, Failure> {
     let last = hook.field("last_assistant_message").unwrap_or_default();
     let fingerprint = fingerprint(hook);
-    let claimed = match holding(hook, &fingerprint, 0).await? {
+    let typed_in = crate::cli::wake::typed_in_here();
+    let fresh = match holding(hook, &fingerprint, 0).await? {
         Holding::Other => return Err("another bridge of this host holds a turn".into()),
         Holding::Nothing(claimed) => claimed,
         Holding::Delivered(held) if claim_fingerprint(&held.claim_id) == fingerprint => {
-            // This stop ran before (the same last message): the same turn again.
-            Some(held)
+            // This stop ran before (the same last message): the same turn
+            // again.
+            return blocked(hook, Some(held)).await;
         }
         Holding::Delivered(held) => {
             hand_back(hook, &held, last).await?;
@@ -55,10 +60,24 @@ pub async fn stop(hook: &Hook) -> Result<Option<String>, Failure> {
             }
         }
     };
-    let claimed = match claimed {
+    let claimed = match fresh {
+        // A waker types into this agent: the message goes back to the front
+        // of the queue and is typed in once the turn has ended, as the
+        // person's prompt would be (a Stop block shows at the terminal as a
+        // hook's error).
+        Some(claimed) if typed_in => {
+            release(hook, &claimed.session_id, &claimed.claim_id).await?;
+            None
+        }
         Some(claimed) => Some(claimed),
+        None if typed_in => None,
         None => wait(hook, &fingerprint).await?,
     };
+    blocked(hook, claimed).await
+}
+
+/// Reports the agent's state and blocks with `claimed`, if any.
+async fn blocked(hook: &Hook, claimed: Option<Claimed>) -> Result<Option<String>, Failure> {
     let state = match claimed {
         Some(_) => AgentState::Working,
         None => AgentState::Waiting,

@@ -94,6 +94,18 @@ pub struct HostIdentity {
     pub host_session_id: String,
 }
 
+/// Whether a waker types into the agent running this hook: it runs under
+/// `loopx run` or in a tmux pane (whose hooks start a waker), its agent
+/// process is found, and not in Codex's shared app-server (which cannot
+/// tell which terminal is its agent's). Then a message queued during a turn
+/// is typed in once the turn ends, not handed over by blocking the Stop.
+pub fn typed_in_here() -> bool {
+    let me = std::process::id() as i32;
+    let terminal = std::env::var_os(run::RUN_DIR).is_some()
+        || (std::env::var_os("TMUX").is_some() && std::env::var_os("TMUX_PANE").is_some());
+    terminal && !procfs::under_app_server(me) && procfs::agent_of(me).is_some()
+}
+
 /// Where the hooks and the waker of this terminal keep the record of what
 /// was typed: `loopx run`'s private folder for an agent under it, else the
 /// data dir's `wakers` folder (the tmux waker gets the hooks' data dir).
@@ -121,7 +133,8 @@ pub struct Waker<T> {
     /// The agent's presence and since when (ms since the epoch).
     agent: Option<(AgentState, i64)>,
     closed: bool,
-    /// Turns typed once and not confirmed: never typed again.
+    /// Turns typed once and not confirmed: not typed again until a turn
+    /// has run.
     typed: HashSet<String>,
     /// When the broker was last told that this waker types in.
     said: Option<Instant>,
@@ -260,6 +273,13 @@ impl<T: Terminal> Waker<T> {
                 if let Ok(agent) = serde_json::from_str::<AgentEventData>(&event.data) {
                     let since = chrono::DateTime::parse_from_rfc3339(&agent.since)
                         .map_or_else(|_| crate::time::now_ms(), |t| t.timestamp_millis());
+                    if agent.state == AgentState::Working {
+                        // A turn runs: whatever was typed and not confirmed
+                        // left the prompt with it (or never was there). The
+                        // Stop hook leaves queued turns to this waker, so
+                        // they are typed again once the agent waits.
+                        self.typed.clear();
+                    }
                     self.agent = Some((agent.state, since));
                 }
             }
@@ -269,7 +289,7 @@ impl<T: Terminal> Waker<T> {
     }
 
     /// The oldest turn waiting in the queue, unless it was typed before
-    /// (it then waits for the end of a turn, and the ones after it too).
+    /// (it then waits for a turn to run, and the ones after it too).
     fn next_queued(&self) -> Option<(i64, String)> {
         self.waiting
             .first_key_value()
