@@ -382,6 +382,7 @@ async function loadChat(c) {
 function showAsking(n) {
   show(ui.chatAsking, n > 0);
   show(ui.needsYou, n > 0);
+  ui.chat.toggleAttribute('data-asking', n > 0);
   ui.chatAsking.dataset.pending = String(n);
   ui.needsYouHeading.textContent = n === 1 ? 'The agent waits for you' : `The agent waits for you (${n} requests)`;
 }

@@ -87,11 +87,14 @@ function chosen(request) {
   if (!answer) return null;
   const parts = [];
   if (answer.answers) {
+    // In the order the agent asked (the broker keeps them sorted by text).
+    const asked = (request.questions || []).map((q) => q.question).filter((q) => q in answer.answers);
+    const order = [...asked, ...Object.keys(answer.answers).filter((q) => !asked.includes(q))];
     parts.push(
       el(
         'dl',
         { class: 'permission-answers' },
-        Object.entries(answer.answers).flatMap(([q, a]) => [el('dt', { text: q }), el('dd', { text: a })]),
+        order.flatMap((q) => [el('dt', { text: q }), el('dd', { text: answer.answers[q] })]),
       ),
     );
   }
@@ -198,7 +201,7 @@ function questionBody(request, draft, { busy, send }) {
       el(
         'legend',
         {},
-        q.header ? el('span', { class: 'question-header', text: q.header }) : null,
+        q.header ? [el('span', { class: 'question-header', text: q.header }), ' '] : null,
         el('span', { class: 'question-text', text: q.question }),
       ),
       el('p', { class: 'hint', text: q.multi_select ? 'Choose one or more.' : 'Choose one.' }),
@@ -408,7 +411,11 @@ export class PermissionCards {
     if (existing && existing.parentElement === home) existing.replaceWith(card);
     else {
       existing?.remove();
-      home.append(card);
+      // Pinned in the order they were asked (reads may come back in any order).
+      const later = pending
+        ? [...home.children].find((li) => (this.requests.get(li.dataset.requestId)?.created_at ?? '') > request.created_at)
+        : null;
+      home.insertBefore(card, later || null);
     }
     if (focus) card.querySelector(focus)?.focus();
     this.onPending(this.pendingCount());
