@@ -397,6 +397,11 @@ export class PermissionCards {
     const before = this.requests.get(request.request_id);
     this.requests.set(request.request_id, request);
     const pending = request.state === 'pending';
+    const existing = document.getElementById(`permission-${request.request_id}`);
+    // A re-read that brings back what is shown (a reconnect's resync) leaves
+    // the card alone: the person may be typing in it.
+    const plain = !busy && !error && !note && !focus;
+    if (plain && existing && !existing.hasAttribute('aria-busy') && JSON.stringify(before) === JSON.stringify(request)) return;
     if (!pending) this.drafts.delete(request.request_id);
     const card = permissionCard(request, {
       busy,
@@ -407,7 +412,6 @@ export class PermissionCards {
       redraw: (opts) => this.show(this.requests.get(request.request_id), { quiet: true, ...opts }),
     });
     const home = pending ? this.pinned : this.transcript;
-    const existing = document.getElementById(`permission-${request.request_id}`);
     if (existing && existing.parentElement === home) existing.replaceWith(card);
     else {
       existing?.remove();

@@ -119,6 +119,7 @@ describe('every blocking prompt on the Web chat page', () => {
     assert.equal(await page.locator('#transcript > li.permission-card').count(), 0, 'no pending card in the transcript');
     assert.equal(await page.locator('#needs-you').isVisible(), true);
     assert.match(await page.locator('#needs-you-heading').innerText(), /3 requests/);
+    assert.equal(await page.locator('#chat-asking').isVisible(), true, '"waiting for you" shows');
     assert.match((await page.locator('#chat-asking').textContent()).trim(), /^waiting for you$/);
     // The region sits right above the message box.
     const [region, composer] = await Promise.all([page.locator('#needs-you').boundingBox(), page.locator('#composer').boundingBox()]);
