@@ -194,10 +194,12 @@ export async function getPermission(sessionId, requestId) {
   return (await request('GET', `/v1/sessions/${enc(sessionId)}/permission-requests/${enc(requestId)}`)).data;
 }
 
-/** Answers as the owner: behavior is 'allow' or 'deny'. */
-export async function answerPermission(sessionId, requestId, behavior) {
+/** Answers as the owner: `answer` is {behavior: 'allow'|'deny', answers?,
+ * suggestion?, mode?, message?} (or just the behavior). */
+export async function answerPermission(sessionId, requestId, answer) {
   const path = `/v1/sessions/${enc(sessionId)}/permission-requests/${enc(requestId)}/answer`;
-  return (await request('POST', path, { behavior })).data;
+  const body = typeof answer === 'string' ? { behavior: answer } : answer;
+  return (await request('POST', path, body)).data;
 }
 
 /** A one-time code that pairs a Lark chat with the session (valid 10 minutes,

@@ -28,6 +28,10 @@ const ui = {
   chat: $('chat'),
   heading: $('chat-heading'),
   chatState: $('chat-state'),
+  chatAsking: $('chat-asking'),
+  needsYou: $('needs-you'),
+  needsYouHeading: $('needs-you-heading'),
+  pinned: $('pinned'),
   facts: $('session-facts'),
   capabilities: $('capabilities'),
   liveStatus: $('live-status'),
@@ -305,8 +309,14 @@ function openChat(sessionId) {
     sending: false,
     pending: draft.id ? { text: draft.text, id: draft.id } : null, // the composed message's id
     files: [], // File objects to send with the next message
-    permissions: new PermissionCards(sessionId, ui.transcript, { announce }),
+    permissions: null,
   };
+  chat.permissions = new PermissionCards(sessionId, {
+    transcript: ui.transcript,
+    pinned: ui.pinned,
+    announce,
+    onPending: (n) => showAsking(n),
+  });
   ui.appView.dataset.view = 'chat';
   show(ui.chatEmpty, false);
   show(ui.chat, true);
@@ -315,6 +325,8 @@ function openChat(sessionId) {
   ui.facts.replaceChildren();
   ui.capabilities.replaceChildren();
   ui.transcript.replaceChildren();
+  ui.pinned.replaceChildren();
+  showAsking(0);
   show(ui.transcriptEmpty, false);
   show(ui.loadOlder, false);
   showError(ui.sendError, '');
@@ -363,6 +375,16 @@ async function loadChat(c) {
     setLive(c, 'down', '');
     showError(ui.pageError, `Could not open the session: ${error.message}`);
   }
+}
+
+/** "waiting for you" while any request waits for the person (the agent's
+ * `asking`, derived here from the pending requests), and their pinned list. */
+function showAsking(n) {
+  show(ui.chatAsking, n > 0);
+  show(ui.needsYou, n > 0);
+  ui.chat.toggleAttribute('data-asking', n > 0);
+  ui.chatAsking.dataset.pending = String(n);
+  ui.needsYouHeading.textContent = n === 1 ? 'The agent waits for you' : `The agent waits for you (${n} requests)`;
 }
 
 /** How a message sent now reaches the agent (the presence's `delivery`). */

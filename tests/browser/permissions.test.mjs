@@ -24,7 +24,8 @@ let session;
 const pageErrors = [];
 const { step, shot } = stepper(() => page);
 
-const card = (requestId) => page.locator(`#transcript > li.permission-card[data-request-id="${requestId}"]`);
+// Pending cards are pinned above the composer, settled ones in the transcript.
+const card = (requestId) => page.locator(`li.permission-card[data-request-id="${requestId}"]`);
 
 async function requestPermission(requestId, toolName, description, preview) {
   const { status } = await broker.call('POST', `/v1/sessions/${session.session_id}/permission-requests`, {
