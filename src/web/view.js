@@ -64,6 +64,8 @@ const AGENT_WORDS = {
   stalled: 'agent stalled',
   waiting: 'agent waiting',
   away: 'agent away',
+  // A permission request waits for a person (the list shows it too).
+  asking: 'agent asking you',
 };
 
 /** Whether the session's agent is there (presence), with since when, and
