@@ -196,7 +196,13 @@ async function refreshSessions() {
   ui.sessionsNote.textContent = 'Loading sessions…';
   try {
     const { sessions: list, truncated } = await api.listSessions({ state: ui.stateFilter.value || undefined });
-    sessions = list.slice().reverse(); // newest first
+    // Open conversations first, each group newest first (issue 55): the one
+    // a person is in is at the top, not under an hour of closed ones.
+    const closedLast = (s) => (s.state === 'open' ? 0 : 1);
+    sessions = list
+      .slice()
+      .reverse()
+      .sort((a, b) => closedLast(a) - closedLast(b));
     sessionsTruncated = truncated;
     renderSessions();
     markEmptySessions();
@@ -237,7 +243,7 @@ function renderSessions() {
   ui.sessionsNote.textContent =
     (n === 0
       ? `No ${filter ? `${filter} ` : ''}sessions.`
-      : `${n} ${filter ? `${filter} ` : ''}session${n === 1 ? '' : 's'}, newest first.`) +
+      : `${n} ${filter ? `${filter} ` : ''}session${n === 1 ? '' : 's'}, ${filter ? '' : 'open first, '}newest first.`) +
     (sessionsTruncated ? ' Only the newest are listed.' : '');
 }
 

@@ -433,7 +433,7 @@ describe('the Web chat page', () => {
     assert.equal(await page.locator('#chat-pane').isVisible(), false, 'one pane at a time');
     const listed = await page.locator('a.session-link').count();
     assert.ok(listed >= 5);
-    assert.equal(await page.locator('#sessions-note').innerText(), `${listed} sessions, newest first.`);
+    assert.equal(await page.locator('#sessions-note').innerText(), `${listed} sessions, open first, newest first.`);
     await shot('list-375');
 
     await page.click(`a.session-link[data-session-id="${sessionA.session_id}"]`);

@@ -90,6 +90,22 @@ describe('closing a session from the Web chat page', () => {
     assert.equal(data.error.code, 'not_claimed');
   });
 
+  step('the session list shows open conversations first, each group newest first', async () => {
+    // A newer session, open, and the one just closed: the open one on top,
+    // then the closed one, though a newer closed one would come first by age.
+    const older = await bindSession(broker, 'host-session-close-older');
+    const newest = await bindSession(broker, 'host-session-close-newest');
+    await broker.ok('POST', `/v1/sessions/${newest.session_id}/close`, {});
+    await page.goto(`${broker.base}/#`);
+    await page.locator(`a.session-link[data-session-id="${newest.session_id}"]`).waitFor();
+    const order = await page.locator('a.session-link').evaluateAll((links) => links.map((a) => a.dataset.sessionId));
+    const at = (s) => order.indexOf(s.session_id);
+    assert.ok(at(older) < at(newest), `the open one first: ${order}`);
+    assert.ok(at(older) < at(session), `open before closed: ${order}`);
+    assert.ok(at(newest) < at(session), `closed ones newest first: ${order}`);
+    assert.match(await page.locator('#sessions-note').innerText(), /open first, newest first/);
+  });
+
   step('threw nothing', async () => {
     assert.deepEqual(pageErrors.map(String), []);
   });
