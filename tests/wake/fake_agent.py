@@ -49,9 +49,12 @@ def read_prompt():
         # Echoed as Claude Code draws its prompt: what is typed shows in it.
         sys.stdout.write("\r\n  " if c in "\r\n" else c); sys.stdout.flush()
 
-hook("session-start", "SessionStart", source="startup")
+# Raw before the first hook says the agent is there: a test types at once,
+# and keys typed while the terminal was still cooked would be echoed by it
+# (and flushed by a TCSAFLUSH).
 old = termios.tcgetattr(0)
-tty.setraw(0)
+tty.setraw(0, termios.TCSANOW)
+hook("session-start", "SessionStart", source="startup")
 sys.stdout.write("\x1b[?2004h\u276f\u00a0"); sys.stdout.flush()
 try:
     while True:
