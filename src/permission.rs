@@ -106,7 +106,7 @@ pub const MAX_WORDS_BYTES: usize = 4096;
 /// The longest header, label or suggestion (bytes).
 pub const MAX_LABEL_BYTES: usize = 1024;
 
-fn too_long(field: &str, value: &str, max: usize) -> Result<()> {
+pub(crate) fn too_long(field: &str, value: &str, max: usize) -> Result<()> {
     if value.len() > max {
         return Err(Error::invalid(format!(
             "`{field}` must be at most {max} bytes."

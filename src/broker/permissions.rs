@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::{Answer, Broker, MAX_TEXT_BYTES, checked_host};
 use crate::decide;
 use crate::decide::permission::{Decision, WITHDRAWN, answered_state};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ids::check;
 use crate::model::HostIdentity;
 use crate::model::{
@@ -33,11 +33,7 @@ impl Broker {
             ("description", &request.description),
             ("input_preview", &request.input_preview),
         ] {
-            if value.len() > MAX_TEXT_BYTES {
-                return Err(Error::invalid(format!(
-                    "`{field}` must be at most {MAX_TEXT_BYTES} bytes."
-                )));
-            }
+            crate::permission::too_long(field, value, MAX_TEXT_BYTES)?;
         }
         crate::permission::detail_of(&request)?;
         let host = HostIdentity {

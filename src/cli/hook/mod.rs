@@ -152,6 +152,8 @@ pub struct Hook {
     pub host_surface: String,
     pub host_session_id: String,
     pub wait_seconds: Option<u64>,
+    /// Where its agent sits, read once ([`Hook::seat`]).
+    seat: std::sync::OnceLock<crate::cli::wake::Seat>,
 }
 
 /// Why a hook did nothing, in one line (never a message text or a host id).
@@ -359,6 +361,7 @@ impl Hook {
             host_surface,
             host_session_id,
             wait_seconds: binding.wait_seconds,
+            seat: std::sync::OnceLock::new(),
         })
     }
 
@@ -370,8 +373,8 @@ impl Hook {
     /// Where the idle agent can be typed into: under `loopx run`, tells it
     /// the session; in a tmux pane, makes sure a waker runs for it.
     pub async fn wake(&self) -> Result<(), Failure> {
-        use crate::cli::wake::{HostIdentity, procfs, run, tmux};
-        if procfs::under_app_server(std::process::id() as i32) {
+        use crate::cli::wake::{HostIdentity, run, tmux};
+        if self.seat().under_app_server {
             return Err(format!(
                 "{UNDER_APP_SERVER}, which cannot tell which terminal the agent is in: \
                  nothing is typed into an idle Codex unless it runs with --no-daemon \
@@ -379,8 +382,7 @@ impl Hook {
             ));
         }
         let session_id = self.host.session_id().await?;
-        // The agent process itself (never a shell): typing goes only there.
-        let agent = procfs::agent_of(std::process::id() as i32);
+        let agent = self.seat().agent.clone();
         run::tell(&run::Told {
             session_id: session_id.clone(),
             host_surface: self.host_surface.clone(),
@@ -392,6 +394,11 @@ impl Hook {
             host_session_id: self.host_session_id.clone(),
         };
         tmux::ensure(&session_id, &host, agent.as_ref(), &self.connection)
+    }
+
+    /// Where the agent running this hook sits (read off `/proc` once).
+    pub fn seat(&self) -> &crate::cli::wake::Seat {
+        self.seat.get_or_init(crate::cli::wake::Seat::here)
     }
 
     /// Reports the agent's presence.

@@ -10,7 +10,7 @@
 //! before, while two turns that ended with the same words are told apart.
 //! Where a waker types into the agent, `stop` answers the turn it held and
 //! hands nothing over: the waker types the next message in once the turn
-//! has ended ([`crate::cli::wake::typed_in_here`]).
+//! has ended ([`crate::cli::wake::Seat::typed_in`]).
 
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
@@ -43,7 +43,7 @@ enum Holding {
 pub async fn stop(hook: &Hook) -> Result<Option<String>, Failure> {
     let last = hook.field("last_assistant_message").unwrap_or_default();
     let fingerprint = fingerprint(hook);
-    let typed_in = crate::cli::wake::typed_in_here();
+    let typed_in = hook.seat().typed_in();
     let fresh = match holding(hook, &fingerprint, 0).await? {
         Holding::Other => return Err("another bridge of this host holds a turn".into()),
         Holding::Nothing(claimed) => claimed,

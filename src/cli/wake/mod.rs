@@ -94,16 +94,36 @@ pub struct HostIdentity {
     pub host_session_id: String,
 }
 
-/// Whether a waker types into the agent running this hook: it runs under
-/// `loopx run` or in a tmux pane (whose hooks start a waker), its agent
-/// process is found, and not in Codex's shared app-server (which cannot
-/// tell which terminal is its agent's). Then a message queued during a turn
-/// is typed in once the turn ends, not handed over by blocking the Stop.
-pub fn typed_in_here() -> bool {
-    let me = std::process::id() as i32;
-    let terminal = std::env::var_os(run::RUN_DIR).is_some()
-        || (std::env::var_os("TMUX").is_some() && std::env::var_os("TMUX_PANE").is_some());
-    terminal && !procfs::under_app_server(me) && procfs::agent_of(me).is_some()
+/// Where the agent running this hook sits, as typing into it needs to
+/// know: read off `/proc` once per hook process ([`Seat::here`]).
+pub struct Seat {
+    /// The hook runs in Codex's shared app-server, which cannot tell which
+    /// terminal is its agent's.
+    pub under_app_server: bool,
+    /// The agent process itself (never a shell): typing goes only there.
+    pub agent: Option<procfs::Agent>,
+}
+
+impl Seat {
+    pub fn here() -> Seat {
+        let me = std::process::id() as i32;
+        let under_app_server = procfs::under_app_server(me);
+        Seat {
+            under_app_server,
+            agent: (!under_app_server).then(|| procfs::agent_of(me)).flatten(),
+        }
+    }
+
+    /// Whether a waker types into this agent: it runs under `loopx run` or
+    /// in a tmux pane (whose hooks start a waker), its process is found,
+    /// and not in Codex's shared app-server. Then a message queued during a
+    /// turn is typed in once the turn ends, not handed over by blocking the
+    /// Stop.
+    pub fn typed_in(&self) -> bool {
+        let terminal = std::env::var_os(run::RUN_DIR).is_some()
+            || (std::env::var_os("TMUX").is_some() && std::env::var_os("TMUX_PANE").is_some());
+        terminal && !self.under_app_server && self.agent.is_some()
+    }
 }
 
 /// Where the hooks and the waker of this terminal keep the record of what

@@ -88,17 +88,32 @@ pub fn is_shell(exe: &Path) -> bool {
 /// What `pid` runs now: its identity, or `None` when it is gone or cannot
 /// be read (then nothing is typed).
 pub fn identify(pid: i32) -> Option<Agent> {
+    read(pid).map(|(_, agent)| agent)
+}
+
+/// `pid`'s stat and identity, read together.
+fn read(pid: i32) -> Option<(Process, Agent)> {
     let process = stat(pid)?;
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
     let argv = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     // Read again: the numbers and the program belong to one process.
-    (stat(pid)?.start == process.start).then(|| Agent {
-        pid,
-        start: process.start,
-        tty: process.tty,
-        exe,
-        argv: hex::encode(&Sha256::digest(&argv)[..12]),
+    let again = stat(pid)?;
+    (again.start == process.start).then(|| {
+        let agent = Agent {
+            pid,
+            start: process.start,
+            tty: process.tty,
+            exe,
+            argv: hex::encode(&Sha256::digest(&argv)[..12]),
+        };
+        (again, agent)
     })
+}
+
+/// Whether `pid`'s command line holds `word` as one of its arguments.
+fn has_arg(pid: i32, word: &[u8]) -> bool {
+    let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    argv.split(|b| *b == 0).any(|arg| arg == word)
 }
 
 /// The agent a hook runs for: the nearest ancestor of `pid` that has a
@@ -136,8 +151,7 @@ pub fn under_app_server(pid: i32) -> bool {
         let Some(p) = process else {
             return false;
         };
-        let argv = std::fs::read(format!("/proc/{}/cmdline", p.pid)).unwrap_or_default();
-        if argv.split(|b| *b == 0).any(|arg| arg == b"app-server") {
+        if has_arg(p.pid, b"app-server") {
             return true;
         }
         if p.ppid <= 1 {
@@ -160,11 +174,7 @@ pub fn managed_app_server() -> Option<i32> {
         .filter_map(|entry| entry.ok())
         .filter(|entry| entry.metadata().is_ok_and(|m| m.uid() == me))
         .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .find(|pid| {
-            let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let has = |word: &[u8]| argv.split(|b| *b == 0).any(|arg| arg == word);
-            has(b"app-server") && has(b"--managed-daemon")
-        })
+        .find(|pid| has_arg(*pid, b"app-server") && has_arg(*pid, b"--managed-daemon"))
 }
 
 /// Where the agent is now.
@@ -181,8 +191,8 @@ pub enum Now {
 /// Checks the agent again (every time before typing, not once): the same
 /// process running the same program with the same command line.
 pub fn now(agent: &Agent) -> Now {
-    match (stat(agent.pid), identify(agent.pid)) {
-        (Some(p), Some(seen)) if &seen == agent => {
+    match read(agent.pid) {
+        Some((p, seen)) if &seen == agent => {
             if p.tpgid == p.pgid {
                 Now::Foreground
             } else {
@@ -209,9 +219,9 @@ pub fn typing_reaches(agent: &Agent) -> Now {
 /// A process of the agent's foreground group, other than the agent and its
 /// ancestors, whose standard input is the agent's terminal.
 fn other_reader(agent: &Agent) -> Option<i32> {
-    let group = stat(agent.pid)?.tpgid;
-    let mut ancestors = vec![agent.pid];
     let mut at = stat(agent.pid)?;
+    let group = at.tpgid;
+    let mut ancestors = vec![agent.pid];
     while at.ppid > 1 && ancestors.len() < 64 {
         ancestors.push(at.ppid);
         at = stat(at.ppid)?;

@@ -393,9 +393,15 @@ fn type_in(args: WakerArgs) -> std::process::ExitCode {
     };
     let saves = crate::cli::attachments::default_root(&data_dir);
     runtime.block_on(
-        Waker::new(client, args.session_id, host, pane, data_dir.join("wakers"))
-            .saving_files_in(saves)
-            .run(),
+        Waker::new(
+            client,
+            args.session_id,
+            host,
+            pane,
+            super::records_dir(&data_dir),
+        )
+        .saving_files_in(saves)
+        .run(),
     );
     std::process::ExitCode::SUCCESS
 }

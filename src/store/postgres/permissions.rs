@@ -4,20 +4,7 @@
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
-use super::rows::{enumeration, optional_enumeration, unstorable, utf8};
-
-/// A content column that may be null.
-fn optional_utf8(row: &PgRow, column: &str) -> sqlx::Result<Option<String>> {
-    let bytes: Option<Vec<u8>> = row.try_get(column)?;
-    bytes
-        .map(|b| {
-            String::from_utf8(b).map_err(|e| sqlx::Error::ColumnDecode {
-                index: column.to_owned(),
-                source: Box::new(e),
-            })
-        })
-        .transpose()
-}
+use super::rows::{enumeration, optional_enumeration, optional_utf8, unstorable, utf8};
 use crate::permission::PermissionRow;
 
 pub(super) const PERMISSION_COLUMNS: &str = permission_columns!();

@@ -79,6 +79,14 @@ impl<'r> Cols<'r> {
         String::from_utf8(bytes).map_err(|e| decode_error(column, e))
     }
 
+    /// A nullable `bytea` column that holds UTF-8 text.
+    pub(super) fn optional_utf8(&self, column: &str) -> sqlx::Result<Option<String>> {
+        let bytes: Option<Vec<u8>> = self.get(column)?;
+        bytes
+            .map(|b| String::from_utf8(b).map_err(|e| decode_error(column, e)))
+            .transpose()
+    }
+
     /// A column a joined readback has and a written row has not.
     pub(super) fn joined<T>(&self, column: &str) -> sqlx::Result<Option<T>>
     where
@@ -112,6 +120,11 @@ pub(super) fn optional_enumeration<T: DeserializeOwned>(
 /// A `bytea` column that holds UTF-8 text.
 pub(super) fn utf8(row: &PgRow, column: &str) -> sqlx::Result<String> {
     Cols::new(row, "").utf8(column)
+}
+
+/// A nullable `bytea` column that holds UTF-8 text.
+pub(super) fn optional_utf8(row: &PgRow, column: &str) -> sqlx::Result<Option<String>> {
+    Cols::new(row, "").optional_utf8(column)
 }
 
 pub(super) fn session_row(row: &PgRow) -> sqlx::Result<SessionRow> {
