@@ -297,6 +297,15 @@ pub struct ReportAgentState {
     /// `waiting`.
     #[serde(default)]
     pub answer: Option<String>,
+    /// With `waiting` only: the person interrupted the agent mid-turn (Esc,
+    /// Ctrl-C), which ends a turn with no Stop hook; a waker on the host
+    /// reads it off the agent's own transcript. If the agent is shown
+    /// working, the LoopX turn it worked on (the session's active claim)
+    /// and the open terminal turn are cancelled `interrupted` (the claim is
+    /// spent: a late completion from it is fenced, 409 `not_claimed`), and
+    /// the agent waits. An agent shown waiting already: only the report.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
 }
 
 /// `POST .../permission-requests/{request_id}/withdraw`, by the host: nobody
@@ -324,15 +333,18 @@ pub struct WithdrawPermission {
     pub answered_at_terminal: bool,
 }
 
-/// Why a turn was cancelled: its session closed, or (a `terminal` turn
-/// only) the agent never answered it: a new prompt came first (the person
-/// interrupted it), or it stopped with nothing to say.
+/// Why a turn was cancelled: its session closed; (a `terminal` turn only)
+/// the agent never answered it: a new prompt came first, or it stopped
+/// with nothing to say; or the person at the terminal interrupted the agent
+/// while it worked on the turn (Esc, Ctrl-C: HOOKS.md "The terminal's real
+/// life").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
 #[sqlx(rename_all = "snake_case")]
 pub enum CancelReason {
     SessionClosed,
     Unanswered,
+    Interrupted,
 }
 
 /// `POST /v1/agent-threads`: the exact tuple a host session registers.

@@ -528,6 +528,21 @@ pub(crate) mod tests {
         }
     }
 
+    /// A host's report of nothing yet (its fields set by the caller).
+    pub fn report_of(id: &str) -> crate::model::ReportAgentState {
+        crate::model::ReportAgentState {
+            host_surface: "claude-code".into(),
+            host_session_id: id.into(),
+            state: None,
+            typing_in: None,
+            tool: None,
+            claim_id: None,
+            prompt: None,
+            answer: None,
+            interrupted: false,
+        }
+    }
+
     pub fn host(id: &str) -> HostIdentity {
         HostIdentity {
             host_surface: "claude-code".into(),

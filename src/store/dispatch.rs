@@ -295,10 +295,19 @@ pub(crate) async fn command<X: Tx>(
             } else {
                 None
             };
+            let active = session.as_ref().and_then(|s| s.active_claim_id.clone());
+            let interrupted = match active.filter(|_| report.interrupted) {
+                Some(claim_id) => {
+                    let rows = tx.release_rows(&session_id, &claim_id).await?;
+                    rows.claim.zip(rows.turn)
+                }
+                None => None,
+            };
             let rows = ReportRows {
                 session,
                 terminal,
                 terminal_feed,
+                interrupted,
             };
             let decision = presence::report(rows, &host, &report, minter, now)?;
             Done::ReportAgent(Box::new(decided(tx, decision).await?))

@@ -383,6 +383,12 @@ impl Hook {
         }
         let session_id = self.host.session_id().await?;
         let agent = self.seat().agent.clone();
+        let transcript = self.field("transcript_path").filter(|p| !p.is_empty());
+        if let Some(path) = transcript.filter(|_| self.seat().typed_in()) {
+            let dir = crate::cli::wake::records_dir(&self.connection.data_dir());
+            crate::cli::wake::transcript::tell(&dir, &session_id, path)
+                .map_err(|e| format!("cannot leave the transcript's path for the waker: {e}"))?;
+        }
         run::tell(&run::Told {
             session_id: session_id.clone(),
             host_surface: self.host_surface.clone(),
@@ -427,6 +433,7 @@ impl Hook {
             claim_id: None,
             prompt: None,
             answer: None,
+            interrupted: false,
         }
     }
 

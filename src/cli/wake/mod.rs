@@ -27,6 +27,7 @@ pub mod run;
 pub mod screen;
 pub mod text;
 pub mod tmux;
+pub mod transcript;
 
 /// How long the agent must have been idle before a message is typed: its
 /// Stop hook reports `waiting` just before the agent draws its prompt.
@@ -165,6 +166,8 @@ pub struct Waker<T> {
     /// Where the record of what was typed is left for the agent's hooks
     /// ([`text::Record`]).
     records: std::path::PathBuf,
+    /// The agent's transcript, read for interrupts.
+    transcript: transcript::Watch,
 }
 
 impl<T: Terminal> Waker<T> {
@@ -176,6 +179,7 @@ impl<T: Terminal> Waker<T> {
         records: std::path::PathBuf,
     ) -> Self {
         Waker {
+            transcript: transcript::Watch::new(&records, &session_id),
             calls: client.clone().with_timeout(Duration::from_secs(5)),
             client,
             session_id,
@@ -246,6 +250,7 @@ impl<T: Terminal> Waker<T> {
                 }
             }
             self.follow(TICK).await;
+            self.interrupts().await;
             if let Err(gone) = self.deliver_next().await {
                 return Ended::Gone(gone);
             }
@@ -396,19 +401,40 @@ impl<T: Terminal> Waker<T> {
         false
     }
 
-    /// Tells the broker whether this waker types into the idle agent (its
-    /// `typing_in` presence report; the agent's state stands).
-    async fn say(&self, typing_in: bool) {
+    /// An interrupt the agent wrote to its transcript (Esc, Ctrl-C: no Stop
+    /// hook runs) while shown working: the broker is told, which settles
+    /// the turn it worked on and shows it waiting; the next queued message
+    /// is then typed in as for any idle agent.
+    async fn interrupts(&mut self) {
+        if !self.transcript.interrupted() || !matches!(self.agent, Some((AgentState::Working, _))) {
+            return;
+        }
         let report = ReportAgentState {
+            interrupted: true,
+            ..self.report(Some(AgentState::Waiting), None)
+        };
+        let _ = self.calls.report_agent(&self.session_id, &report).await;
+    }
+
+    /// A report of this waker's host: `state`, `typing_in`, nothing else.
+    fn report(&self, state: Option<AgentState>, typing_in: Option<bool>) -> ReportAgentState {
+        ReportAgentState {
             host_surface: self.host.host_surface.clone(),
             host_session_id: self.host.host_session_id.clone(),
-            state: None,
-            typing_in: Some(typing_in),
+            state,
+            typing_in,
             tool: None,
             claim_id: None,
             prompt: None,
             answer: None,
-        };
+            interrupted: false,
+        }
+    }
+
+    /// Tells the broker whether this waker types into the idle agent (its
+    /// `typing_in` presence report; the agent's state stands).
+    async fn say(&self, typing_in: bool) {
+        let report = self.report(None, Some(typing_in));
         let _ = self.calls.report_agent(&self.session_id, &report).await;
     }
 
