@@ -170,11 +170,20 @@ pub(crate) async fn command<X: Tx>(
         }
         Command::Bind { bind } => {
             let rows = tx.bind_rows(&bind).await?;
-            let bound = session::bind(rows, bind, minter, now)?;
-            if let Bound::Created(s) = &bound {
+            // The session a new one from the same terminal continues,
+            // locked, with what its close reads.
+            let predecessor = match rows.predecessor.clone().filter(|_| rows.registered) {
+                Some(session_id) => Some(tx.close_rows(&session_id).await?),
+                None => None,
+            };
+            let decided = session::bind(rows, predecessor, bind, minter, now)?;
+            if let Bound::Created(s) = &decided.answer {
                 tx.execute(statement::insert_session(s)).await?;
             }
-            Done::Bind(Box::new(bound))
+            if decided.writes.continuation.is_some() {
+                tx.apply(decided.writes).await?;
+            }
+            Done::Bind(Box::new(decided.answer))
         }
         Command::Enqueue {
             session_id,

@@ -326,6 +326,7 @@ impl Hook {
         let (client, _) = connection.client()?;
         let client = client.with_timeout(REQUEST_TIMEOUT);
         let binding = options.binding;
+        let seat = std::sync::OnceLock::new();
         let host_surface = binding
             .host_surface
             .unwrap_or_else(|| options.agent.host_surface().to_owned());
@@ -337,6 +338,7 @@ impl Hook {
                 host_surface: host_surface.clone(),
                 host_session_id: host_session_id.clone(),
                 executor_endpoint_id: binding.executor_endpoint_id.unwrap_or_default(),
+                terminal: seat.get_or_init(crate::cli::wake::Seat::here).terminal(),
                 dry_run: false,
             }),
             (None, None) => {
@@ -361,7 +363,7 @@ impl Hook {
             host_surface,
             host_session_id,
             wait_seconds: binding.wait_seconds,
-            seat: std::sync::OnceLock::new(),
+            seat,
         })
     }
 

@@ -115,6 +115,26 @@ impl Seat {
         }
     }
 
+    /// The terminal the agent runs in, as a bind names it (HOOKS.md "The
+    /// terminal's real life": a new host session there continues the
+    /// open one): `loopx run`'s private folder, else the tmux pane, else
+    /// the agent process itself (which `/clear` keeps), on this machine;
+    /// sent as a digest. None under Codex's shared app-server, which cannot
+    /// tell, or with no agent process found.
+    pub fn terminal(&self) -> Option<String> {
+        if self.under_app_server {
+            return None;
+        }
+        let var = |name: &str| std::env::var(name).ok();
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        terminal_of(
+            host.trim(),
+            var(run::RUN_DIR),
+            var("TMUX").zip(var("TMUX_PANE")),
+            self.agent.as_ref(),
+        )
+    }
+
     /// Whether a waker types into this agent: it runs under `loopx run` or
     /// in a tmux pane (whose hooks start a waker), its process is found,
     /// and not in Codex's shared app-server. Then a message queued during a
@@ -125,6 +145,33 @@ impl Seat {
             || (std::env::var_os("TMUX").is_some() && std::env::var_os("TMUX_PANE").is_some());
         terminal && !self.under_app_server && self.agent.is_some()
     }
+}
+
+/// The terminal's name on `host`: `loopx run`'s folder, else the tmux
+/// server's socket and pane (from `TMUX`, `TMUX_PANE`), else the agent
+/// process; a digest of it.
+fn terminal_of(
+    host: &str,
+    run_dir: Option<String>,
+    tmux: Option<(String, String)>,
+    agent: Option<&procfs::Agent>,
+) -> Option<String> {
+    use sha2::{Digest, Sha256};
+    let place = match (run_dir, tmux) {
+        (Some(dir), _) => format!("run\0{dir}"),
+        (None, Some((tmux, pane))) => {
+            format!(
+                "tmux\0{}\0{pane}",
+                tmux.split(',').next().unwrap_or_default()
+            )
+        }
+        (None, None) => {
+            let agent = agent?;
+            format!("process\0{}\0{}", agent.pid, agent.start)
+        }
+    };
+    let digest = Sha256::digest(format!("{host}\0{place}").as_bytes());
+    Some(format!("term-{}", hex::encode(&digest[..16])))
 }
 
 /// Where the hooks and the waker of this terminal keep the record of what
@@ -447,5 +494,57 @@ impl<T: Terminal> Waker<T> {
             kind: NotificationKind::TypingUnconfirmed,
         };
         let _ = self.calls.notify(&self.session_id, &notice).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_terminal_is_its_pane_its_run_or_its_agent_and_two_panes_are_two() {
+        let tmux = |pane: &str| Some(("/tmp/tmux-1/default,123,0".to_owned(), pane.to_owned()));
+        let pane = terminal_of("box", None, tmux("%1"), None);
+        assert!(
+            pane.as_deref()
+                .is_some_and(|t| t.starts_with("term-") && t.len() == 37)
+        );
+        // The same pane after /clear or a restart (another server pid in
+        // TMUX's tail is the same server): the same terminal.
+        let again = Some(("/tmp/tmux-1/default,999,0".to_owned(), "%1".to_owned()));
+        assert_eq!(terminal_of("box", None, again, None), pane);
+        assert_ne!(
+            terminal_of("box", None, tmux("%2"), None),
+            pane,
+            "another pane"
+        );
+        assert_ne!(
+            terminal_of("other", None, tmux("%1"), None),
+            pane,
+            "another machine"
+        );
+        let run = terminal_of(
+            "box",
+            Some("/run/user/1/loopx-run.a".into()),
+            tmux("%1"),
+            None,
+        );
+        assert_ne!(run, pane, "loopx run inside a pane is the run's");
+        let agent = procfs::Agent {
+            pid: 42,
+            start: 7,
+            tty: 34816,
+            exe: "/usr/bin/claude".into(),
+            argv: "digest".into(),
+        };
+        let process = terminal_of("box", None, None, Some(&agent));
+        assert!(process.is_some());
+        let restarted = procfs::Agent { start: 8, ..agent };
+        assert_ne!(terminal_of("box", None, None, Some(&restarted)), process);
+        assert_eq!(
+            terminal_of("box", None, None, None),
+            None,
+            "nothing to name"
+        );
     }
 }
