@@ -656,10 +656,7 @@ impl Broker {
     }
 
     pub async fn close(&self, session_id: &str, close: CloseRequest) -> Result<Session> {
-        let closed = self
-            .store
-            .close(session_id.to_owned(), close.release_active_claim)
-            .await?;
+        let closed = self.store.close(session_id.to_owned(), close).await?;
         self.metrics.turn("cancelled", closed.cancelled);
         self.metrics.permission("expired", closed.expired);
         // A linked Lark chat is told the session left it, and the expired

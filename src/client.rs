@@ -430,7 +430,7 @@ impl Client {
         .await
     }
 
-    /// A close with a body (`release_active_claim`).
+    /// A close with a body (`release_active_claim`, `if_idle`).
     pub async fn close_with(
         &self,
         session_id: &str,

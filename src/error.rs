@@ -50,6 +50,9 @@ pub enum ErrorCode {
     NotClaimed,
     /// 409: the turn is held by another claim id.
     ClaimMismatch,
+    /// 409: a close `if_idle` found messages waiting (queued, or one
+    /// delivered and unanswered): the session stays open.
+    MessagesWaiting,
     /// 408: the request body did not arrive within the server's body timeout.
     RequestTimeout,
     /// 409: the permission request was answered otherwise, or expired (`state` says which).
@@ -92,6 +95,7 @@ impl ErrorCode {
             | AlreadyCompleted
             | NotClaimed
             | ClaimMismatch
+            | MessagesWaiting
             | PermissionAlreadyAnswered
             | PermissionNotAnswered => StatusCode::CONFLICT,
             RequestTimeout => StatusCode::REQUEST_TIMEOUT,

@@ -897,8 +897,8 @@ pub struct TurnList {
     pub has_more: bool,
 }
 
-/// `POST /v1/sessions/{session_id}/close`: an empty body, `{}`, or
-/// `{"release_active_claim": true}`.
+/// `POST /v1/sessions/{session_id}/close`: an empty body, `{}`,
+/// `{"release_active_claim": true}` or `{"if_idle": true}`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"release_active_claim": true}))]
@@ -907,6 +907,14 @@ pub struct CloseRequest {
     /// with the queued ones) instead of refusing with 409 `claim_active`.
     #[serde(default)]
     pub release_active_claim: bool,
+    /// Close only a session with nothing waiting: a queued message, or one
+    /// delivered and unanswered (an active claim), answers 409
+    /// `messages_waiting` and changes nothing. What the hooks send when
+    /// the agent exits (HOOKS.md "The terminal's real life": a session that
+    /// is over closes itself; one with messages waiting stays, for the
+    /// agent to be resumed). Not with `release_active_claim`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub if_idle: bool,
 }
 
 /// `GET /healthz`.

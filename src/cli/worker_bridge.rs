@@ -188,8 +188,12 @@ pub struct AttachedSessionCloseArgs {
     pub session_id: String,
     /// Release the active claim first (a turn delivered to an agent that
     /// will not answer): it is cancelled with the queued turns.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "if_idle")]
     pub release_active_claim: bool,
+    /// Close only if nothing waits (no queued message, none delivered and
+    /// unanswered); else 409 `messages_waiting` and the session stays open.
+    #[arg(long)]
+    pub if_idle: bool,
     #[command(flatten)]
     pub options: ClientOptions,
 }
@@ -428,6 +432,7 @@ async fn release(ctx: Ctx, a: AttachedSessionReleaseArgs) -> Result<(), ClientEr
 async fn close(ctx: Ctx, a: AttachedSessionCloseArgs) -> Result<(), ClientError> {
     let request = CloseRequest {
         release_active_claim: a.release_active_claim,
+        if_idle: a.if_idle,
     };
     let answer = ctx.client.close_with(&a.session_id, &request).await?;
     let s = &answer.body;
@@ -501,7 +506,19 @@ async fn presence_cells(ctx: &Ctx, sessions: &[Session]) -> Result<Vec<String>, 
     Ok(cells)
 }
 
+/// The page's sessions as a table for people: open ones first, each group
+/// newest first, as the Web page lists them (the broker pages oldest
+/// first; `--format json` prints its answer as it is).
 fn session_table(sessions: &[Session], presence: &[String]) -> String {
+    let mut order: Vec<usize> = (0..sessions.len()).collect();
+    order.sort_by(|&a, &b| {
+        let open = |i: usize| sessions[i].state == SessionState::Open;
+        open(b)
+            .cmp(&open(a))
+            .then_with(|| sessions[b].session_id.cmp(&sessions[a].session_id))
+    });
+    let sessions: Vec<&Session> = order.iter().map(|&i| &sessions[i]).collect();
+    let presence: Vec<&String> = order.iter().filter_map(|&i| presence.get(i)).collect();
     let header = [
         "SESSION",
         "STATE",
@@ -525,7 +542,7 @@ fn session_table(sessions: &[Session], presence: &[String]) -> String {
                 s.agent_id.clone(),
                 s.executor_endpoint_id.clone(),
                 s.host_surface.clone(),
-                presence.clone(),
+                (*presence).clone(),
                 match s.agent.delivery {
                     _ if s.state != SessionState::Open => "-".to_owned(),
                     Delivery::TypedNow => "typed in now".to_owned(),

@@ -10,7 +10,7 @@ use super::{
 use super::{SessionRow, TurnRow};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::Minter;
-use crate::model::{AgentState, BindRequest, CancelReason, SessionState, TurnState};
+use crate::model::{AgentState, BindRequest, CancelReason, CloseRequest, SessionState, TurnState};
 
 /// What a bind did.
 #[derive(Debug)]
@@ -177,12 +177,19 @@ pub struct CloseRows {
     pub lark_chat: Option<String>,
 }
 
-/// A close, in this order: unknown session 404; closed already answers
-/// again; an active claim 409 `claim_active`, unless the owner asked to
-/// release it (`release_active_claim`): then its turn goes back to the queue
-/// (its attempt counted, a late completion fenced) and is cancelled with the
+/// A close, in this order: `if_idle` with `release_active_claim` 400;
+/// unknown session 404; closed already answers again; `if_idle` with
+/// messages waiting (queued, or an active claim's) 409 `messages_waiting`;
+/// an active claim 409 `claim_active`, unless the owner asked to release it
+/// (`release_active_claim`): then its turn goes back to the queue (its
+/// attempt counted, a late completion fenced) and is cancelled with the
 /// others, in one step.
-pub fn close(rows: CloseRows, release_active_claim: bool, now: i64) -> Result<Decided<Closed>> {
+pub fn close(rows: CloseRows, how: &CloseRequest, now: i64) -> Result<Decided<Closed>> {
+    if how.if_idle && how.release_active_claim {
+        return Err(Error::invalid(
+            "Give `if_idle` or `release_active_claim`, not both: one keeps what waits, the other lets it go.",
+        ));
+    }
     let session = existing(rows.session.clone())?;
     if session.state == SessionState::Closed {
         return Ok(Decided::nothing(Closed {
@@ -191,7 +198,14 @@ pub fn close(rows: CloseRows, release_active_claim: bool, now: i64) -> Result<De
             expired: 0,
         }));
     }
-    let (session, before, released) = release_first(session, &rows, release_active_claim, now)?;
+    let waiting = rows.queued + i64::from(session.active_claim_id.is_some());
+    if how.if_idle && waiting > 0 {
+        return Err(Error::new(
+            ErrorCode::MessagesWaiting,
+            format!("{waiting} message(s) wait for the agent: the session stays open."),
+        ));
+    }
+    let (session, before, released) = release_first(session, &rows, how.release_active_claim, now)?;
     let (writes, closed) = shut(
         session,
         rows.queued + released,
@@ -313,6 +327,43 @@ mod tests {
     use crate::decide::{Change, ClaimState};
     use crate::model::PermissionState;
 
+    const KEEP: CloseRequest = CloseRequest {
+        release_active_claim: false,
+        if_idle: false,
+    };
+    const RELEASE: CloseRequest = CloseRequest {
+        release_active_claim: true,
+        if_idle: false,
+    };
+    const IF_IDLE: CloseRequest = CloseRequest {
+        release_active_claim: false,
+        if_idle: true,
+    };
+
+    #[test]
+    fn a_close_if_idle_keeps_a_session_with_messages_waiting() {
+        let with = |queued, active: Option<&str>| CloseRows {
+            session: Some(SessionRow {
+                active_claim_id: active.map(str::to_owned),
+                ..session(SessionState::Open)
+            }),
+            queued,
+            ..CloseRows::default()
+        };
+        let waiting = close(with(2, None), &IF_IDLE, 5).expect_err("a refusal");
+        assert_eq!(waiting.code, ErrorCode::MessagesWaiting);
+        let delivered = close(with(0, Some("c1")), &IF_IDLE, 5).expect_err("a refusal");
+        assert_eq!(delivered.code, ErrorCode::MessagesWaiting);
+        let idle = close(with(0, None), &IF_IDLE, 5).expect("closed");
+        assert_eq!(idle.answer.session.state, SessionState::Closed);
+        let both = CloseRequest {
+            release_active_claim: true,
+            if_idle: true,
+        };
+        let refused = close(with(0, None), &both, 5).expect_err("a refusal");
+        assert_eq!(refused.code, ErrorCode::InvalidRequest);
+    }
+
     fn request(executor: &str) -> BindRequest {
         BindRequest {
             goal_id: "g".into(),
@@ -368,9 +419,9 @@ mod tests {
             session: Some(session(SessionState::Closed)),
             ..CloseRows::default()
         };
-        let replayed = close(closed, false, 5).expect("a replay");
+        let replayed = close(closed, &KEEP, 5).expect("a replay");
         assert!(replayed.writes.session.is_none() && replayed.writes.sweep.is_none());
-        let unknown = close(CloseRows::default(), true, 5).expect_err("a refusal");
+        let unknown = close(CloseRows::default(), &RELEASE, 5).expect_err("a refusal");
         assert_eq!(unknown.code, ErrorCode::NotFound);
         let held = ClaimRow {
             claim_id: "c1".into(),
@@ -413,10 +464,10 @@ mod tests {
             }),
             ..busy
         };
-        let refused = close(busy.clone(), false, 5);
+        let refused = close(busy.clone(), &KEEP, 5);
         assert_eq!(refused.expect_err("a refusal").code, ErrorCode::ClaimActive);
         // The owner's close with release_active_claim: released, then cancelled with the rest.
-        let Ok(closing) = close(busy, true, 5) else {
+        let Ok(closing) = close(busy, &RELEASE, 5) else {
             panic!("a close that releases the active claim closes")
         };
         let closing = closing.writes;
@@ -444,7 +495,7 @@ mod tests {
             pending: 2,
             ..CloseRows::default()
         };
-        let Ok(closing) = close(open, false, 5) else {
+        let Ok(closing) = close(open, &KEEP, 5) else {
             panic!("an open session without a claim closes")
         };
         assert_eq!((closing.answer.cancelled, closing.answer.expired), (3, 2));

@@ -233,12 +233,9 @@ pub(crate) async fn command<X: Tx>(
             let rows = tx.release_rows(&session_id, &claim_id).await?;
             Done::Release(Box::new(decided(tx, turn::release(rows, &by, now)?).await?))
         }
-        Command::Close {
-            session_id,
-            release_active_claim,
-        } => {
+        Command::Close { session_id, how } => {
             let rows = tx.close_rows(&session_id).await?;
-            let decision = session::close(rows, release_active_claim, now)?;
+            let decision = session::close(rows, &how, now)?;
             Done::Close(Box::new(decided(tx, decision).await?))
         }
         Command::CreatePermission {

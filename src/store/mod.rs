@@ -74,9 +74,9 @@ use crate::decide::turn::{ClaimOutcome, Enqueue, Releaser};
 use crate::decide::{Changed, EventRow, SessionRow, TurnRow};
 use crate::error::Result;
 use crate::model::{
-    AnswerPermission, AnsweredVia, BindRequest, CompleteRequest, CreatePermissionRequest,
-    EnqueueRequest, HostIdentity, LarkLink, ListSessions, ListTurns, NotificationKind,
-    PermissionState, Receipt, RegisterAgentThread, Released, ReplyState,
+    AnswerPermission, AnsweredVia, BindRequest, CloseRequest, CompleteRequest,
+    CreatePermissionRequest, EnqueueRequest, HostIdentity, LarkLink, ListSessions, ListTurns,
+    NotificationKind, PermissionState, Receipt, RegisterAgentThread, Released, ReplyState,
 };
 use crate::permission::PermissionRow;
 
@@ -531,8 +531,9 @@ commands! {
     /// Closes the session, cancelling its queued turns and expiring its
     /// pending permission requests in the same transaction.
     /// With `release_active_claim`, an active claim is released first, in the
-    /// same transaction, instead of refusing the close.
-    Close { session_id: String, release_active_claim: bool } -> Closed, close, "closing";
+    /// same transaction, instead of refusing the close; with `if_idle`,
+    /// messages waiting refuse it ([`crate::decide::session::close`]).
+    Close { session_id: String, how: CloseRequest } -> Closed, close, "closing";
     /// Records a permission request by the host ([`crate::decide::permission::create`]).
     CreatePermission { session_id: String, host: HostIdentity, request: CreatePermissionRequest }
         -> Decision, create_permission, "recording a permission request";

@@ -394,8 +394,18 @@ function showAsking(n) {
   ui.needsYouHeading.textContent = n === 1 ? 'The agent waits for you' : `The agent waits for you (${n} requests)`;
 }
 
+/** How to bring back an agent that is away (it may have exited): messages
+ * wait for it (HOOKS.md "The terminal's real life"). */
+const RESUME = {
+  'claude-code': '“claude --resume” at its terminal, or “claude” again in the same tmux pane or loopx run',
+  'codex-cli': '“codex resume” at its terminal, or “codex” again in the same tmux pane or loopx run',
+};
+
 /** How a message sent now reaches the agent (the presence's `delivery`). */
-function deliveryNote(agent) {
+function deliveryNote(agent, hostSurface) {
+  if (agent?.state === 'away' && RESUME[hostSurface]) {
+    return `; its agent is away, so messages wait for it. If it exited, start it again: ${RESUME[hostSurface]}`;
+  }
   switch (agent?.delivery) {
     case 'typed_now':
       return '; a message sent now is typed in at once';
@@ -418,7 +428,7 @@ function applySession(c, session) {
     ' ',
     agentBadge(session.agent),
     ' ',
-    session.state === 'open' ? `Messages go to the agent in order${deliveryNote(session.agent)}.` : 'Read-only.',
+    session.state === 'open' ? `Messages go to the agent in order${deliveryNote(session.agent, session.host_surface)}.` : 'Read-only.',
   );
   ui.facts.replaceChildren(
     ...sessionFacts(session),

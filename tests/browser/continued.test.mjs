@@ -74,6 +74,13 @@ describe('a conversation continued after /clear', () => {
     await page.locator('#continued-note', { hasText: 'earlier messages' }).waitFor();
   });
 
+  step('an agent away says how to bring it back, its waiting messages kept', async () => {
+    const state = page.locator('#chat-state');
+    await state.filter({ hasText: 'claude --resume' }).waitFor();
+    assert.match(await state.innerText(), /messages wait for it/);
+    await shot('continued-away');
+  });
+
   step('no error on the page', async () => {
     assert.deepEqual(pageErrors, []);
   });

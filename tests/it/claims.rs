@@ -680,7 +680,16 @@ async fn two_decisions_in_one_commit_keep_the_first_when_the_second_is_refused()
     let kept = store.turn(&id, &second.turn.turn_id).await.unwrap();
     assert_eq!(kept.state, TurnState::Queued);
 
-    store.close(id.clone(), true).await.unwrap();
+    store
+        .close(
+            id.clone(),
+            loopx::model::CloseRequest {
+                release_active_claim: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
     let closed = store.together(enqueue("three"), claim("c3")).await;
     assert!(closed.is_err(), "an enqueue on a closed session is refused");
     let turns = store.session(&id).await.unwrap().unwrap();

@@ -205,6 +205,19 @@ async fn a_whole_turn_through_the_cli() {
         table.stdout.contains(&session_id) && table.stdout.contains("exec-laptop"),
         "{table:?}"
     );
+    // People read the newest first (issue 55): a session bound after it
+    // comes before it.
+    let newer = support::bound_host(&broker.client).await;
+    let table = loopx(
+        &broker,
+        &["worker-bridge", "attached-session-list", "--state", "open"],
+    )
+    .await;
+    let at = |id: &str| table.stdout.find(id).unwrap_or(usize::MAX);
+    assert!(
+        at(newer.session_id()) < at(&session_id),
+        "newest first: {table:?}"
+    );
     // The agent's presence: away, and no message yet (a leftover, such as a
     // health check's bind, looks like this).
     assert!(

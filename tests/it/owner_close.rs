@@ -91,6 +91,7 @@ async fn a_close_that_releases_the_active_claim_closes_in_one_step() {
     assert_eq!(code(refused), (409, "claim_active".into()));
     let releasing = CloseRequest {
         release_active_claim: true,
+        ..CloseRequest::default()
     };
     let closed = c
         .close_with(host.session_id(), &releasing)

@@ -15,8 +15,9 @@
 #  3. a multi-line message reaches the model as one prompt
 #  4. "/clear everything" is text, not a command: the model gets it with the
 #     earlier conversation
-#  5. after claude exits and the shell is back in the pane, a message is not
-#     typed into the shell, and nothing the hooks started is left running
+#  5. claude exits with a message waiting (sent while "/exit" was a draft):
+#     the session stays open, the message queued, never typed into the shell
+#     back in the pane, and nothing the hooks started is left running
 #  6. `loopx run -- claude` (no tmux waker: TMUX unset in it) inside a pane:
 #     a message reaches the idle agent; claude's exit ends loopx run
 #  7. a claude just started in tmux, nothing typed into it yet, is woken too
@@ -201,15 +202,23 @@ fi
 # it. Typed there, its second line would run and create the marker.
 if on 5; then
 tui_wait "$pane" "$TUI_CLAUDE_IDLE" 30
+# "/exit" typed, not yet sent: a draft, so the message sent now waits; then
+# the person's Enter exits claude with it still queued (issue 55: a session
+# with messages waiting stays open for the agent to be resumed).
 tui_type "$pane" "/exit"
-sleep 0.3
+sleep 1
+seq5=$(send "$session" "Case five, not for the shell
+touch $work/typed-into-shell")
+sleep 2
+state=$(turn_state "$session" "$seq5")
+[ "$state" = queued ] || { echo "message #$seq5 is $state while /exit was a draft" >&2; exit 1; }
 tui_enter "$pane"
 tui_wait "$pane" '^wake\$ $' 20
 [ "$(tui_foreground "$pane")" = bash ]
 before=$(tui_screen "$pane" | grep -c 'LoopX #' || true)
-seq5=$(send "$session" "Case five, not for the shell
-touch $work/typed-into-shell")
 sleep 10
+open=$(api "/v1/sessions/$session" | python3 -c 'import json, sys; s = json.load(sys.stdin); print(s["state"], s["agent"]["state"])')
+[ "$open" = "open away" ] || { echo "with a message waiting, the session is $open after the exit" >&2; exit 1; }
 [ ! -e "$work/typed-into-shell" ] || { echo "message #$seq5 was typed into the shell" >&2; exit 1; }
 after=$(tui_screen "$pane" | grep -c 'LoopX #' || true)
 [ "$after" = "$before" ] || { echo "message #$seq5 was typed into the shell's line" >&2; exit 1; }
@@ -253,7 +262,14 @@ sleep 0.3
 tui send-keys -t "$pane" C-c
 tui_wait "$pane" '^run exited 0$' 20
 tui_wait "$pane" '^wake\$ $' 5
-echo "6. loopx run: #$seq6 answered: $answer; claude's exit ended loopx run with 0"
+# Nothing waited: the session closed itself (issue 55).
+for _ in $(seq 50); do
+  closed=$(api "/v1/sessions/$session_run" | python3 -c 'import json, sys; print(json.load(sys.stdin)["state"])')
+  [ "$closed" = closed ] && break
+  sleep 0.1
+done
+[ "$closed" = closed ] || { echo "after claude exited with nothing waiting, its session is $closed" >&2; exit 1; }
+echo "6. loopx run: #$seq6 answered: $answer; claude's exit ended loopx run with 0 and closed its idle session"
 fi
 
 # 7. A claude just started, with no prompt yet (no Stop has run): the first

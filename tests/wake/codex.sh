@@ -157,13 +157,25 @@ fi
 # is not typed into it. Typed there, its second line would create the marker.
 if on 5; then
 tui_wait "$pane" "$TUI_CODEX_IDLE" 30
+# A draft in the composer keeps the message sent now waiting; Ctrl-C clears
+# the draft and a second exits codex with the message still queued (issue
+# 55: a session with messages waiting stays open for codex to be resumed).
+tui_type "$pane" "a draft of mine"
+sleep 1
+seq5=$(send "$session" "Case five, not for the shell
+touch $work/typed-into-shell")
+sleep 2
+state=$(turn_state "$session" "$seq5")
+[ "$state" = queued ] || { echo "message #$seq5 is $state while a draft was in the composer" >&2; exit 1; }
+tui send-keys -t "$pane" C-c
+sleep 0.3
 tui send-keys -t "$pane" C-c
 tui_wait "$pane" '^wake\$ $' 20
 [ "$(tui_foreground "$pane")" = bash ]
 before=$(tui_screen "$pane" | grep -c 'LoopX #' || true)
-seq5=$(send "$session" "Case five, not for the shell
-touch $work/typed-into-shell")
 sleep 10
+open=$(api "/v1/sessions/$session" | python3 -c 'import json, sys; s = json.load(sys.stdin); print(s["state"], s["agent"]["state"])')
+[ "$open" = "open away" ] || { echo "with a message waiting, the session is $open after the exit" >&2; exit 1; }
 [ ! -e "$work/typed-into-shell" ] || { echo "message #$seq5 was typed into the shell" >&2; exit 1; }
 after=$(tui_screen "$pane" | grep -c 'LoopX #' || true)
 [ "$after" = "$before" ] || { echo "message #$seq5 was typed into the shell's line" >&2; exit 1; }
@@ -252,6 +264,17 @@ python3 -c "import sys; sys.exit(0 if $waited <= 5 else 1)" || { echo "settled $
 answer=$(answers "$session_esc" 60 "$next")
 expect_answer "$answer" "$next" "Case eight, after the interrupt."
 echo "8. Esc during #$slow settled it interrupted in ${waited}s; #$next typed in next: $answer"
+# Then codex exits with nothing waiting: its session closes itself.
+tui_wait "$pane" "$TUI_CODEX_IDLE" 30
+tui send-keys -t "$pane" C-c
+tui_wait "$pane" '^wake\$ $' 20
+for _ in $(seq 50); do
+  closed=$(api "/v1/sessions/$session_esc" | python3 -c 'import json, sys; print(json.load(sys.stdin)["state"])')
+  [ "$closed" = closed ] && break
+  sleep 0.1
+done
+[ "$closed" = closed ] || { echo "after codex exited with nothing waiting, its session is $closed" >&2; exit 1; }
+echo "8. codex exited with nothing waiting: its session closed itself"
 fi
 
 latency_report "$STUB_LOG"
