@@ -21,7 +21,11 @@
 #     into its own pane
 #  8. (issue 55) Esc during a slow turn: within 5 s the message it worked on
 #     is cancelled `interrupted` (read off Codex's rollout file), and the
-#     next queued message is typed in and answered
+#     next queued message is typed in and answered; then codex exits with
+#     nothing waiting and its session closes itself
+#  9. (issue 55) `/new` typed at the composer: the new thread continues the
+#     conversation (one open session, `continued_in`), and a message to it
+#     is typed in and answered
 #
 # Usage: tests/wake/codex.sh [path/to/loopx]   (default target/debug/loopx)
 #   WAKE_HARNESS_ONLY=1 stops after 0 (runs without the feature);
@@ -41,12 +45,14 @@ codex="$work/node_modules/.bin/codex"
 export LOOPX_TOKEN=wake-test-token HOME="$work/home" STUB_API_KEY=sk-stub
 unset CODEX_HOME TMUX TMUX_PANE
 # One project per agent, each with its own goal (the hooks bind by it).
-mkdir -p "$HOME" "$work/project" "$work/project2" "$work/project-a" "$work/project-b" "$work/project-esc"
+mkdir -p "$HOME" "$work/project" "$work/project2" "$work/project-a" "$work/project-b" "$work/project-esc" \
+  "$work/project-new"
 project=$(realpath "$work/project")   # as Codex names it
 project2=$(realpath "$work/project2")
 project_a=$(realpath "$work/project-a")
 project_b=$(realpath "$work/project-b")
 project_esc=$(realpath "$work/project-esc")
+project_new=$(realpath "$work/project-new")
 start_broker "$loopx" --data-dir "$work/data"
 model_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export STUB_LOG="$work/model-requests.jsonl"
@@ -69,8 +75,8 @@ cleanup() {
 trap cleanup EXIT
 export TERM=xterm-256color SHELL=/bin/bash
 
-tui_codex_home "$model_port" "$project" "$project2" "$project_a" "$project_b" "$project_esc"
-for dir in "$project" "$project2" "$project_a" "$project_b" "$project_esc"; do
+tui_codex_home "$model_port" "$project" "$project2" "$project_a" "$project_b" "$project_esc" "$project_new"
+for dir in "$project" "$project2" "$project_a" "$project_b" "$project_esc" "$project_new"; do
   git -C "$dir" init -q
   "$loopx" hook install --agent codex --project-dir "$dir" --goal-id "g-$(basename "$dir")" \
     --agent-id agent-wake --executor-endpoint-id exec-ci --broker-url "$BROKER_URL" >/dev/null
@@ -92,7 +98,7 @@ state=$(api "/v1/sessions/$session" | python3 -c 'import json, sys; print(json.l
 [ "$state" = waiting ] || { echo "the agent is $state after its turn, not waiting" >&2; exit 1; }
 echo "harness: codex at its composer in $pane, session $session bound by its hooks, a typed prompt answered"
 if [ -n "${WAKE_HARNESS_ONLY:-}" ]; then exit 0; fi
-on() { [[ " ${WAKE_CASES:-1 2 3 4 5 6 7 8} " == *" $1 "* ]]; }
+on() { [[ " ${WAKE_CASES:-1 2 3 4 5 6 7 8 9} " == *" $1 "* ]]; }
 
 # 1. Idle for 5 s, then one Web message.
 if on 1; then
@@ -275,6 +281,42 @@ for _ in $(seq 50); do
 done
 [ "$closed" = closed ] || { echo "after codex exited with nothing waiting, its session is $closed" >&2; exit 1; }
 echo "8. codex exited with nothing waiting: its session closed itself"
+fi
+
+# 9. /new: Codex starts a new thread (a new session id) in the same TUI and
+# terminal; the hooks bind it at its first prompt, and it continues the old.
+if on 9; then
+pane=$(tui_window codex-new "$project_new")
+codex_ready "$pane" "Typed into the codex of case nine."
+old=$(open_session g-project-new)
+tui_type "$pane" "/new"
+sleep 0.5
+tui_enter "$pane"
+# In a git repository Codex asks where the new thread runs: here.
+tui_wait "$pane" "Where should the new conversation run\\?" 10
+tui_enter "$pane"
+tui_wait "$pane" "$TUI_CODEX_IDLE" 20
+# Codex binds a thread at its first prompt (SessionStart runs then).
+codex_first="First prompt of the new thread."
+tui_type "$pane" "$codex_first"
+sleep 0.5
+tui_enter "$pane"
+tui_wait "$pane" "Stub answer\\. \\[$codex_first\\]" 30
+for _ in $(seq 100); do
+  new=$(api "/v1/sessions/$old" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("continued_in") or "")')
+  [ -n "$new" ] && break
+  sleep 0.1
+done
+[ -n "$new" ] || { echo "after /new, $old names no continued_in: $(api "/v1/sessions/$old")" >&2; exit 1; }
+open=$("$loopx" worker-bridge attached-session-list --broker-url "$BROKER_URL" --state open \
+  --goal-id g-project-new --format json | python3 -c 'import json, sys; print(" ".join(s["session_id"] for s in json.load(sys.stdin)["sessions"]))')
+[ "$open" = "$new" ] || { echo "open sessions after /new: $open (not just $new)" >&2; exit 1; }
+tui_wait "$pane" "$TUI_CODEX_IDLE" 20
+sleep 2
+seq=$(send "$new" "Case nine, after /new.")
+answer=$(answers "$new" 60 "$seq")
+expect_answer "$answer" "$seq" "Case nine, after /new."
+echo "9. /new continued $old in $new (one open session); #$seq typed in: $answer"
 fi
 
 latency_report "$STUB_LOG"
