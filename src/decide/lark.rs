@@ -133,9 +133,7 @@ pub fn fetched(rows: FetchedRows, mut fetched: Fetched, now: i64) -> Decided<boo
     }
     let text = match fetched.failures.is_empty() {
         true => turn.text,
-        false => {
-            crate::broker::fit_text(format!("{}\n\n{}", turn.text, fetched.failures.join("\n")))
-        }
+        false => super::text::fit_text(format!("{}\n\n{}", turn.text, fetched.failures.join("\n"))),
     };
     let turn = TurnRow {
         text,

@@ -22,6 +22,7 @@ pub mod presence;
 mod rows;
 pub mod session;
 pub mod terminal;
+pub mod text;
 pub mod turn;
 
 use serde::{Deserialize, Serialize};

@@ -73,10 +73,10 @@ impl Report {
                         "`prompt` goes with `\"state\": \"working\"` only: the agent works on it.",
                     ));
                 }
-                if prompt.is_empty() || prompt.len() > crate::broker::MAX_TEXT_BYTES {
+                if prompt.is_empty() || prompt.len() > super::text::MAX_TEXT_BYTES {
                     return Err(Error::invalid(format!(
                         "`prompt` must be 1 to {} bytes.",
-                        crate::broker::MAX_TEXT_BYTES
+                        super::text::MAX_TEXT_BYTES
                     )));
                 }
                 Some(Said::Prompt(prompt.clone()))
