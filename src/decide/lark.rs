@@ -7,22 +7,27 @@
 //! ignored; a click on a request's card answers it as an approver's
 //! `yes`/`no` would.
 
+pub use super::FetchWrite;
 use super::chat::{self, ChatCommand, ChatRows};
-use super::pairing::{ChatRow, Note, PairAt, PairRows, SessionName, noted, pair};
+pub use super::ingest::LarkIngest;
+pub use super::link::{LinkOptions, LinkRow, LinkRows, link, unlink};
+pub use super::notice::{Choice, Missing, Picked};
+use super::notice::{Note, SessionName};
+use super::pairing::{PairAt, PairRows, noted, pair};
 use super::permission::{AnswerRows, Decision, answer};
 use super::turn::enqueue;
-use super::{CardWrite, Decided, LinkChange, NewLink, SeenLarkEvent, SentMessage, Writes};
+use super::{CardWrite, Decided, SeenLarkEvent, SentMessage, Writes};
 use super::{SessionRow, TurnRow};
-use super::{Subject, existing, log, open};
+use super::{Subject, log};
 use crate::error::Result;
 use crate::ids::Minter;
 use std::collections::BTreeMap;
 
 use crate::model::{
-    AnswerPermission, AnsweredVia, Behavior, EnqueueRequest, Ingress, LarkLink, LarkRef, Origin,
-    PermissionKind, PermissionState, PlanMode, Question, TurnState,
+    AnswerPermission, AnsweredVia, Behavior, EnqueueRequest, Ingress, LarkRef, Origin,
+    PermissionKind, PermissionState, Question, TurnState,
 };
-use crate::permission::{LarkCommand, PermissionRow, approvers_from_stored, approvers_to_stored};
+use crate::permission::{LarkCommand, PermissionRow, approvers_from_stored};
 
 /// An event accepted from Lark, reduced to what the store keeps.
 #[derive(Debug, Clone)]
@@ -55,25 +60,6 @@ pub struct Resource {
     /// `image` for an `image_key`, `file` for everything else (LARK.md).
     pub kind: String,
     pub name: Option<String>,
-}
-
-/// A Lark turn's download job (`lark_fetches`): started with the event that
-/// enqueues the turn, finished once the turn's files are stored or failed.
-#[derive(Debug, Clone)]
-pub enum FetchWrite {
-    Start {
-        turn_id: String,
-        session_id: String,
-        message_id: String,
-        /// The [`Resource`]s, as JSON.
-        resources: String,
-        at: i64,
-    },
-    /// The job is deleted; `turn`, still queued, takes its files and text.
-    Finish {
-        turn_id: String,
-        turn: Option<Box<TurnRow>>,
-    },
 }
 
 /// What a download job fetched: the files stored, and a line for each that
@@ -171,122 +157,6 @@ impl LarkEvent {
     pub fn named_request(&self) -> Option<&str> {
         self.command.as_ref().map(|c| c.request_id.as_str())
     }
-}
-
-/// What became of a Lark event.
-#[derive(Debug)]
-pub enum LarkIngest {
-    /// Seen before (same event id, or same message id): nothing enqueued.
-    Duplicate,
-    /// Enqueued into the linked session.
-    Enqueued {
-        session_id: String,
-        turn: Box<TurnRow>,
-    },
-    /// No open session is linked to the chat: acknowledged, not enqueued.
-    Unlinked,
-    /// Not a text message: acknowledged, not enqueued.
-    Unsupported,
-    /// `yes <id>` / `no <id>` from an approver of the link: the request's
-    /// answer (written, or a replay); not enqueued.
-    Answered {
-        session_id: String,
-        decision: Decision,
-    },
-    /// An answer that nobody may give there or that changes nothing
-    /// ([`crate::decide::lark::event`]): acknowledged, not enqueued.
-    Ignored,
-    /// A command, answered by the broker in the chat; not enqueued.
-    Command(Note),
-}
-
-/// A session's link, as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LinkRow {
-    pub chat_id: String,
-    pub approvers: String,
-    pub linked_at: i64,
-    pub terminal_turns: bool,
-}
-
-/// What a link asks for besides its chat: its approvers (checked already,
-/// [`crate::permission::approvers`]), and whether the chat gets the turns
-/// typed at the agent's terminal (None: as the session's link to the same
-/// chat had it, else not).
-#[derive(Debug, Clone, Default)]
-pub struct LinkOptions {
-    pub approvers: Vec<String>,
-    pub terminal_turns: Option<bool>,
-}
-
-/// What a link reads: the session (locked), its link now, and the chat it
-/// is to be linked to.
-#[derive(Debug, Default)]
-pub struct LinkRows {
-    pub session: Option<SessionRow>,
-    pub link: Option<LinkRow>,
-    pub chat: Option<ChatRow>,
-}
-
-/// A link of a chat to the session, in this order: unknown session 404;
-/// closed 409 `session_closed`; else the session joins the chat's sessions
-/// (it keeps its place when it was this chat's already; linked to another
-/// chat, it moves) and becomes the chat's current one.
-pub fn link(
-    rows: LinkRows,
-    chat_id: String,
-    options: LinkOptions,
-    now: i64,
-) -> Result<Decided<LarkLink>> {
-    let session = existing(rows.session)?;
-    open(&session)?;
-    let same = rows.link.filter(|link| link.chat_id == chat_id);
-    let linked_at = same.as_ref().map_or(now, |link| link.linked_at);
-    let terminal_turns = options
-        .terminal_turns
-        .unwrap_or_else(|| same.is_some_and(|link| link.terminal_turns));
-    let approvers = options.approvers;
-    let chat = ChatRow {
-        current_session_id: Some(session.session_id.clone()),
-        ..ChatRow::or_new(rows.chat, &chat_id)
-    };
-    Ok(Decided {
-        writes: Writes {
-            link: Some(LinkChange {
-                session_id: session.session_id.clone(),
-                link: Some(NewLink {
-                    chat_id: chat_id.clone(),
-                    approvers: approvers_to_stored(&approvers),
-                    at: linked_at,
-                    terminal_turns,
-                }),
-            }),
-            chat: Some(chat),
-            ..Writes::default()
-        },
-        answer: LarkLink {
-            session_id: session.session_id,
-            chat_id: Some(chat_id),
-            approvers,
-            terminal_turns,
-        },
-    })
-}
-
-/// An unlink: unknown session 404; else the session's link (if any) goes,
-/// closed session or not.
-pub fn unlink(session: Option<SessionRow>) -> Result<Decided<LarkLink>> {
-    let session = existing(session)?;
-    Ok(Decided {
-        writes: Writes {
-            link: Some(LinkChange {
-                session_id: session.session_id.clone(),
-                link: None,
-            }),
-            ..Writes::default()
-        },
-        answer: LarkLink::none(session.session_id),
-    })
 }
 
 /// What an event decision reads. A store that finds the event seen needs
@@ -470,43 +340,6 @@ pub struct LarkClick {
     /// Who clicked (Lark open id), and in which chat, when Lark said.
     pub operator: Option<String>,
     pub chat_id: Option<String>,
-}
-
-/// What a click chooses beyond allow or deny (issue 54): the card drew
-/// the button, the Lark layer read the click back into one of these.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Choice {
-    /// A plain Allow / Deny.
-    Plain,
-    /// A tool request's "always allow" suggestion, by its index.
-    Suggestion(u32),
-    /// A plan approved, and how it goes on.
-    Mode(PlanMode),
-    /// One tap on an option of a request's only (single-select) question.
-    Option(u32),
-    /// A question card's form: what was picked for each question, in the
-    /// request's order.
-    Answers(Vec<Picked>),
-    /// A plan's "Keep planning…" form: the person's feedback.
-    Feedback(String),
-}
-
-/// What a question card's form holds for one question: the options picked
-/// (their indexes) and the person's own words (which win when not blank).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Picked {
-    pub options: Vec<u32>,
-    pub text: String,
-}
-
-/// What a click on a card left out, so nothing was answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Missing {
-    /// The questions (their headers, or their text when they have none)
-    /// that have neither a pick nor words.
-    Answers(Vec<String>),
-    /// "Keep planning…" without feedback.
-    Feedback,
 }
 
 /// What a click decision reads. A store that finds the event seen needs load
@@ -791,12 +624,13 @@ fn verdict(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::Change;
     use crate::decide::permission::tests::created;
     use crate::decide::permission::{Decision, EXPIRED_ON_CLOSE};
     use crate::decide::tests::session;
+    use crate::decide::{Change, ChatRow, LinkChange, NewLink};
     use crate::error::ErrorCode;
     use crate::model::{PermissionState, SessionState};
+    use crate::permission::approvers_to_stored;
     use crate::permission::lark_command;
 
     #[test]

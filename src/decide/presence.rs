@@ -383,7 +383,7 @@ pub fn lapse(
             // One per stall: the event's number keys it.
             message_id: format!("stalled-{}-{}", session.session_id, event.event_no),
             chat_id,
-            text: crate::lark::card::note(&Note::Stalled(SessionName::of(&session))).to_string(),
+            text: Note::Stalled(SessionName::of(&session)).to_string(),
             session_id: Some(session.session_id.clone()),
             reply: false,
             at: now,

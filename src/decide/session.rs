@@ -189,7 +189,7 @@ fn closed_note(session: &SessionRow, chat_id: String, now: i64) -> NewNote {
     NewNote {
         message_id: format!("closed-{}", session.session_id),
         chat_id,
-        text: crate::lark::card::note(&note).to_string(),
+        text: note.to_string(),
         session_id: Some(session.session_id.clone()),
         reply: false,
         at: now,

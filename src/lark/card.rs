@@ -7,14 +7,13 @@
 //! languages. Everything that comes from the agent is escaped, the preview
 //! is never interpreted. It decides nothing and knows no SQL.
 
+use std::fmt;
+
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::markdown::escape_html;
-use crate::decide::chat::Listed;
-use crate::decide::lark::{Choice, Missing, Picked};
-use crate::decide::pairing::{Note, SessionName};
-use crate::decide::terminal::FEED_CHARS;
+use crate::decide::notice::{Ask, Choice, FEED_CHARS, Listed, Missing, Note, Picked, SessionName};
 use crate::model::{
     AnsweredVia, Behavior, ChosenAnswer, PermissionKind, PermissionState, PlanMode, Question,
 };
@@ -96,6 +95,20 @@ fn picks(value: &Value) -> Vec<u32> {
     match value {
         Value::Array(values) => values.iter().filter_map(one).collect(),
         value => one(value).into_iter().collect(),
+    }
+}
+
+/// A request as its chat is asked it: the open card's JSON.
+impl fmt::Display for Ask<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", open(self.request, self.name))
+    }
+}
+
+/// A note as its chat shows it: the card's JSON.
+impl fmt::Display for Note {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", note(self))
     }
 }
 
