@@ -198,132 +198,162 @@ pub fn event(
         return Ok(Decided::nothing(LarkIngest::Duplicate));
     }
     let seen = SeenLarkEvent {
-        app_id: event.app_id,
-        event_id: event.event_id,
+        app_id: event.app_id.clone(),
+        event_id: event.event_id.clone(),
         message_id: event.message_id.clone(),
         at: now,
     };
-    let recorded = |mut decided: Decided<LarkIngest>| {
-        decided.writes.lark_event = Some(seen.clone());
-        Ok(decided)
-    };
+    // Recorded whatever it became, but for the enqueue's refusals (`?`).
+    let mut decided = taken(rows, event, minter, now)?;
+    decided.writes.lark_event = Some(seen);
+    Ok(decided)
+}
+
+/// What an event not seen before becomes ([`event`]'s order after its
+/// duplicate check).
+fn taken(
+    rows: EventRows,
+    event: LarkEvent,
+    minter: &Minter,
+    now: i64,
+) -> Result<Decided<LarkIngest>> {
     let (Some(text), Some(chat_id), Some(message_id)) =
         (event.text, event.chat_id, event.message_id)
     else {
-        return recorded(Decided::nothing(LarkIngest::Unsupported));
+        return Ok(Decided::nothing(LarkIngest::Unsupported));
+    };
+    let at = PairAt {
+        chat_id,
+        message_id,
+        sender: event.sender,
     };
     if let Some(command) = event.chat_command {
-        let at = PairAt {
-            chat_id,
-            message_id,
-            sender: event.sender,
-        };
-        return recorded(match command {
+        return Ok(match command {
             ChatCommand::Link(_) => pair(rows.pairing, at, now),
             command => chat::command(rows.chat, command, &at, now),
         });
     }
     let Some(target) = rows.chat.target() else {
-        return recorded(Decided::nothing(LarkIngest::Unlinked));
+        return Ok(Decided::nothing(LarkIngest::Unlinked));
     };
-    let (session, approvers) = (target.session.clone(), target.approvers.clone());
-    let session_id = session.session_id.clone();
-    let approvers = approvers_from_stored(&approvers);
-    let sender = event.sender.as_deref();
+    let session = target.session.clone();
+    let approvers = approvers_from_stored(&target.approvers);
+    let sender = at.sender.as_deref();
     match verdict(
         event.command.as_ref(),
         rows.request.as_ref(),
         sender,
         &approvers,
     ) {
-        Verdict::Ignore => recorded(Decided::nothing(LarkIngest::Ignored)),
+        Verdict::Ignore => Ok(Decided::nothing(LarkIngest::Ignored)),
         Verdict::Answer(Behavior::Allow) if needs_answers(rows.request.as_ref()) => {
             // `yes` cannot say what the answers are: the chat is told where
             // to give them, and the request stays pending.
-            let at = PairAt {
-                chat_id,
-                message_id,
-                sender: event.sender,
-            };
             let note = Note::NeedsAnswers {
                 name: SessionName::of(&session),
                 request_id: rows.request.map(|r| r.request_id).unwrap_or_default(),
             };
-            recorded(noted(Writes::default(), &at, note, now))
+            Ok(noted(Writes::default(), &at, note, now))
         }
-        Verdict::Answer(behavior) => {
-            let rows = AnswerRows {
-                session: Some(session),
-                existing: rows.request,
-            };
-            // An answer that changes nothing (another answer to an answered
-            // or expired request, an unknown id) is not said in the chat.
-            let Ok(mut answered) = answer(
-                rows,
-                &AnswerPermission::plain(behavior),
-                AnsweredVia::Lark,
-                now,
-            ) else {
-                return recorded(Decided::nothing(LarkIngest::Ignored));
-            };
-            if let Decision::Write(row) = &answered.answer {
-                // The card still shows its buttons: it is updated after.
-                answered.writes.card = Some(card_write(row, event.sender.clone(), false));
-            }
-            recorded(Decided {
-                writes: answered.writes,
-                answer: LarkIngest::Answered {
-                    session_id,
-                    decision: answered.answer,
-                },
-            })
-        }
+        Verdict::Answer(behavior) => Ok(answered(session, rows.request, behavior, at.sender, now)),
         Verdict::Turn => {
-            // The person's message is the session's too: a reply to it, or
-            // a message in its thread, goes there.
-            let sent = SentMessage {
-                message_id: message_id.clone(),
-                session_id: session_id.clone(),
-                chat_id: chat_id.clone(),
-                at: now,
-            };
             let message = EnqueueRequest {
                 attachments: Vec::new(),
                 origin: Origin::Lark,
                 text,
-                client_message_id: Some(seen.event_id.clone()),
+                client_message_id: Some(event.event_id),
                 ingress: Ingress::SessionQueue,
                 lark: Some(LarkRef {
-                    chat_id,
-                    message_id,
+                    chat_id: at.chat_id,
+                    message_id: at.message_id,
                 }),
             };
-            let enqueued = enqueue(Some(session), rows.earlier, message, minter, now)?;
-            let turn = &enqueued.answer.turn;
-            // Its files are fetched once it is committed; until then it
-            // holds its place ([`fetched`]).
-            let fetch = (!event.files.is_empty() && !enqueued.answer.duplicate).then(|| {
-                FetchWrite::Start {
-                    turn_id: turn.turn_id.clone(),
-                    session_id: session_id.clone(),
-                    message_id: sent.message_id.clone(),
-                    resources: serde_json::to_string(&event.files).unwrap_or_default(),
-                    at: now,
-                }
-            });
-            recorded(Decided {
-                writes: Writes {
-                    sent: Some(sent),
-                    fetch,
-                    ..enqueued.writes
-                },
-                answer: LarkIngest::Enqueued {
-                    session_id,
-                    turn: Box::new(enqueued.answer.turn),
-                },
-            })
+            lark_turn(session, rows.earlier, message, &event.files, minter, now)
         }
     }
+}
+
+/// An approver's `yes <id>` / `no <id>`, through the same [`answer`] as
+/// every other. An answer that changes nothing (another answer to an
+/// answered or expired request, an unknown id) is not said in the chat.
+fn answered(
+    session: SessionRow,
+    request: Option<PermissionRow>,
+    behavior: Behavior,
+    sender: Option<String>,
+    now: i64,
+) -> Decided<LarkIngest> {
+    let session_id = session.session_id.clone();
+    let rows = AnswerRows {
+        session: Some(session),
+        existing: request,
+    };
+    let Ok(mut answered) = answer(
+        rows,
+        &AnswerPermission::plain(behavior),
+        AnsweredVia::Lark,
+        now,
+    ) else {
+        return Decided::nothing(LarkIngest::Ignored);
+    };
+    if let Decision::Write(row) = &answered.answer {
+        // The card still shows its buttons: it is updated after.
+        answered.writes.card = Some(card_write(row, sender, false));
+    }
+    Decided {
+        writes: answered.writes,
+        answer: LarkIngest::Answered {
+            session_id,
+            decision: answered.answer,
+        },
+    }
+}
+
+/// A linked chat's message enqueued as a Lark turn of `session` (its
+/// `lark` reference set), with the enqueue's refusals.
+fn lark_turn(
+    session: SessionRow,
+    earlier: Option<TurnRow>,
+    message: EnqueueRequest,
+    files: &[Resource],
+    minter: &Minter,
+    now: i64,
+) -> Result<Decided<LarkIngest>> {
+    let session_id = session.session_id.clone();
+    let lark = message.lark.clone();
+    let enqueued = enqueue(Some(session), earlier, message, minter, now)?;
+    let turn = &enqueued.answer.turn;
+    // Its files are fetched once it is committed; until then it holds its
+    // place ([`fetched`]).
+    let fetch = lark
+        .as_ref()
+        .filter(|_| !files.is_empty() && !enqueued.answer.duplicate)
+        .map(|lark| FetchWrite::Start {
+            turn_id: turn.turn_id.clone(),
+            session_id: session_id.clone(),
+            message_id: lark.message_id.clone(),
+            resources: serde_json::to_string(files).unwrap_or_default(),
+            at: now,
+        });
+    // The person's message is the session's too: a reply to it, or a
+    // message in its thread, goes there.
+    let sent = lark.map(|lark| SentMessage {
+        message_id: lark.message_id,
+        session_id: session_id.clone(),
+        chat_id: lark.chat_id,
+        at: now,
+    });
+    Ok(Decided {
+        writes: Writes {
+            sent,
+            fetch,
+            ..enqueued.writes
+        },
+        answer: LarkIngest::Enqueued {
+            session_id,
+            turn: Box::new(enqueued.answer.turn),
+        },
+    })
 }
 
 /// A click on a button of a permission request's card (`card.action.trigger`).
