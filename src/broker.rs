@@ -210,6 +210,9 @@ impl Broker {
         check("host_surface", &bind.host_surface)?;
         check("host_session_id", &bind.host_session_id)?;
         check("executor_endpoint_id", &bind.executor_endpoint_id)?;
+        if let Some(terminal) = &bind.terminal {
+            check("terminal", terminal)?;
+        }
         if bind.executor_endpoint_id == bind.agent_id {
             return Err(Error::new(
                 ErrorCode::IdentityConflated,

@@ -297,6 +297,15 @@ pub struct ReportAgentState {
     /// `waiting`.
     #[serde(default)]
     pub answer: Option<String>,
+    /// With `waiting` only: the person interrupted the agent mid-turn (Esc,
+    /// Ctrl-C), which ends a turn with no Stop hook; a waker on the host
+    /// reads it off the agent's own transcript. If the agent is shown
+    /// working, the LoopX turn it worked on (the session's active claim)
+    /// and the open terminal turn are cancelled `interrupted` (the claim is
+    /// spent: a late completion from it is fenced, 409 `not_claimed`), and
+    /// the agent waits. An agent shown waiting already: only the report.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
 }
 
 /// `POST .../permission-requests/{request_id}/withdraw`, by the host: nobody
@@ -324,15 +333,18 @@ pub struct WithdrawPermission {
     pub answered_at_terminal: bool,
 }
 
-/// Why a turn was cancelled: its session closed, or (a `terminal` turn
-/// only) the agent never answered it: a new prompt came first (the person
-/// interrupted it), or it stopped with nothing to say.
+/// Why a turn was cancelled: its session closed; (a `terminal` turn only)
+/// the agent never answered it: a new prompt came first, or it stopped
+/// with nothing to say; or the person at the terminal interrupted the agent
+/// while it worked on the turn (Esc, Ctrl-C: HOOKS.md "The terminal's real
+/// life").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
 #[sqlx(rename_all = "snake_case")]
 pub enum CancelReason {
     SessionClosed,
     Unanswered,
+    Interrupted,
 }
 
 /// `POST /v1/agent-threads`: the exact tuple a host session registers.
@@ -414,6 +426,26 @@ pub struct BindRequest {
         pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
     )]
     pub executor_endpoint_id: String,
+    /// The terminal the agent runs in, as its host names it: an opaque
+    /// token, the same for every host session started there (the hooks
+    /// send a digest of the tmux pane, the `loopx run`, or the agent
+    /// process). Binding a new host session from the terminal of an open
+    /// session of the same goal, agent, host surface and executor continues
+    /// that session (HOOKS.md "The terminal's real life": `/clear`,
+    /// `/compact`, a resume, a restart): in one transaction the old session
+    /// closes with `continued_in` naming the new one, and its queued
+    /// messages (a claimed one released first), Lark link and approvers
+    /// move to the new one, in order, keeping their `seq` (the new
+    /// session's numbering goes on from the old one's); its pending
+    /// permission requests expire and its open terminal turn is cancelled
+    /// `unanswered`. Two terminals (two panes) stay two sessions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub terminal: Option<String>,
     /// Validate everything and write nothing.
     #[serde(default)]
     pub dry_run: bool,
@@ -455,6 +487,16 @@ pub struct Session {
     pub closed_at: Option<String>,
     /// Whether the session's agent is there.
     pub agent: AgentPresence,
+    /// Closed because the same terminal's next host session (after
+    /// `/clear`, `/compact`, a resume or a restart) continues it in this
+    /// session, which took its queued messages, Lark link and approvers
+    /// (HOOKS.md "The terminal's real life"). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continued_in: Option<String>,
+    /// The session this one continues: its terminal's previous host
+    /// session's. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continued_from: Option<String>,
 }
 
 /// A dry-run bind's preview: the existing session, or what a bind would

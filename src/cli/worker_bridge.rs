@@ -273,6 +273,7 @@ async fn bind(ctx: Ctx, a: AttachedSessionBindArgs) -> Result<(), ClientError> {
         host_surface: a.host.host_surface,
         host_session_id: a.host.host_session_id,
         executor_endpoint_id: a.executor_endpoint_id,
+        terminal: None,
         dry_run: !a.execute,
     };
     if !a.execute {

@@ -312,6 +312,22 @@ pub struct Sweep {
     pub at: i64,
 }
 
+/// A session continued in another, new one (HOOKS.md "The terminal's real
+/// life", [`session::bind`]): its queued turns move to `to`, keeping their
+/// `seq`, one `queued` event each in `to`'s log, numbered from
+/// `events_from` in seq order (with their files and download jobs); its
+/// Lark link (approvers and all), its chats' current pick and the messages
+/// sent for it name `to`; it names `to` as `continued_in`. The decision
+/// counted the turns on the locked session; the store writes each part in
+/// one set-based statement, before the close's sweep.
+#[derive(Debug, Clone)]
+pub struct Continuation {
+    pub from: String,
+    pub to: String,
+    pub events_from: i64,
+    pub at: i64,
+}
+
 /// What a decision writes, applied by the store in this order (a step taken
 /// first, then the Lark event guard, link, pairing code, chat, note,
 /// permission request, its chat message and card, a close's sweep; then turn, claim, session, event,
@@ -338,6 +354,9 @@ pub struct Writes {
     pub card: Option<CardWrite>,
     #[serde(skip)]
     pub sweep: Option<Sweep>,
+    /// A session continued in another (written before the sweep).
+    #[serde(skip)]
+    pub continuation: Option<Continuation>,
     /// A pairing code minted or spent.
     #[serde(skip)]
     pub pair_code: Option<PairCodeWrite>,
@@ -389,6 +408,7 @@ impl Writes {
             && self.permission_message.is_none()
             && self.card.is_none()
             && self.sweep.is_none()
+            && self.continuation.is_none()
             && self.pair_code.is_none()
             && self.chat.is_none()
             && self.note.is_none()
@@ -603,6 +623,24 @@ pub(crate) mod tests {
             tool_since: None,
             terminal_turn_id: None,
             stalled_at: None,
+            terminal: None,
+            continued_in: None,
+            continued_from: None,
+        }
+    }
+
+    /// A host's report of nothing yet (its fields set by the caller).
+    pub fn report_of(id: &str) -> crate::model::ReportAgentState {
+        crate::model::ReportAgentState {
+            host_surface: "claude-code".into(),
+            host_session_id: id.into(),
+            state: None,
+            typing_in: None,
+            tool: None,
+            claim_id: None,
+            prompt: None,
+            answer: None,
+            interrupted: false,
         }
     }
 

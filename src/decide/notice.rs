@@ -31,6 +31,10 @@ pub enum Note {
     Throttled,
     /// The session closed: it left this chat's list.
     Closed(SessionName),
+    /// The session's terminal went on in a new host session (`/clear`, a
+    /// restart): the conversation goes on in the session named, which took
+    /// the old one's place in this chat.
+    Continued(SessionName),
     /// The session's working agent has said nothing for the broker's
     /// `--stall-after` (HOOKS.md "Presence").
     Stalled(SessionName),

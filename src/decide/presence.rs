@@ -42,6 +42,8 @@ pub struct Report {
     pub tool: Option<String>,
     /// What the person at the terminal, or the agent, said.
     pub said: Option<Said>,
+    /// The person interrupted the working agent ([`interrupt`]).
+    pub interrupted: bool,
 }
 
 impl Report {
@@ -102,6 +104,11 @@ impl Report {
                 ));
             }
         }
+        if report.interrupted && (report.state != Some(AgentState::Waiting) || said.is_some()) {
+            return Err(Error::invalid(
+                "`interrupted` goes with `\"state\": \"waiting\"` alone (no `prompt` or `answer`): the interrupted agent waits at its prompt.",
+            ));
+        }
         if let Some(tool) = &report.tool {
             if report.state != Some(AgentState::Working) {
                 return Err(Error::invalid(
@@ -118,6 +125,7 @@ impl Report {
             typing_in: report.typing_in,
             tool: report.tool.clone(),
             said,
+            interrupted: report.interrupted,
         })
     }
 }
@@ -217,6 +225,7 @@ pub fn report(
     let session = hosted(rows.session, host)?;
     open(&session)?;
     let state = report.state;
+    let (interrupted, session) = interrupt(session, rows.interrupted, &rows.terminal, report, now);
     let (said, mut session) = match &report.said {
         Some(said) => {
             let (session, writes) = terminal::said(
@@ -255,6 +264,7 @@ pub fn report(
         Some(false) => session.waker_heard_at = None,
         None => {}
     }
+    let said = chain(interrupted.into_iter().chain(said));
     if said.is_none()
         && !unstalled
         && !holder
@@ -288,7 +298,7 @@ pub fn report(
     };
     Ok(Decided {
         writes: Writes {
-            before: said.map(Box::new),
+            before: said,
             session: Some(session.clone()),
             event,
             ..Writes::default()
@@ -297,12 +307,59 @@ pub fn report(
     })
 }
 
+/// The person interrupted the agent (a report `interrupted`): if it is
+/// shown working, the LoopX turn it worked on (`active`: the session's
+/// active claim and its turn) and the open terminal turn are cancelled
+/// `interrupted`, each its own step, in that order. Otherwise nothing.
+fn interrupt(
+    mut session: SessionRow,
+    active: Option<(super::ClaimRow, TurnRow)>,
+    terminal: &Option<TurnRow>,
+    report: &Report,
+    now: i64,
+) -> (Vec<Writes>, SessionRow) {
+    let mut steps = Vec::new();
+    if !report.interrupted || session.agent_state != AgentState::Working {
+        return (steps, session);
+    }
+    if let Some((claim, turn)) = active
+        && session.active_claim_id.as_ref() == Some(&claim.claim_id)
+    {
+        steps.push(super::turn::interrupted(&mut session, claim, turn, now));
+    }
+    if let Some(turn) = terminal
+        .clone()
+        .filter(|t| session.terminal_turn_id.as_ref() == Some(&t.turn_id))
+    {
+        steps.push(terminal::interrupted(&mut session, turn, now));
+    }
+    (steps, session)
+}
+
+/// Steps taken one after another, as one chain of [`Writes::before`]: the
+/// first step is applied first (a step's own step before stays before it).
+fn chain(steps: impl IntoIterator<Item = Writes>) -> Option<Box<Writes>> {
+    fn after(mut step: Writes, first: Option<Box<Writes>>) -> Box<Writes> {
+        let before = match step.before.take() {
+            Some(own) => Some(after(*own, first)),
+            None => first,
+        };
+        Box::new(Writes { before, ..step })
+    }
+    steps
+        .into_iter()
+        .fold(None, |first, step| Some(after(step, first)))
+}
+
 /// What a report decision reads: the session, and its open terminal turn
 /// (the one `terminal_turn_id` names), if any.
 #[derive(Debug, Default)]
 pub struct ReportRows {
     pub session: Option<SessionRow>,
     pub terminal: Option<TurnRow>,
+    /// With a report `interrupted` only: the session's active claim and its
+    /// turn.
+    pub interrupted: Option<(super::ClaimRow, TurnRow)>,
     /// The chat the session's link sends terminal turns to
     /// ([`crate::store::TERMINAL_FEED`]), read only when the report may
     /// answer one ([`ReportRows::feeds`]).
@@ -436,8 +493,7 @@ mod tests {
     fn rows(session: SessionRow) -> ReportRows {
         ReportRows {
             session: Some(session),
-            terminal: None,
-            terminal_feed: None,
+            ..ReportRows::default()
         }
     }
 
@@ -597,6 +653,89 @@ mod tests {
         assert_eq!(back.answer.session.stalled_at, None);
     }
 
+    #[test]
+    fn an_interrupt_cancels_the_turn_the_working_agent_had_and_its_claim_is_spent() {
+        use crate::decide::{Change, ClaimRow, ClaimState};
+        use crate::model::{CancelReason, Origin, TurnState};
+        let mut row = reported(session(SessionState::Open), AgentState::Working, 1_000)
+            .answer
+            .session;
+        row.active_claim_id = Some("hook-1".into());
+        let turn = TurnRow {
+            state: TurnState::Claimed,
+            current_claim_id: Some("hook-1".into()),
+            ..TurnRow::new("turn_a".into(), &row, Origin::Web, "hi".into(), 1_000)
+        };
+        let claim = ClaimRow {
+            claim_id: "hook-1".into(),
+            session_id: row.session_id.clone(),
+            turn_id: "turn_a".into(),
+            attempt: 1,
+            state: ClaimState::Active,
+            claimed_at: 1_000,
+            released_at: None,
+        };
+        let interrupted = Report {
+            state: Some(AgentState::Waiting),
+            interrupted: true,
+            ..Report::default()
+        };
+        let rows = |row: &SessionRow| ReportRows {
+            session: Some(row.clone()),
+            interrupted: Some((claim.clone(), turn.clone())),
+            ..ReportRows::default()
+        };
+        let decided = report(
+            rows(&row),
+            &host("h"),
+            &interrupted,
+            &Minter::default(),
+            2_000,
+        )
+        .expect("reported");
+        let step = decided.writes.before.as_deref().expect("the turn's step");
+        let Some(Change::Update(cancelled)) = &step.turn else {
+            panic!("the turn is written")
+        };
+        assert_eq!(cancelled.state, TurnState::Cancelled);
+        assert_eq!(cancelled.cancel_reason, Some(CancelReason::Interrupted));
+        let Some(Change::Update(spent)) = &step.claim else {
+            panic!("the claim is written")
+        };
+        assert_eq!(spent.state, ClaimState::Released);
+        let after = &decided.answer.session;
+        assert_eq!(after.active_claim_id, None);
+        assert_eq!(after.agent_state, AgentState::Waiting);
+        // The turn's event, then the agent's: numbered in that order.
+        let turn_event = step.event.as_ref().expect("logged");
+        let agent_event = decided.writes.event.as_ref().expect("logged");
+        assert_eq!(
+            (turn_event.state, agent_event.state),
+            ("cancelled", "waiting")
+        );
+        assert_eq!(agent_event.event_no, turn_event.event_no + 1);
+        // An agent shown waiting already was not working on anything.
+        let again = report(
+            rows(after),
+            &host("h"),
+            &interrupted,
+            &Minter::default(),
+            3_000,
+        )
+        .expect("reported");
+        assert!(again.writes.before.is_none(), "nothing cancelled");
+        // Only with `waiting`, and alone.
+        let wrong = ReportAgentState {
+            state: Some(AgentState::Working),
+            interrupted: true,
+            ..crate::decide::tests::report_of("h")
+        };
+        assert_eq!(
+            Report::checked(&wrong).unwrap_err().code,
+            ErrorCode::InvalidRequest
+        );
+    }
+
     fn working() -> Report {
         Report {
             state: Some(AgentState::Working),
@@ -693,8 +832,7 @@ mod tests {
         let refused = |row: Option<SessionRow>, id: &str| {
             let rows = ReportRows {
                 session: row,
-                terminal: None,
-                terminal_feed: None,
+                ..ReportRows::default()
             };
             report(rows, &host(id), &working(), &Minter::default(), 1)
                 .expect_err("a refusal")

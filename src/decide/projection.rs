@@ -39,6 +39,8 @@ impl SessionRow {
                     })
                     .map(rfc3339),
             },
+            continued_in: self.continued_in.clone(),
+            continued_from: self.continued_from.clone(),
         }
     }
 

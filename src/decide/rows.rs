@@ -58,6 +58,16 @@ pub struct SessionRow {
     /// not): [`crate::decide::presence::stalls`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stalled_at: Option<i64>,
+    /// The terminal the agent runs in, as its host named it at the bind
+    /// (None: it did not say): [`crate::decide::session::bind`]. Set once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal: Option<String>,
+    /// The session its terminal's next host session continues it in (set
+    /// when it closed for it), and the one it continues (set at its bind).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continued_in: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continued_from: Option<String>,
 }
 
 impl SessionRow {

@@ -4,7 +4,8 @@
 
 use super::pairing::{NewNote, Note, SessionName};
 use super::{
-    ClaimRow, Decided, LinkChange, Subject, Sweep, Writes, existing, log, no_active_claim,
+    ClaimRow, Continuation, Decided, LinkChange, Subject, Sweep, Writes, existing, log,
+    no_active_claim,
 };
 use super::{SessionRow, TurnRow};
 use crate::error::{Error, ErrorCode, Result};
@@ -36,6 +37,9 @@ pub struct BindRows {
     pub registered: bool,
     /// The tuple's open session, if any.
     pub open: Option<SessionRow>,
+    /// The open session another host session bound from the bind's
+    /// terminal ([`crate::store::TERMINALS_OPEN_SESSION`]), if any.
+    pub predecessor: Option<String>,
 }
 
 /// The bind checks, in the contract's order: 422 `not_registered`, then the
@@ -58,12 +62,21 @@ pub fn check_bind(rows: BindRows, bind: &BindRequest) -> Result<Option<SessionRo
 }
 
 /// A bind: the open session again, or a new one to insert
-/// ([`Bound::Created`]).
-pub fn bind(rows: BindRows, bind: BindRequest, minter: &Minter, now: i64) -> Result<Bound> {
+/// ([`Bound::Created`]). A new one bound from the terminal of an open
+/// session (`predecessor`: what its close reads) continues it
+/// ([`continued`]): the writes are that session's, applied once the new
+/// one is inserted.
+pub fn bind(
+    rows: BindRows,
+    predecessor: Option<CloseRows>,
+    bind: BindRequest,
+    minter: &Minter,
+    now: i64,
+) -> Result<Decided<Bound>> {
     if let Some(existing) = check_bind(rows, &bind)? {
-        return Ok(Bound::Existing(existing));
+        return Ok(Decided::nothing(Bound::Existing(existing)));
     }
-    Ok(Bound::Created(SessionRow {
+    let mut created = SessionRow {
         session_id: minter.mint("ses"),
         goal_id: bind.goal_id,
         agent_id: bind.agent_id,
@@ -86,7 +99,65 @@ pub fn bind(rows: BindRows, bind: BindRequest, minter: &Minter, now: i64) -> Res
         tool_since: None,
         terminal_turn_id: None,
         stalled_at: None,
-    }))
+        terminal: bind.terminal,
+        continued_in: None,
+        continued_from: None,
+    };
+    let writes = match predecessor.filter(|p| {
+        p.session
+            .as_ref()
+            .is_some_and(|s| s.state == SessionState::Open)
+    }) {
+        Some(predecessor) => continued(predecessor, &mut created, now)?,
+        None => Writes::default(),
+    };
+    Ok(Decided {
+        answer: Bound::Created(created),
+        writes,
+    })
+}
+
+/// The open session its terminal's next host session continues in `new`
+/// (HOOKS.md "The terminal's real life"): closed as any close that releases
+/// its active claim first, but its queued turns (the released one among
+/// them) move to `new` with their `seq`, in order, one `queued` event each
+/// in `new`'s log; its Lark link, approvers and thread follow; its open
+/// terminal turn is cancelled `unanswered`, its pending requests expire;
+/// each names the other (`continued_in`, `continued_from`), and the linked
+/// chat is told once.
+fn continued(rows: CloseRows, new: &mut SessionRow, now: i64) -> Result<Writes> {
+    let session = existing(rows.session.clone())?;
+    let (mut session, before, released) = release_first(session, &rows, true, now)?;
+    let moved = rows.queued + released;
+    new.next_seq = session.next_seq;
+    new.queued_count = moved;
+    new.next_event_no = 1 + moved;
+    new.continued_from = Some(session.session_id.clone());
+    session.continued_in = Some(new.session_id.clone());
+    session.queued_count = 0;
+    let (writes, _) = shut(session, 0, rows.pending, CancelReason::Unanswered, now);
+    let note = rows.lark_chat.map(|chat_id| NewNote {
+        message_id: format!(
+            "continued-{}",
+            new.continued_from.as_deref().unwrap_or_default()
+        ),
+        text: crate::lark::card::note(&Note::Continued(SessionName::of(new))).to_string(),
+        session_id: Some(new.session_id.clone()),
+        chat_id,
+        reply: false,
+        at: now,
+    });
+    Ok(Writes {
+        before,
+        note,
+        continuation: Some(Continuation {
+            from: new.continued_from.clone().unwrap_or_default(),
+            to: new.session_id.clone(),
+            events_from: 1,
+            at: now,
+        }),
+        ..writes
+    })
 }
 
 /// What a close decision reads.
@@ -112,7 +183,7 @@ pub struct CloseRows {
 /// (its attempt counted, a late completion fenced) and is cancelled with the
 /// others, in one step.
 pub fn close(rows: CloseRows, release_active_claim: bool, now: i64) -> Result<Decided<Closed>> {
-    let mut session = existing(rows.session)?;
+    let session = existing(rows.session.clone())?;
     if session.state == SessionState::Closed {
         return Ok(Decided::nothing(Closed {
             session,
@@ -120,10 +191,47 @@ pub fn close(rows: CloseRows, release_active_claim: bool, now: i64) -> Result<De
             expired: 0,
         }));
     }
-    let mut queued = rows.queued;
-    let before = match (release_active_claim, &session.active_claim_id) {
+    let (session, before, released) = release_first(session, &rows, release_active_claim, now)?;
+    let (writes, closed) = shut(
+        session,
+        rows.queued + released,
+        rows.pending,
+        CancelReason::SessionClosed,
+        now,
+    );
+    let note = rows
+        .lark_chat
+        .map(|chat_id| closed_note(&closed.session, chat_id, now));
+    Ok(Decided {
+        answer: closed,
+        writes: Writes {
+            before,
+            note,
+            link: Some(LinkChange {
+                session_id: writes
+                    .session
+                    .as_ref()
+                    .map(|s| s.session_id.clone())
+                    .unwrap_or_default(),
+                link: None,
+            }),
+            ..writes
+        },
+    })
+}
+
+/// A closing session's active claim, released first when `release` (its
+/// turn back to the queue: the writes of that step, and 1), else 409
+/// `claim_active` if it has one.
+fn release_first(
+    mut session: SessionRow,
+    rows: &CloseRows,
+    release: bool,
+    now: i64,
+) -> Result<(SessionRow, Option<Box<Writes>>, i64)> {
+    match (release, &session.active_claim_id) {
         (true, Some(_)) => {
-            let (Some(claim), Some(turn)) = (rows.active, rows.active_turn) else {
+            let (Some(claim), Some(turn)) = (rows.active.clone(), rows.active_turn.clone()) else {
                 return Err(Error::store(
                     "closing",
                     "the session's active claim or its turn is missing",
@@ -134,52 +242,54 @@ pub fn close(rows: CloseRows, release_active_claim: bool, now: i64) -> Result<De
                 .session
                 .take()
                 .ok_or_else(|| Error::store("closing", "a release wrote no session"))?;
-            queued += 1;
-            Some(Box::new(release))
+            Ok((session, Some(Box::new(release)), 1))
         }
         _ => {
             no_active_claim(&session, rows.active.as_ref())?;
-            None
+            Ok((session, None, 0))
         }
-    };
+    }
+}
+
+/// A session closed: its `queued` turns and its open terminal turn
+/// cancelled (`reason`), its `pending` requests expired, each with its
+/// event, then `closed` logged.
+fn shut(
+    mut session: SessionRow,
+    queued: i64,
+    pending: i64,
+    reason: CancelReason,
+    now: i64,
+) -> (Writes, Closed) {
     let terminal = session.terminal_turn_id.take();
-    queued += i64::from(terminal.is_some());
+    let cancelled = queued + i64::from(terminal.is_some());
     let sweep = Sweep {
         session_id: session.session_id.clone(),
         cancelled: TurnState::Cancelled,
-        cancel_reason: CancelReason::SessionClosed,
+        cancel_reason: reason,
         cancelled_from: session.next_event_no,
         terminal,
         expired: super::permission::EXPIRED_ON_CLOSE,
-        expired_from: session.next_event_no + queued,
+        expired_from: session.next_event_no + cancelled,
         at: now,
     };
-    session.next_event_no = sweep.expired_from + rows.pending;
+    session.next_event_no = sweep.expired_from + pending;
     session.state = SessionState::Closed;
     session.closed_at = Some(now);
     session.queued_count = 0;
     let event = log(&mut session, Subject::Session, "closed", now);
-    Ok(Decided {
-        answer: Closed {
-            session: session.clone(),
-            cancelled: queued as u64,
-            expired: rows.pending as u64,
-        },
-        writes: Writes {
-            before,
-            link: Some(LinkChange {
-                session_id: session.session_id.clone(),
-                link: None,
-            }),
-            note: rows
-                .lark_chat
-                .map(|chat_id| closed_note(&session, chat_id, now)),
-            sweep: Some(sweep),
-            session: Some(session),
-            event: Some(event),
-            ..Writes::default()
-        },
-    })
+    let closed = Closed {
+        session: session.clone(),
+        cancelled: cancelled as u64,
+        expired: pending as u64,
+    };
+    let writes = Writes {
+        sweep: Some(sweep),
+        session: Some(session),
+        event: Some(event),
+        ..Writes::default()
+    };
+    (writes, closed)
 }
 
 /// What the chat a closed session was linked to is told, once (the note's
@@ -210,6 +320,7 @@ mod tests {
             host_surface: "claude-code".into(),
             host_session_id: "h".into(),
             executor_endpoint_id: executor.into(),
+            terminal: None,
             dry_run: false,
         }
     }
@@ -218,13 +329,17 @@ mod tests {
     fn a_bind_needs_a_registration_then_answers_the_open_session_of_its_executor() {
         let minter = Minter::default();
         let unregistered = BindRows::default();
-        let refused = bind(unregistered, request("e"), &minter, 1).expect_err("a refusal");
+        let refused = bind(unregistered, None, request("e"), &minter, 1).expect_err("a refusal");
         assert_eq!(refused.code, ErrorCode::NotRegistered);
         let fresh = BindRows {
             registered: true,
-            open: None,
+            ..BindRows::default()
         };
-        let Ok(Bound::Created(created)) = bind(fresh, request("e"), &minter, 1) else {
+        let Ok(Decided {
+            answer: Bound::Created(created),
+            ..
+        }) = bind(fresh, None, request("e"), &minter, 1)
+        else {
             panic!("a registered tuple without an open session gets one")
         };
         assert_eq!(
@@ -234,10 +349,14 @@ mod tests {
         let open = || BindRows {
             registered: true,
             open: Some(session(SessionState::Open)),
+            predecessor: None,
         };
         assert!(matches!(
-            bind(open(), request("e"), &minter, 2),
-            Ok(Bound::Existing(_))
+            bind(open(), None, request("e"), &minter, 2),
+            Ok(Decided {
+                answer: Bound::Existing(_),
+                ..
+            })
         ));
         let other = check_bind(open(), &request("e2")).expect_err("a refusal");
         assert_eq!(other.code, ErrorCode::SessionExists);

@@ -55,7 +55,14 @@ pub fn said(
             (session, None)
         }
         Said::Prompt(text) => {
-            let before = open.map(|turn| Box::new(ended(&mut session, turn, None, now)));
+            let before = open.map(|turn| {
+                Box::new(ended(
+                    &mut session,
+                    turn,
+                    Err(CancelReason::Unanswered),
+                    now,
+                ))
+            });
             let turn = TurnRow {
                 state: TurnState::Claimed,
                 claimed_at: Some(now),
@@ -96,7 +103,12 @@ pub fn said(
                 });
                 let writes = Writes {
                     note,
-                    ..ended(&mut session, turn, answer, now)
+                    ..ended(
+                        &mut session,
+                        turn,
+                        answer.ok_or(CancelReason::Unanswered),
+                        now,
+                    )
                 };
                 (session, Some(writes))
             }
@@ -105,19 +117,30 @@ pub fn said(
     }
 }
 
-/// The open terminal turn ended: completed with `answer`, or cancelled
-/// `unanswered` without one.
-fn ended(session: &mut SessionRow, turn: TurnRow, answer: Option<&str>, now: i64) -> Writes {
+/// The person interrupted the agent while it worked on the open terminal
+/// turn: cancelled `interrupted`.
+pub fn interrupted(session: &mut SessionRow, turn: TurnRow, now: i64) -> Writes {
+    ended(session, turn, Err(CancelReason::Interrupted), now)
+}
+
+/// The open terminal turn ended: completed with its answer, or cancelled
+/// for the reason given.
+fn ended(
+    session: &mut SessionRow,
+    turn: TurnRow,
+    answer: std::result::Result<&str, CancelReason>,
+    now: i64,
+) -> Writes {
     let turn = match answer {
-        Some(answer) => TurnRow {
+        Ok(answer) => TurnRow {
             state: TurnState::Completed,
             completed_at: Some(now),
             response: Some(serde_json::json!({ "message": answer }).to_string()),
             ..turn
         },
-        None => TurnRow {
+        Err(reason) => TurnRow {
             state: TurnState::Cancelled,
-            cancel_reason: Some(CancelReason::Unanswered),
+            cancel_reason: Some(reason),
             ..turn
         },
     };

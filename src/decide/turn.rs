@@ -526,6 +526,47 @@ pub(crate) fn requeue(
     }
 }
 
+/// The person at the terminal interrupted the agent while it worked on the
+/// active claim's turn: the turn is cancelled `interrupted` (never completed
+/// later: its claim is spent, so a late completion is fenced), and a Lark
+/// turn's message is told so.
+pub(crate) fn interrupted(
+    session: &mut SessionRow,
+    claim: ClaimRow,
+    turn: TurnRow,
+    now: i64,
+) -> Writes {
+    let turn = TurnRow {
+        state: TurnState::Cancelled,
+        cancel_reason: Some(crate::model::CancelReason::Interrupted),
+        current_claim_id: None,
+        ..turn
+    };
+    session.active_claim_id = None;
+    let event = log(
+        session,
+        Subject::Turn(&turn.turn_id, turn.seq),
+        "cancelled",
+        now,
+    );
+    let told = serde_json::json!({ "message": INTERRUPTED_NOTE });
+    Writes {
+        reply: lark_reply(&turn, &told, now),
+        turn: Some(Change::Update(turn)),
+        claim: Some(Change::Update(ClaimRow {
+            state: ClaimState::Released,
+            released_at: Some(now),
+            ..claim
+        })),
+        session: Some(session.clone()),
+        event: Some(event),
+        ..Writes::default()
+    }
+}
+
+/// What a Lark message whose turn was interrupted is answered with.
+pub const INTERRUPTED_NOTE: &str = "⏹ Interrupted at the terminal before the agent answered: this message was not answered. Send it again to ask anew.";
+
 #[cfg(test)]
 mod tests {
     use super::*;

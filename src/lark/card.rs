@@ -443,6 +443,12 @@ pub fn note(note: &Note) -> Value {
             answer,
         } => terminal_turn(name, prompt, answer),
         Note::NeedsAnswers { name, request_id } => needs_answers(name, request_id),
+        Note::Continued(name) => about_session(
+            "Continued · 已继续",
+            "blue",
+            name,
+            "{} continued after /clear (or a restart): the same conversation goes on here, with its waiting messages.\n{} 已在 /clear（或重启）后继续：同一对话在此继续，待处理的消息也一并保留。",
+        ),
         Note::Closed(name) => about_session(
             "Closed · 已关闭",
             "grey",

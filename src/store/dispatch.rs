@@ -322,11 +322,20 @@ async fn bind_session<X: Tx>(
     now: i64,
 ) -> Result<Done, X::Fail> {
     let rows = tx.bind_rows(&bind).await?;
-    let bound = session::bind(rows, bind, minter, now)?;
-    if let Bound::Created(s) = &bound {
+    // The session a new one from the same terminal continues,
+    // locked, with what its close reads.
+    let predecessor = match rows.predecessor.clone().filter(|_| rows.registered) {
+        Some(session_id) => Some(tx.close_rows(&session_id).await?),
+        None => None,
+    };
+    let decided = session::bind(rows, predecessor, bind, minter, now)?;
+    if let Bound::Created(s) = &decided.answer {
         tx.execute(statement::insert_session(s)).await?;
     }
-    Ok(Done::Bind(Box::new(bound)))
+    if decided.writes.continuation.is_some() {
+        tx.apply(decided.writes).await?;
+    }
+    Ok(Done::Bind(Box::new(decided.answer)))
 }
 
 /// A message, and in the same transaction the bytes of the files its new
@@ -492,10 +501,19 @@ async fn report_agent<X: Tx>(
     } else {
         None
     };
+    let active = session.as_ref().and_then(|s| s.active_claim_id.clone());
+    let interrupted = match active.filter(|_| report.interrupted) {
+        Some(claim_id) => {
+            let rows = tx.release_rows(session_id, &claim_id).await?;
+            rows.claim.zip(rows.turn)
+        }
+        None => None,
+    };
     let rows = ReportRows {
         session,
         terminal,
         terminal_feed,
+        interrupted,
     };
     let decision = presence::report(rows, host, report, minter, now)?;
     Ok(Done::ReportAgent(Box::new(decided(tx, decision).await?)))

@@ -30,7 +30,8 @@ macro_rules! session_columns {
         "session_id, goal_id, agent_id, host_surface, host_session_id, \
          executor_endpoint_id, state, created_at, closed_at, queued_count, active_claim_id, \
          next_seq, next_event_no, agent_state, agent_since, agent_heard_at, holder_heard_at, \
-         waker_heard_at, agent_tool, tool_since, terminal_turn_id, stalled_at"
+         waker_heard_at, agent_tool, tool_since, terminal_turn_id, stalled_at, terminal, \
+         continued_in, continued_from"
     };
 }
 
@@ -274,7 +275,17 @@ pub const RECORD_CARD_UPDATE: &str = "update lark_permission_messages \
 /// A session a bind created (`$1`…`$10`, in this order).
 pub const INSERT_SESSION: &str = "insert into sessions (session_id, goal_id, agent_id, \
      host_surface, host_session_id, executor_endpoint_id, state, created_at, next_seq, \
-     next_event_no) values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+     next_event_no, queued_count, terminal, continued_from) \
+     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+
+/// The open session bound from a terminal (`$5`) by another host session
+/// (`$6`) of the same goal, agent, surface and executor (`$1`…`$4`): the
+/// one a new host session there continues (the newest, should there be
+/// two). The open tuple's index narrows it to the goal's agent's sessions.
+pub const TERMINALS_OPEN_SESSION: &str = "select session_id from sessions \
+     where goal_id = $1 and agent_id = $2 and host_surface = $3 and executor_endpoint_id = $4 \
+       and state = 'open' and terminal = $5 and host_session_id <> $6 \
+     order by session_id desc limit 1";
 
 /// An agent thread registered (`$1` goal, `$2` agent, `$3` host surface,
 /// `$4` host session, `$5` now); a second registration inserts nothing.

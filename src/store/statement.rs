@@ -13,7 +13,9 @@
 
 use crate::decide::lark::FetchWrite;
 use crate::decide::pairing::PairCodeWrite;
-use crate::decide::{Change, ClaimRow, NewEvent, NewReply, SessionRow, Sweep, TurnRow, Writes};
+use crate::decide::{
+    Change, ClaimRow, Continuation, NewEvent, NewReply, SessionRow, Sweep, TurnRow, Writes,
+};
 use crate::model::RegisterAgentThread;
 use crate::store::{Blob, CardUpdateJob, Outbound, ReplyUpdate};
 
@@ -274,6 +276,9 @@ const SWEEP_PERMISSIONS: &str = "update permission_requests set state = $1, answ
 /// sweep. (The step taken before, [`Writes::before`], is the caller's.)
 pub(crate) fn side_writes(writes: &Writes) -> Vec<Statement> {
     let mut out = Vec::new();
+    if let Some(c) = &writes.continuation {
+        out.extend(continuation_writes(c));
+    }
     if let Some(e) = &writes.lark_event {
         out.push(
             Statement::new(INSERT_LARK_EVENT)
@@ -403,6 +408,42 @@ fn permission_writes(writes: &Writes, out: &mut Vec<Statement>) {
     }
 }
 
+/// A session continued in another: the queued turns' events in the new
+/// session's log first (they are read where the turns still are), then
+/// their files, download jobs and the turns, then what is Lark's.
+fn continuation_writes(c: &Continuation) -> [Statement; 8] {
+    let (from, to) = (&c.from, &c.to);
+    [
+        Statement::new(MOVE_TURN_EVENTS)
+            .bind(to)
+            .bind(c.events_from)
+            .bind(c.at)
+            .bind(from),
+        Statement::new(MOVE_TURN_FILES).bind(to).bind(from),
+        Statement::new(MOVE_FETCHES).bind(to).bind(from),
+        Statement::new(MOVE_TURNS).bind(to).bind(from),
+        Statement::new(MOVE_LINK).bind(to).bind(from),
+        Statement::new(MOVE_CURRENT).bind(to).bind(from),
+        Statement::new(MOVE_SENT).bind(to).bind(from),
+        Statement::new(CONTINUED_IN).bind(to).bind(from),
+    ]
+}
+
+const MOVE_TURN_EVENTS: &str = "insert into session_events (session_id, event_no, kind, \
+         turn_id, seq, state, at) \
+     select $1, $2 - 1 + row_number() over (order by seq), 'turn', turn_id, seq, 'queued', $3 \
+     from turns where session_id = $4 and state = 'queued'";
+const MOVE_TURN_FILES: &str = "update turn_attachments set session_id = $1 \
+     where turn_id in (select turn_id from turns where session_id = $2 and state = 'queued')";
+const MOVE_FETCHES: &str = "update lark_fetches set session_id = $1 where session_id = $2";
+const MOVE_TURNS: &str = "update turns set session_id = $1 \
+     where session_id = $2 and state = 'queued'";
+const MOVE_LINK: &str = "update lark_links set session_id = $1 where session_id = $2";
+const MOVE_CURRENT: &str = "update lark_chats set current_session_id = $1 \
+     where current_session_id = $2";
+const MOVE_SENT: &str = "update lark_sent set session_id = $1 where session_id = $2";
+const CONTINUED_IN: &str = "update sessions set continued_in = $1 where session_id = $2";
+
 /// A close's sweep: the session's queued turns (and its open terminal turn)
 /// cancelled and its pending permission requests expired, each with its
 /// numbered event.
@@ -498,6 +539,9 @@ pub(crate) fn insert_session(s: &SessionRow) -> Statement {
         .bind(s.created_at)
         .bind(s.next_seq)
         .bind(s.next_event_no)
+        .bind(s.queued_count)
+        .bind(&s.terminal)
+        .bind(&s.continued_from)
 }
 
 /// An agent thread registered (one row affected: it was new).

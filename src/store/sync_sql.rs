@@ -152,6 +152,9 @@ impl FromRow for SessionRow {
             tool_since: r.get(19)?,
             terminal_turn_id: r.get(20)?,
             stalled_at: r.get(21)?,
+            terminal: r.get(22)?,
+            continued_in: r.get(23)?,
+            continued_from: r.get(24)?,
         })
     }
 }

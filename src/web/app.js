@@ -40,6 +40,7 @@ const ui = {
   transcript: $('transcript'),
   transcriptEmpty: $('transcript-empty'),
   closedNote: $('closed-note'),
+  continuedNote: $('continued-note'),
   closeSession: $('close-session'),
   closePanel: $('close-panel'),
   closeProblem: $('close-problem'),
@@ -427,7 +428,12 @@ function applySession(c, session) {
   // What the session cannot do stays in sight; the rest is in the details.
   ui.capabilities.replaceChildren(capabilityList(session.capabilities, { compact: true }));
   const closed = session.state !== 'open';
-  show(ui.closedNote, closed);
+  if (closed && session.continued_in && wasOpen) {
+    followContinuation(c, session.continued_in);
+    return;
+  }
+  showContinuation(session);
+  show(ui.closedNote, closed && !session.continued_in);
   show(ui.closeSession, !closed && ui.closePanel.hidden);
   if (closed) show(ui.closePanel, false);
   show(ui.larkPair, !closed && ui.pairPanel.hidden);
@@ -443,6 +449,37 @@ function applySession(c, session) {
     if (wasOpen) announce('This session was closed. It is now read-only.');
   }
   updateListedSession(session);
+}
+
+// --- one conversation per terminal (HOOKS.md "The terminal's real life") ---
+
+/** The session this page shows went on in another (`/clear`, a restart at
+ * the agent's terminal): the page goes there, the draft with it. */
+function followContinuation(c, nextId) {
+  const draft = loadDraft(c.id);
+  if (draft.text && !loadDraft(nextId).text) saveDraft(nextId, { text: draft.text, id: null });
+  saveDraft(c.id, { text: '', id: null });
+  announce('The agent started a new session at its terminal (after /clear or a restart): this conversation goes on there.');
+  location.replace(`#/s/${encodeURIComponent(nextId)}`);
+}
+
+/** Where the conversation went on, or came from. */
+function showContinuation(session) {
+  const link = (id, text) => el('a', { href: `#/s/${encodeURIComponent(id)}`, text });
+  if (session.continued_in) {
+    ui.continuedNote.replaceChildren(
+      'Continued after /clear or a restart at the terminal: ',
+      link(session.continued_in, 'the conversation goes on here'),
+      '. This part is read-only.',
+    );
+  } else if (session.continued_from) {
+    ui.continuedNote.replaceChildren(
+      'Continued after /clear or a restart at the terminal (',
+      link(session.continued_from, 'earlier messages'),
+      ').',
+    );
+  }
+  show(ui.continuedNote, Boolean(session.continued_in || session.continued_from));
 }
 
 // --- closing the session ---

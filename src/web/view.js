@@ -233,7 +233,8 @@ function stateWords(turn, released) {
         ? ['answered in ', duration(msSince(turn.claimed_at, Date.parse(turn.completed_at)))]
         : 'answered';
     case 'cancelled':
-      if (turn.cancel_reason === 'unanswered') return 'the agent gave no answer (interrupted, or a new prompt came first)';
+      if (turn.cancel_reason === 'interrupted') return 'interrupted at the terminal before the agent answered';
+      if (turn.cancel_reason === 'unanswered') return 'the agent gave no answer (a new prompt came first)';
       return turn.cancel_reason === 'session_closed'
         ? 'the session was closed before the agent answered'
         : 'not answered';

@@ -18,6 +18,10 @@ that offers that tool and carries no tool result yet is answered with one
 answers are text as above. A tool result is logged (and echoed) as a text
 "tool_result: <what the tool returned>".
 
+A streamed request whose last user text holds "[slow]" starts its answer
+("Working on it, slowly. ") and ends it 120 s later (a slow turn, for a test
+to interrupt); the wait ends early when the client goes away.
+
 Usage: python3 stub_model.py PORT [TEXT [--same]]
 """
 import json, os, sys, time
@@ -62,6 +66,21 @@ class H(BaseHTTPRequestHandler):
         last = texts[-1] if texts else ""
         if os.environ.get("STUB_LOG"):
             with open(os.environ["STUB_LOG"], "a") as f: f.write(json.dumps({"t": time.time(), "texts": texts, "tools": [t.get("name") for t in body.get("tools") or []]}) + "\n")
+        if "[slow]" in last and body.get("stream"):
+            # A slow turn: the answer starts at once, then its end waits
+            # 120 s, unless the client hangs up first.
+            self.send_response(200); self.send_header("content-type","text/event-stream"); self.end_headers()
+            def ev(name, data): self.wfile.write(("event: %s\ndata: %s\n\n" % (name, json.dumps(data))).encode())
+            msg = {"id":"msg_1","type":"message","role":"assistant","model":body.get("model","m"),"content":[],"stop_reason":None,"stop_sequence":None,"usage":{"input_tokens":1,"output_tokens":1}}
+            ev("message_start", {"type":"message_start","message":msg})
+            ev("content_block_start", {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}})
+            ev("content_block_delta", {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Working on it, slowly. "}})
+            self.wfile.flush()
+            for _ in range(1200):
+                time.sleep(0.1)
+                try: self.wfile.write(b": waiting\n\n"); self.wfile.flush()
+                except OSError: return
+            return
         text = TEXT if SAME else TEXT + " [" + last[-60:].replace("\n"," ") + "]"
         msg = {"id":"msg_1","type":"message","role":"assistant","model":body.get("model","m"),"content":[],"stop_reason":None,"stop_sequence":None,"usage":{"input_tokens":1,"output_tokens":1}}
         if not body.get("stream"):

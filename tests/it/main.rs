@@ -11,6 +11,7 @@ mod claims;
 mod cli;
 mod completions;
 mod connections;
+mod continued;
 mod durability;
 mod events;
 mod fake_lark;

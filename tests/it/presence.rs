@@ -29,6 +29,7 @@ pub fn report(host: &Host, state: AgentState) -> ReportAgentState {
         claim_id: None,
         prompt: None,
         answer: None,
+        interrupted: false,
     }
 }
 

@@ -431,6 +431,7 @@ async fn the_agent_is_asking_while_a_request_is_pending() {
         claim_id: None,
         prompt: None,
         answer: None,
+        interrupted: false,
     };
     c.report_agent(sid, &report(AgentState::Working))
         .await

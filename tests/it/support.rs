@@ -275,6 +275,7 @@ pub fn bind_request(goal_id: &str, agent_id: &str, host_session_id: &str) -> Bin
         host_surface: HOST_SURFACE.into(),
         host_session_id: host_session_id.into(),
         executor_endpoint_id: "exec-laptop".into(),
+        terminal: None,
         dry_run: false,
     }
 }

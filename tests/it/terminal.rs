@@ -370,3 +370,84 @@ async fn terminal_prompts_are_bounded_per_session() {
         .await
         .unwrap();
 }
+
+/// HOOKS.md "The terminal's real life": Esc mid-turn runs no Stop hook; the
+/// host's word that its agent was interrupted settles the turns it worked
+/// on, and the queue moves on.
+#[tokio::test]
+async fn an_interrupt_settles_the_turns_the_agent_worked_on_and_the_queue_moves_on() {
+    let broker = TestBroker::start().await;
+    let c = &broker.client;
+    let host = bound_host(c).await;
+    let sid = host.session_id();
+    c.report_agent(sid, &prompt(&host, "Run the slow tests."))
+        .await
+        .unwrap();
+    let delivered = enqueue(c, &host, "And then the docs.").await;
+    let next = enqueue(c, &host, "Then push.").await;
+    claim(c, &host, "hook-1-typed", 0).await;
+    let mut events = subscribe(&broker.url, TOKEN, sid, None).await;
+
+    // Only with `waiting`, and alone.
+    let wrong = ReportAgentState {
+        interrupted: true,
+        ..report(&host, AgentState::Working)
+    };
+    assert_eq!(code(c.report_agent(sid, &wrong).await).0, 400);
+    let with_answer = ReportAgentState {
+        interrupted: true,
+        ..answer(&host, "half")
+    };
+    assert_eq!(code(c.report_agent(sid, &with_answer).await).0, 400);
+
+    let interrupted = ReportAgentState {
+        interrupted: true,
+        ..report(&host, AgentState::Waiting)
+    };
+    c.report_agent(sid, &interrupted).await.unwrap();
+    assert_eq!(
+        states(&take(&mut events, 3).await),
+        ["turn:cancelled", "turn:cancelled", "agent:waiting"]
+    );
+    let turns = all_turns(c, &host).await;
+    let reasons: Vec<_> = turns
+        .iter()
+        .map(|t| {
+            (
+                t.seq,
+                t.state,
+                serde_json::to_value(t.cancel_reason).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            (1, TurnState::Cancelled, json!("interrupted")),
+            (2, TurnState::Cancelled, json!("interrupted")),
+            (3, TurnState::Queued, Value::Null),
+        ]
+    );
+    // The interrupted turn is never answered later, by its claim or another.
+    let late = c
+        .complete(
+            sid,
+            &delivered.turn_id,
+            &host.completion("hook-1-typed", "late", "an answer to something else"),
+        )
+        .await;
+    assert_eq!(code(late), (409, "not_claimed".into()));
+    assert_eq!(
+        claim(c, &host, "hook-2", 0).await.turn.turn_id,
+        next.turn_id
+    );
+    // Said again (a waker's retry), or with the agent waiting: nothing.
+    c.report_agent(sid, &interrupted).await.unwrap();
+    c.report_agent(sid, &interrupted).await.unwrap();
+    let after = all_turns(c, &host).await;
+    assert_eq!(
+        after[2].state,
+        TurnState::Claimed,
+        "the next turn stays held"
+    );
+}

@@ -25,6 +25,13 @@
 #     and under `loopx run`
 #  9. (issue 53) a draft left in claude's prompt (typed while it worked) is
 #     never merged with a message; the message is delivered once, on its own
+# 10. (issue 55) Esc during a slow turn (tmux, then `loopx run`): within 5 s
+#     the message it worked on is cancelled `interrupted`, the agent waits,
+#     and the next queued message is typed in and answered
+# 11. (issue 55) `/clear` typed at the terminal: the new Claude session
+#     continues the conversation (one open session; the old one names it in
+#     `continued_in`), and a message to it is typed in and answered; in
+#     tmux and under `loopx run`
 # Latency from send to typed (the stub's request) and the broker's
 # enqueued -> claimed -> completed are printed.
 #
@@ -45,7 +52,8 @@ claude="$work/node_modules/.bin/claude"
 
 export LOOPX_TOKEN=wake-test-token HOME="$work/home"
 mkdir -p "$HOME" "$work/project" "$work/project-run" "$work/project-fresh" \
-  "$work/project-exec-tmux" "$work/project-exec-run" "$work/project-draft"
+  "$work/project-exec-tmux" "$work/project-exec-run" "$work/project-draft" \
+  "$work/project-esc" "$work/project-esc-run" "$work/project-clear" "$work/project-clear-run"
 start_broker "$loopx" --data-dir "$work/data"
 model_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export STUB_LOG="$work/model-requests.jsonl"
@@ -73,7 +81,8 @@ export ANTHROPIC_BASE_URL="http://127.0.0.1:$model_port" ANTHROPIC_API_KEY=$key 
   DISABLE_TELEMETRY=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 TERM=xterm-256color SHELL=/bin/bash
 unset TMUX TMUX_PANE
 tui_claude_home "$key" "$work/project" "$work/project-run" "$work/project-fresh" \
-  "$work/project-exec-tmux" "$work/project-exec-run" "$work/project-draft"
+  "$work/project-exec-tmux" "$work/project-exec-run" "$work/project-draft" \
+  "$work/project-esc" "$work/project-esc-run" "$work/project-clear" "$work/project-clear-run"
 tui_start
 
 # 0. The harness: claude at its prompt, the hooks bind the session, a prompt
@@ -94,7 +103,7 @@ state=$(api "/v1/sessions/$session" | python3 -c 'import json, sys; print(json.l
 [ "$state" = waiting ] || { echo "the agent is $state after its turn, not waiting" >&2; exit 1; }
 echo "harness: claude at its prompt in $pane, session $session bound by its hooks, a typed prompt answered"
 if [ -n "${WAKE_HARNESS_ONLY:-}" ]; then exit 0; fi
-on() { [[ " ${WAKE_CASES:-1 2 3 4 5 6 7 8 9} " == *" $1 "* ]]; }
+on() { [[ " ${WAKE_CASES:-1 2 3 4 5 6 7 8 9 10 11} " == *" $1 "* ]]; }
 
 # 1. Idle for 5 s, then one Web message.
 if on 1; then
@@ -332,6 +341,95 @@ mine = [t for t in lasts if "Case nine, deploy is green." in t]
 assert len(mine) == 1, "the message reached the model %d times: %r" % (len(mine), mine)
 PY
 echo "9. a draft in the prompt: #$seq9 waited, the draft went alone, the message once: $answer"
+fi
+
+# 10. Esc during a slow turn: no Stop hook runs. The waker reads the
+# interrupt off claude's transcript; the broker settles the turn; the next
+# message is typed in.
+interrupted_then_next() {
+  local pane=$1 session=$2 how=$3 seq slow next t0 waited answer
+  slow=$(send "$session" "[slow] Case ten ($how), take your time.")
+  next=$(send "$session" "Case ten ($how), after the interrupt.")
+  tui_wait "$pane" "\[LoopX #$slow( [a-z]+)?\] \[slow\] Case ten" 30
+  for _ in $(seq 50); do [ "$(turn_state "$session" "$slow")" = claimed ] && break; sleep 0.2; done
+  tui_wait "$pane" 'esc to interrupt' 10
+  sleep 1
+  tui send-keys -t "$pane" Escape
+  t0=$(date +%s.%N)
+  for _ in $(seq 100); do [ "$(turn_state "$session" "$slow")" = cancelled ] && break; sleep 0.1; done
+  waited=$(python3 -c "import time; print('%.2f' % (time.time() - $t0))")
+  api "/v1/sessions/$session/turns?limit=200" | python3 -c '
+import json, sys
+t = [t for t in json.load(sys.stdin)["turns"] if t["seq"] == int(sys.argv[1])][0]
+assert (t["state"], t["cancel_reason"]) == ("cancelled", "interrupted"), "after Esc the turn is %s/%s" % (t["state"], t["cancel_reason"])
+' "$slow"
+  python3 -c "import sys; sys.exit(0 if $waited <= 5 else 1)" || { echo "settled $waited s after Esc, not within 5 s" >&2; exit 1; }
+  answer=$(answers "$session" 60 "$next")
+  expect_answer "$answer" "$next" "Case ten ($how), after the interrupt."
+  echo "10. $how: Esc during #$slow settled it interrupted in ${waited}s; #$next typed in next: $answer"
+}
+if on 10; then
+"$loopx" hook install --agent claude-code --project-dir "$work/project-esc" --goal-id g-wake-esc \
+  --agent-id agent-wake --executor-endpoint-id exec-ci --broker-url "$BROKER_URL" >/dev/null
+pane=$(tui_window esc "$work/project-esc")
+tui_wait "$pane" '^wake\$ ' 10
+tui_claude "$pane"
+interrupted_then_next "$pane" "$(open_session g-wake-esc)" tmux
+"$loopx" hook install --agent claude-code --project-dir "$work/project-esc-run" --goal-id g-wake-esc-run \
+  --agent-id agent-wake --executor-endpoint-id exec-ci --broker-url "$BROKER_URL" >/dev/null
+pane=$(tui_window escrun "$work/project-esc-run")
+tui_wait "$pane" '^wake\$ ' 10
+tui_type "$pane" "env -u TMUX -u TMUX_PANE $(printf '%q' "$loopx") run --broker-url $BROKER_URL -- $(printf '%q' "$claude")"
+tui_enter "$pane"
+tui_wait "$pane" "$TUI_CLAUDE_IDLE" 60
+interrupted_then_next "$pane" "$(open_session g-wake-esc-run)" "loopx run"
+fi
+
+# 11. /clear: Claude Code ends its session (SessionEnd, reason clear) and
+# starts another (SessionStart, a new session id) in the same process and
+# terminal; the hooks bind the new one, which continues the old.
+cleared_then_message() {
+  local pane=$1 goal=$2 how=$3 old new open seq answer
+  old=$(open_session "$goal")
+  tui_type "$pane" "/clear"
+  sleep 0.3
+  tui_enter "$pane"
+  for _ in $(seq 100); do
+    new=$(api "/v1/sessions/$old" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("continued_in") or "")')
+    [ -n "$new" ] && break
+    sleep 0.1
+  done
+  [ -n "$new" ] || { echo "$how: after /clear, $old names no continued_in" >&2; exit 1; }
+  open=$("$loopx" worker-bridge attached-session-list --broker-url "$BROKER_URL" --state open \
+    --goal-id "$goal" --format json | python3 -c 'import json, sys; print(" ".join(s["session_id"] for s in json.load(sys.stdin)["sessions"]))')
+  [ "$open" = "$new" ] || { echo "$how: open sessions after /clear: $open (not just $new)" >&2; exit 1; }
+  api "/v1/sessions/$new" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+assert s["continued_from"] == sys.argv[1], s
+' "$old"
+  tui_wait "$pane" "$TUI_CLAUDE_IDLE" 20
+  sleep 2
+  seq=$(send "$new" "Case eleven ($how), after /clear.")
+  answer=$(answers "$new" 60 "$seq")
+  expect_answer "$answer" "$seq" "Case eleven ($how), after /clear."
+  echo "11. $how: /clear continued $old in $new (one open session); #$seq typed in: $answer"
+}
+if on 11; then
+"$loopx" hook install --agent claude-code --project-dir "$work/project-clear" --goal-id g-wake-clear \
+  --agent-id agent-wake --executor-endpoint-id exec-ci --broker-url "$BROKER_URL" >/dev/null
+pane=$(tui_window clear "$work/project-clear")
+tui_wait "$pane" '^wake\$ ' 10
+tui_claude "$pane"
+cleared_then_message "$pane" g-wake-clear tmux
+"$loopx" hook install --agent claude-code --project-dir "$work/project-clear-run" --goal-id g-wake-clear-run \
+  --agent-id agent-wake --executor-endpoint-id exec-ci --broker-url "$BROKER_URL" >/dev/null
+pane=$(tui_window clearrun "$work/project-clear-run")
+tui_wait "$pane" '^wake\$ ' 10
+tui_type "$pane" "env -u TMUX -u TMUX_PANE $(printf '%q' "$loopx") run --broker-url $BROKER_URL -- $(printf '%q' "$claude")"
+tui_enter "$pane"
+tui_wait "$pane" "$TUI_CLAUDE_IDLE" 60
+cleared_then_message "$pane" g-wake-clear-run "loopx run"
 fi
 
 # Latency: send -> typed (the model's request for that prompt, our clock) and

@@ -19,6 +19,9 @@
 #     server, started by the first, runs its hooks) is woken in its own pane
 #  7. two codex running at once in two panes: each one's message is typed
 #     into its own pane
+#  8. (issue 55) Esc during a slow turn: within 5 s the message it worked on
+#     is cancelled `interrupted` (read off Codex's rollout file), and the
+#     next queued message is typed in and answered
 #
 # Usage: tests/wake/codex.sh [path/to/loopx]   (default target/debug/loopx)
 #   WAKE_HARNESS_ONLY=1 stops after 0 (runs without the feature);
@@ -38,11 +41,12 @@ codex="$work/node_modules/.bin/codex"
 export LOOPX_TOKEN=wake-test-token HOME="$work/home" STUB_API_KEY=sk-stub
 unset CODEX_HOME TMUX TMUX_PANE
 # One project per agent, each with its own goal (the hooks bind by it).
-mkdir -p "$HOME" "$work/project" "$work/project2" "$work/project-a" "$work/project-b"
+mkdir -p "$HOME" "$work/project" "$work/project2" "$work/project-a" "$work/project-b" "$work/project-esc"
 project=$(realpath "$work/project")   # as Codex names it
 project2=$(realpath "$work/project2")
 project_a=$(realpath "$work/project-a")
 project_b=$(realpath "$work/project-b")
+project_esc=$(realpath "$work/project-esc")
 start_broker "$loopx" --data-dir "$work/data"
 model_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export STUB_LOG="$work/model-requests.jsonl"
@@ -65,8 +69,8 @@ cleanup() {
 trap cleanup EXIT
 export TERM=xterm-256color SHELL=/bin/bash
 
-tui_codex_home "$model_port" "$project" "$project2" "$project_a" "$project_b"
-for dir in "$project" "$project2" "$project_a" "$project_b"; do
+tui_codex_home "$model_port" "$project" "$project2" "$project_a" "$project_b" "$project_esc"
+for dir in "$project" "$project2" "$project_a" "$project_b" "$project_esc"; do
   git -C "$dir" init -q
   "$loopx" hook install --agent codex --project-dir "$dir" --goal-id "g-$(basename "$dir")" \
     --agent-id agent-wake --executor-endpoint-id exec-ci --broker-url "$BROKER_URL" >/dev/null
@@ -88,7 +92,7 @@ state=$(api "/v1/sessions/$session" | python3 -c 'import json, sys; print(json.l
 [ "$state" = waiting ] || { echo "the agent is $state after its turn, not waiting" >&2; exit 1; }
 echo "harness: codex at its composer in $pane, session $session bound by its hooks, a typed prompt answered"
 if [ -n "${WAKE_HARNESS_ONLY:-}" ]; then exit 0; fi
-on() { [[ " ${WAKE_CASES:-1 2 3 4 5 6 7} " == *" $1 "* ]]; }
+on() { [[ " ${WAKE_CASES:-1 2 3 4 5 6 7 8} " == *" $1 "* ]]; }
 
 # 1. Idle for 5 s, then one Web message.
 if on 1; then
@@ -220,6 +224,34 @@ tui_wait "$pane_b" "Case seven, for codex B" 5
 ! tui_screen "$pane_a" | grep -q "for codex B" || { echo "codex B's message was typed into codex A's pane" >&2; exit 1; }
 ! tui_screen "$pane_b" | grep -q "for codex A" || { echo "codex A's message was typed into codex B's pane" >&2; exit 1; }
 echo "7. two codex at once: each message typed into its own pane"
+fi
+
+# 8. Esc during a slow turn: Codex runs no Stop hook; it writes turn_aborted
+# to its rollout file, which the waker reads.
+if on 8; then
+pane=$(tui_window codex-esc "$project_esc")
+codex_ready "$pane" "Typed into the codex of case eight."
+session_esc=$(open_session g-project-esc)
+sleep 3
+slow=$(send "$session_esc" "[slow] Case eight, take your time.")
+next=$(send "$session_esc" "Case eight, after the interrupt.")
+tui_wait "$pane" "\[LoopX #$slow( [a-z]+)?\] \[slow\] Case eight" 30
+for _ in $(seq 50); do [ "$(turn_state "$session_esc" "$slow")" = claimed ] && break; sleep 0.2; done
+tui_wait "$pane" 'Working on it, slowly' 15
+sleep 1
+tui send-keys -t "$pane" Escape
+t0=$(date +%s.%N)
+for _ in $(seq 100); do [ "$(turn_state "$session_esc" "$slow")" = cancelled ] && break; sleep 0.1; done
+waited=$(python3 -c "import time; print('%.2f' % (time.time() - $t0))")
+api "/v1/sessions/$session_esc/turns?limit=200" | python3 -c '
+import json, sys
+t = [t for t in json.load(sys.stdin)["turns"] if t["seq"] == int(sys.argv[1])][0]
+assert (t["state"], t["cancel_reason"]) == ("cancelled", "interrupted"), "after Esc the turn is %s/%s" % (t["state"], t["cancel_reason"])
+' "$slow"
+python3 -c "import sys; sys.exit(0 if $waited <= 5 else 1)" || { echo "settled $waited s after Esc, not within 5 s" >&2; exit 1; }
+answer=$(answers "$session_esc" 60 "$next")
+expect_answer "$answer" "$next" "Case eight, after the interrupt."
+echo "8. Esc during #$slow settled it interrupted in ${waited}s; #$next typed in next: $answer"
 fi
 
 latency_report "$STUB_LOG"

@@ -9,7 +9,10 @@ task title ..."), made beside the first turn, which quotes the prompt.
 With STUB_LOG set, each request's user texts are appended to that file, one
 JSON line `{"t": <unix time>, "texts": [...]}`, as tests/hooks/stub_model.py
 does for the Anthropic API. With a GATE path, no answer is sent while that
-file exists (a turn held open, to see the agent busy).
+file exists (a turn held open, to see the agent busy). A request whose last
+user text holds "[slow]" starts its answer ("Working on it, slowly.") and
+ends it 120 s later, unless the client hangs up first (a slow turn, for a
+test to interrupt).
 
 (tests/hooks/stub_responses.py, on its way from the Codex hooks work, is the
 same stub with more; once both are in, this one goes and that one logs.)
@@ -66,6 +69,15 @@ class Handler(BaseHTTPRequestHandler):
 
         event({"type": "response.created", "response": {"id": "resp_1"}})
         event({"type": "response.output_item.added", "item": dict(item, content=[])})
+        if "[slow]" in last:
+            event({"type": "response.output_text.delta", "item_id": "msg_1", "delta": "Working on it, slowly. "})
+            for _ in range(1200):
+                time.sleep(0.1)
+                try:
+                    self.wfile.write(b": waiting\n\n")
+                    self.wfile.flush()
+                except OSError:
+                    return
         event({"type": "response.output_text.delta", "item_id": "msg_1", "delta": text})
         event({"type": "response.output_item.done", "item": item})
         event({"type": "response.completed", "response": {"id": "resp_1", "usage": {

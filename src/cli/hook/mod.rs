@@ -326,6 +326,7 @@ impl Hook {
         let (client, _) = connection.client()?;
         let client = client.with_timeout(REQUEST_TIMEOUT);
         let binding = options.binding;
+        let seat = std::sync::OnceLock::new();
         let host_surface = binding
             .host_surface
             .unwrap_or_else(|| options.agent.host_surface().to_owned());
@@ -337,6 +338,7 @@ impl Hook {
                 host_surface: host_surface.clone(),
                 host_session_id: host_session_id.clone(),
                 executor_endpoint_id: binding.executor_endpoint_id.unwrap_or_default(),
+                terminal: seat.get_or_init(crate::cli::wake::Seat::here).terminal(),
                 dry_run: false,
             }),
             (None, None) => {
@@ -361,7 +363,7 @@ impl Hook {
             host_surface,
             host_session_id,
             wait_seconds: binding.wait_seconds,
-            seat: std::sync::OnceLock::new(),
+            seat,
         })
     }
 
@@ -383,6 +385,12 @@ impl Hook {
         }
         let session_id = self.host.session_id().await?;
         let agent = self.seat().agent.clone();
+        let transcript = self.field("transcript_path").filter(|p| !p.is_empty());
+        if let Some(path) = transcript.filter(|_| self.seat().typed_in()) {
+            let dir = crate::cli::wake::records_dir(&self.connection.data_dir());
+            crate::cli::wake::transcript::tell(&dir, &session_id, path)
+                .map_err(|e| format!("cannot leave the transcript's path for the waker: {e}"))?;
+        }
         run::tell(&run::Told {
             session_id: session_id.clone(),
             host_surface: self.host_surface.clone(),
@@ -427,6 +435,7 @@ impl Hook {
             claim_id: None,
             prompt: None,
             answer: None,
+            interrupted: false,
         }
     }
 

@@ -309,6 +309,7 @@ impl Host {
             claim_id: Some(held.claim_id.clone()),
             prompt: None,
             answer: None,
+            interrupted: false,
         };
         if let Err(e) = self.client.report_agent(&held.session_id, &report).await {
             tracing::debug!("the heartbeat was not recorded: {}", Problem::from(e));

@@ -98,6 +98,7 @@ pub fn run(args: McpArgs) -> ExitCode {
             host_surface: args.host_surface.clone(),
             host_session_id: args.host_session_id.clone(),
             executor_endpoint_id: args.executor_endpoint_id.clone().unwrap_or_default(),
+            terminal: None,
             dry_run: false,
         }),
         (None, None) => unreachable!("clap requires one of them"),

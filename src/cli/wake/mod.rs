@@ -27,6 +27,7 @@ pub mod run;
 pub mod screen;
 pub mod text;
 pub mod tmux;
+pub mod transcript;
 
 /// How long the agent must have been idle before a message is typed: its
 /// Stop hook reports `waiting` just before the agent draws its prompt.
@@ -114,6 +115,26 @@ impl Seat {
         }
     }
 
+    /// The terminal the agent runs in, as a bind names it (HOOKS.md "The
+    /// terminal's real life": a new host session there continues the
+    /// open one): `loopx run`'s private folder, else the tmux pane, else
+    /// the agent process itself (which `/clear` keeps), on this machine;
+    /// sent as a digest. None under Codex's shared app-server, which cannot
+    /// tell, or with no agent process found.
+    pub fn terminal(&self) -> Option<String> {
+        if self.under_app_server {
+            return None;
+        }
+        let var = |name: &str| std::env::var(name).ok();
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        terminal_of(
+            host.trim(),
+            var(run::RUN_DIR),
+            var("TMUX").zip(var("TMUX_PANE")),
+            self.agent.as_ref(),
+        )
+    }
+
     /// Whether a waker types into this agent: it runs under `loopx run` or
     /// in a tmux pane (whose hooks start a waker), its process is found,
     /// and not in Codex's shared app-server. Then a message queued during a
@@ -124,6 +145,33 @@ impl Seat {
             || (std::env::var_os("TMUX").is_some() && std::env::var_os("TMUX_PANE").is_some());
         terminal && !self.under_app_server && self.agent.is_some()
     }
+}
+
+/// The terminal's name on `host`: `loopx run`'s folder, else the tmux
+/// server's socket and pane (from `TMUX`, `TMUX_PANE`), else the agent
+/// process; a digest of it.
+fn terminal_of(
+    host: &str,
+    run_dir: Option<String>,
+    tmux: Option<(String, String)>,
+    agent: Option<&procfs::Agent>,
+) -> Option<String> {
+    use sha2::{Digest, Sha256};
+    let place = match (run_dir, tmux) {
+        (Some(dir), _) => format!("run\0{dir}"),
+        (None, Some((tmux, pane))) => {
+            format!(
+                "tmux\0{}\0{pane}",
+                tmux.split(',').next().unwrap_or_default()
+            )
+        }
+        (None, None) => {
+            let agent = agent?;
+            format!("process\0{}\0{}", agent.pid, agent.start)
+        }
+    };
+    let digest = Sha256::digest(format!("{host}\0{place}").as_bytes());
+    Some(format!("term-{}", hex::encode(&digest[..16])))
 }
 
 /// Where the hooks and the waker of this terminal keep the record of what
@@ -165,6 +213,8 @@ pub struct Waker<T> {
     /// Where the record of what was typed is left for the agent's hooks
     /// ([`text::Record`]).
     records: std::path::PathBuf,
+    /// The agent's transcript, read for interrupts.
+    transcript: transcript::Watch,
 }
 
 impl<T: Terminal> Waker<T> {
@@ -176,6 +226,7 @@ impl<T: Terminal> Waker<T> {
         records: std::path::PathBuf,
     ) -> Self {
         Waker {
+            transcript: transcript::Watch::new(&records, &session_id),
             calls: client.clone().with_timeout(Duration::from_secs(5)),
             client,
             session_id,
@@ -246,6 +297,7 @@ impl<T: Terminal> Waker<T> {
                 }
             }
             self.follow(TICK).await;
+            self.interrupts().await;
             if let Err(gone) = self.deliver_next().await {
                 return Ended::Gone(gone);
             }
@@ -396,19 +448,40 @@ impl<T: Terminal> Waker<T> {
         false
     }
 
-    /// Tells the broker whether this waker types into the idle agent (its
-    /// `typing_in` presence report; the agent's state stands).
-    async fn say(&self, typing_in: bool) {
+    /// An interrupt the agent wrote to its transcript (Esc, Ctrl-C: no Stop
+    /// hook runs) while shown working: the broker is told, which settles
+    /// the turn it worked on and shows it waiting; the next queued message
+    /// is then typed in as for any idle agent.
+    async fn interrupts(&mut self) {
+        if !self.transcript.interrupted() || !matches!(self.agent, Some((AgentState::Working, _))) {
+            return;
+        }
         let report = ReportAgentState {
+            interrupted: true,
+            ..self.report(Some(AgentState::Waiting), None)
+        };
+        let _ = self.calls.report_agent(&self.session_id, &report).await;
+    }
+
+    /// A report of this waker's host: `state`, `typing_in`, nothing else.
+    fn report(&self, state: Option<AgentState>, typing_in: Option<bool>) -> ReportAgentState {
+        ReportAgentState {
             host_surface: self.host.host_surface.clone(),
             host_session_id: self.host.host_session_id.clone(),
-            state: None,
-            typing_in: Some(typing_in),
+            state,
+            typing_in,
             tool: None,
             claim_id: None,
             prompt: None,
             answer: None,
-        };
+            interrupted: false,
+        }
+    }
+
+    /// Tells the broker whether this waker types into the idle agent (its
+    /// `typing_in` presence report; the agent's state stands).
+    async fn say(&self, typing_in: bool) {
+        let report = self.report(None, Some(typing_in));
         let _ = self.calls.report_agent(&self.session_id, &report).await;
     }
 
@@ -421,5 +494,57 @@ impl<T: Terminal> Waker<T> {
             kind: NotificationKind::TypingUnconfirmed,
         };
         let _ = self.calls.notify(&self.session_id, &notice).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_terminal_is_its_pane_its_run_or_its_agent_and_two_panes_are_two() {
+        let tmux = |pane: &str| Some(("/tmp/tmux-1/default,123,0".to_owned(), pane.to_owned()));
+        let pane = terminal_of("box", None, tmux("%1"), None);
+        assert!(
+            pane.as_deref()
+                .is_some_and(|t| t.starts_with("term-") && t.len() == 37)
+        );
+        // The same pane after /clear or a restart (another server pid in
+        // TMUX's tail is the same server): the same terminal.
+        let again = Some(("/tmp/tmux-1/default,999,0".to_owned(), "%1".to_owned()));
+        assert_eq!(terminal_of("box", None, again, None), pane);
+        assert_ne!(
+            terminal_of("box", None, tmux("%2"), None),
+            pane,
+            "another pane"
+        );
+        assert_ne!(
+            terminal_of("other", None, tmux("%1"), None),
+            pane,
+            "another machine"
+        );
+        let run = terminal_of(
+            "box",
+            Some("/run/user/1/loopx-run.a".into()),
+            tmux("%1"),
+            None,
+        );
+        assert_ne!(run, pane, "loopx run inside a pane is the run's");
+        let agent = procfs::Agent {
+            pid: 42,
+            start: 7,
+            tty: 34816,
+            exe: "/usr/bin/claude".into(),
+            argv: "digest".into(),
+        };
+        let process = terminal_of("box", None, None, Some(&agent));
+        assert!(process.is_some());
+        let restarted = procfs::Agent { start: 8, ..agent };
+        assert_ne!(terminal_of("box", None, None, Some(&restarted)), process);
+        assert_eq!(
+            terminal_of("box", None, None, None),
+            None,
+            "nothing to name"
+        );
     }
 }

@@ -155,6 +155,9 @@ pub(super) fn session_cols(c: Cols<'_>) -> sqlx::Result<SessionRow> {
         tool_since: c.get("tool_since")?,
         terminal_turn_id: c.get("terminal_turn_id")?,
         stalled_at: c.get("stalled_at")?,
+        terminal: c.get("terminal")?,
+        continued_in: c.get("continued_in")?,
+        continued_from: c.get("continued_from")?,
     })
 }
 

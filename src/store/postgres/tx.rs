@@ -156,9 +156,24 @@ impl Tx for OnConn<'_> {
             .as_ref()
             .map(session_row)
             .transpose()?;
+        let predecessor = match (&open, &bind.terminal) {
+            (None, Some(terminal)) => {
+                sqlx::query_scalar(crate::store::TERMINALS_OPEN_SESSION)
+                    .bind(&bind.goal_id)
+                    .bind(&bind.agent_id)
+                    .bind(&bind.host_surface)
+                    .bind(&bind.executor_endpoint_id)
+                    .bind(terminal)
+                    .bind(&bind.host_session_id)
+                    .fetch_optional(self.locked()?)
+                    .await?
+            }
+            _ => None,
+        };
         Ok(BindRows {
             registered: registered.is_some(),
             open,
+            predecessor,
         })
     }
 

@@ -643,6 +643,7 @@ mod tests {
                     host_surface: host.host_surface,
                     host_session_id: host.host_session_id,
                     executor_endpoint_id: "e".into(),
+                    terminal: None,
                     dry_run: false,
                 })
                 .await

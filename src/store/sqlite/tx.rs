@@ -160,9 +160,21 @@ impl Tx for OnWriter<'_> {
             .bind(&bind.host_surface)
             .bind(&bind.host_session_id)
             .fetch_optional(self.0)?;
+        let predecessor = match (&open, &bind.terminal) {
+            (None, Some(terminal)) => sql::query_scalar(crate::store::TERMINALS_OPEN_SESSION)
+                .bind(&bind.goal_id)
+                .bind(&bind.agent_id)
+                .bind(&bind.host_surface)
+                .bind(&bind.executor_endpoint_id)
+                .bind(terminal)
+                .bind(&bind.host_session_id)
+                .fetch_optional(self.0)?,
+            _ => None,
+        };
         Ok(BindRows {
             registered: registered.is_some(),
             open,
+            predecessor,
         })
     }
 
