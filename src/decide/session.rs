@@ -141,7 +141,7 @@ fn continued(rows: CloseRows, new: &mut SessionRow, now: i64) -> Result<Writes> 
             "continued-{}",
             new.continued_from.as_deref().unwrap_or_default()
         ),
-        text: crate::lark::card::note(&Note::Continued(SessionName::of(new))).to_string(),
+        text: Note::Continued(SessionName::of(new)).to_string(),
         session_id: Some(new.session_id.clone()),
         chat_id,
         reply: false,
