@@ -223,7 +223,13 @@ impl Broker {
             return self.preview_bind(bind).await;
         }
         Ok(match self.store.bind(bind).await? {
-            Bound::Created(row) => BindAnswer::Created(row.projection()),
+            Bound::Created(row) => {
+                if row.continued_from.is_some() {
+                    // The continued session's Lark chat is told, once.
+                    self.outbox.notify_one();
+                }
+                BindAnswer::Created(row.projection())
+            }
             Bound::Existing(row) => BindAnswer::Existing(row.projection()),
         })
     }
@@ -665,13 +671,15 @@ impl Broker {
             crate::decide::open(&session)?;
             self.prompt_allowed(session_id)?;
         }
-        let answered = matches!(said.said, Some(crate::decide::terminal::Said::Answer(_)));
+        // A terminal turn answered may have a card for a linked chat; an
+        // interrupted Lark turn is told so.
+        let answered =
+            matches!(said.said, Some(crate::decide::terminal::Said::Answer(_))) || said.interrupted;
         let reported = self
             .store
             .report_agent(session_id.to_owned(), host, said)
             .await?;
         if answered {
-            // A terminal turn answered may have a card for a linked chat.
             self.outbox.notify_one();
         }
         // An agent that left may leave a turn behind: released now.

@@ -290,3 +290,133 @@ async fn lark_sessions_a_closed_session_leaves_the_list_and_says_so_once() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(fake.messages_in(CHAT).len(), 1, "said once");
 }
+
+#[tokio::test]
+async fn lark_sessions_a_continued_session_keeps_its_place_in_the_chat_and_says_so_once() {
+    let (fake, mut broker) = connected().await;
+    let c = &broker.client;
+    let hosts = three(&fake, &broker).await;
+    // The current (third) session's terminal goes on in a new host session
+    // (`/clear`): it was bound from that terminal.
+    let last = &hosts[2];
+    let old_id = last.session_id().to_owned();
+    let bind_from = |host_session_id: &str| loopx::model::BindRequest {
+        terminal: Some("term-pane-1".into()),
+        ..bind_request(&last.goal_id, &last.agent_id, host_session_id)
+    };
+    let terminal_host = unique("host-term");
+    c.register(&thread(&last.goal_id, &last.agent_id, &terminal_host))
+        .await
+        .unwrap();
+    // The third session, as bound from a terminal: another session of the
+    // same tuple is bound from it, and linked in its place.
+    c.close(&old_id).await.unwrap();
+    let from_terminal = c.bind(&bind_from(&terminal_host)).await.unwrap().body;
+    let linked = Host {
+        session: from_terminal.clone(),
+        host_session_id: terminal_host.clone(),
+        ..last.clone()
+    };
+    let code = code_for(&broker, &linked).await;
+    deliver(
+        &fake,
+        &said("ev_relink", CHAT, "om_relink", &format!("/link {code}")),
+    )
+    .await;
+    answer_to(&fake, "om_relink").await;
+    let before = fake.messages_in(CHAT).len();
+
+    let next_host = unique("host-after-clear");
+    c.register(&thread(&last.goal_id, &last.agent_id, &next_host))
+        .await
+        .unwrap();
+    let next = c.bind(&bind_from(&next_host)).await.unwrap().body;
+    assert_eq!(
+        next.continued_from.as_deref(),
+        Some(from_terminal.session_id.as_str())
+    );
+    let notes = fake
+        .wait_for_messages_in(CHAT, before + 1, Duration::from_secs(10))
+        .await;
+    let title = notes[before].content["header"]["title"]["content"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(title.starts_with("Continued"), "{title}");
+    // Its place in the list, its approvers' chat and the current pick are
+    // the new session's: a plain message goes there.
+    let lines = list(&fake, "ev_l", "om_l").await;
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(
+        lines[2].starts_with("3. ") && lines[2].contains("current"),
+        "{lines:?}"
+    );
+    deliver(&fake, &said("ev_hi", CHAT, "om_hi", "after the clear")).await;
+    let new_host = Host {
+        session: next.clone(),
+        host_session_id: next_host,
+        ..last.clone()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while texts(&broker, &new_host).await != ["after the clear"] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the message went elsewhere"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let continued = fake
+        .messages_in(CHAT)
+        .iter()
+        .filter(|m| {
+            m.content["header"]["title"]["content"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("Continued"))
+        })
+        .count();
+    assert_eq!(continued, 1, "said once");
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn lark_sessions_an_interrupted_message_is_told_it_was_not_answered() {
+    let (fake, mut broker) = connected().await;
+    let c = &broker.client;
+    let hosts = three(&fake, &broker).await;
+    let host = &hosts[2];
+    deliver(&fake, &said("ev_ask", CHAT, "om_ask", "run the slow job")).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while texts(&broker, host).await.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the message never came"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let turn = claim(c, host, "hook-typed", 0).await.turn;
+    let working = crate::presence::report(host, loopx::model::AgentState::Working);
+    c.report_agent(host.session_id(), &working).await.unwrap();
+    let interrupted = loopx::model::ReportAgentState {
+        interrupted: true,
+        ..crate::presence::report(host, loopx::model::AgentState::Waiting)
+    };
+    c.report_agent(host.session_id(), &interrupted)
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let read = c.turn(host.session_id(), &turn.turn_id).await.unwrap().body;
+        if read.reply.as_ref().map(|r| r.state) == Some(ReplyState::Sent) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{read:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let told = fake.replies_to("om_ask").remove(0);
+    let said_text = told.content.to_string();
+    assert!(
+        said_text.contains("Interrupted at the terminal"),
+        "{said_text}"
+    );
+    broker.stop().await;
+}
