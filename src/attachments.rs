@@ -4,13 +4,17 @@
 //! as, and the stored form a turn lists. The broker checks an upload here
 //! before anything is written, and stores its bytes only with the turn
 //! that names them; the client side saves what it downloads
-//! under the same name rule. It knows no HTTP and no SQL.
+//! under the same name rule. It knows no HTTP, no SQL and no store; the
+//! stored form itself ([`Stored`]) sits in `stored.rs`, beneath the wire
+//! types that carry it.
 
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::Attachment;
+
+pub mod stored;
+pub use stored::{OCTET_STREAM, Stored};
 
 const MIB: u64 = 1024 * 1024;
 /// The largest file: 20 MiB.
@@ -25,23 +29,6 @@ pub const MAX_SESSION_BYTES: u64 = 500 * MIB;
 pub const MAX_UPLOAD_BODY_BYTES: usize = (MAX_MESSAGE_BYTES + 2 * MIB) as usize;
 /// A sanitized name's longest form, in bytes (file systems take 255).
 const MAX_NAME_BYTES: usize = 200;
-/// What a file is served as when it is not one of the images we recognize.
-pub const OCTET_STREAM: &str = "application/octet-stream";
-
-/// A file as stored with its turn (the turn's `attachments` JSON and a
-/// `turn_attachments` row): what the claim and the readback list.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Stored {
-    pub position: u32,
-    pub name: String,
-    /// What the sender said it is (kept, never trusted).
-    pub declared_type: String,
-    /// What the broker serves it as: an image type sniffed from its bytes,
-    /// else `application/octet-stream`.
-    pub content_type: String,
-    pub size: u64,
-    pub sha256: String,
-}
 
 impl Stored {
     /// The wire form, with its download route.
@@ -55,11 +42,6 @@ impl Stored {
             sha256: self.sha256.clone(),
             download: download_path(session_id, turn_id, self.position),
         }
-    }
-
-    /// Whether the file is an image the broker recognized (served as such).
-    pub fn is_image(&self) -> bool {
-        self.content_type != OCTET_STREAM
     }
 }
 
@@ -77,21 +59,6 @@ pub fn parse_list(json: Option<&str>) -> Vec<Stored> {
 /// A turn's list as its JSON column holds it (null for none).
 pub fn list_json(list: &[Stored]) -> Option<String> {
     (!list.is_empty()).then(|| serde_json::to_string(list).unwrap_or_default())
-}
-
-/// The bytes of each upload, to be stored in the transaction of the turn
-/// that names them (never before: a refused upload leaves nothing behind).
-pub fn blobs(uploads: &[Upload]) -> Vec<crate::store::Blob> {
-    let at = crate::time::now_ms();
-    uploads
-        .iter()
-        .map(|upload| crate::store::Blob {
-            sha256: upload.stored.sha256.clone(),
-            sniffed_type: sniff_image(&upload.bytes),
-            bytes: upload.bytes.clone(),
-            at,
-        })
-        .collect()
 }
 
 /// One file of an upload: its bytes and what is stored about it.

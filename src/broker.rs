@@ -13,8 +13,6 @@
 //! outcome directly ([`Broker::enqueue`], [`Broker::claim`]).
 
 mod holders;
-pub use holders::DEFAULT_SILENCE as DEFAULT_HOLDER_SILENCE;
-pub use holders::DEFAULT_STALL_AFTER;
 mod permissions;
 
 use std::sync::Arc;
@@ -48,6 +46,12 @@ use crate::store::{Change, Command, Done, Store};
 use crate::time::rfc3339;
 use crate::wakeup::Wakeups;
 
+/// How long a holder that names its claim may be silent: five missed
+/// heartbeats of a minute each (`--holder-silence`; `holders.rs` watches).
+pub const DEFAULT_HOLDER_SILENCE: Duration = Duration::from_secs(5 * 60);
+/// How long a working agent may go without a hook event before it is
+/// announced stalled (`--stall-after`).
+pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(10 * 60);
 /// The longest a claim parks, in seconds; longer waits are capped.
 pub const MAX_WAIT_SECONDS: u64 = 1800;
 /// How often a parked claim re-checks the store anyway, so that its host
@@ -55,22 +59,7 @@ pub const MAX_WAIT_SECONDS: u64 = 1800;
 const PARKED_HEARD_EVERY: Duration = Duration::from_secs(60);
 /// The largest request body, in bytes (an HTTP request, a Lark event).
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
-/// The longest message text, in bytes.
-pub const MAX_TEXT_BYTES: usize = 64 * 1024;
-
-/// `text` within [`MAX_TEXT_BYTES`]: a longer one is cut on a character
-/// boundary and says so (a Lark message, a prompt typed at the terminal).
-pub fn fit_text(text: String) -> String {
-    const NOTE: &str = "\n[truncated by LoopX: the message was longer than 64 KiB]";
-    if text.len() <= MAX_TEXT_BYTES {
-        return text;
-    }
-    let mut end = MAX_TEXT_BYTES - NOTE.len();
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{NOTE}", &text[..end])
-}
+pub use crate::decide::text::{MAX_TEXT_BYTES, fit_text};
 /// The longest completion response (serialized JSON), in bytes.
 pub const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 
@@ -166,8 +155,8 @@ impl Broker {
                 governor::Quota::per_minute(nonzero(crate::decide::terminal::PROMPTS_PER_MINUTE))
                     .allow_burst(nonzero(crate::decide::terminal::PROMPT_BURST)),
             ),
-            holder_silence: holders::DEFAULT_SILENCE,
-            stall_after: holders::DEFAULT_STALL_AFTER,
+            holder_silence: DEFAULT_HOLDER_SILENCE,
+            stall_after: DEFAULT_STALL_AFTER,
             shutdown,
         }
     }
@@ -347,7 +336,7 @@ impl Broker {
             }
         }
         message.attachments = uploads.iter().map(|u| u.stored.clone()).collect();
-        let blobs = attachments::blobs(&uploads);
+        let blobs = crate::store::blobs(&uploads);
         drop(uploads);
         self.enqueue_files(session_id, message, blobs).await
     }

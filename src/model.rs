@@ -610,7 +610,7 @@ pub struct EnqueueRequest {
     /// parts, their bytes stored with the turn); never read from JSON.
     #[serde(skip)]
     #[schema(ignore)]
-    pub attachments: Vec<crate::attachments::Stored>,
+    pub attachments: Vec<crate::attachments::stored::Stored>,
 }
 
 /// The queued turn (or, with `duplicate: true`, the turn an earlier request queued).

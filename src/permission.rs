@@ -159,7 +159,7 @@ pub fn detail_of(request: &CreatePermissionRequest) -> Result<Option<String>> {
         PermissionKind::Plan => {
             let plan = detail.plan.as_deref().unwrap_or_default();
             blank("plan", plan)?;
-            too_long("plan", plan, crate::broker::MAX_TEXT_BYTES)?;
+            too_long("plan", plan, crate::decide::text::MAX_TEXT_BYTES)?;
         }
         PermissionKind::Tool => {
             if detail.suggestions.len() > MAX_SUGGESTIONS {

@@ -19,14 +19,6 @@ use crate::decide::turn::{Releaser, holder_gone};
 use crate::error::Result;
 use crate::model::AgentState;
 
-/// How long a holder that names its claim may be silent: five missed
-/// heartbeats of a minute each.
-pub const DEFAULT_SILENCE: Duration = Duration::from_secs(5 * 60);
-
-/// How long a working agent may go without a hook event before it is
-/// announced stalled.
-pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(10 * 60);
-
 impl Broker {
     /// Sets how long a working agent may go without a hook event before the
     /// broker announces it stalled (zero: never).

@@ -7,9 +7,11 @@
 //! `/text`. A chat's sessions are numbered from 1 in the order they were
 //! linked to it; `N` may also be a unique prefix of a goal or an agent.
 
-use super::lark::LarkIngest;
-use super::pairing::{ChatRow, Note, PairAt, SessionName, noted};
-use super::{LinkChange, SessionRow, Writes};
+use super::ingest::LarkIngest;
+pub use super::notice::Listed;
+use super::notice::{Note, SessionName};
+use super::pairing::{PairAt, noted};
+use super::{ChatRow, LinkChange, SessionRow, Writes};
 use crate::model::AgentState;
 
 /// One of a chat's sessions: the session, its link's approvers (as stored).
@@ -100,17 +102,6 @@ pub fn parse(text: &str) -> Option<ChatCommand> {
 pub fn unescaped(text: &str) -> Option<String> {
     let text = text.trim();
     text.starts_with("//").then(|| text[1..].to_owned())
-}
-
-/// One session of a chat, as `/list` and `/status` show it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listed {
-    pub number: usize,
-    pub name: SessionName,
-    pub presence: AgentState,
-    /// The tool a working agent runs, if it said.
-    pub tool: Option<String>,
-    pub current: bool,
 }
 
 /// A command other than `/link`, given the chat's sessions: help for

@@ -7,22 +7,27 @@
 //! ignored; a click on a request's card answers it as an approver's
 //! `yes`/`no` would.
 
+pub use super::FetchWrite;
 use super::chat::{self, ChatCommand, ChatRows};
-use super::pairing::{ChatRow, Note, PairAt, PairRows, SessionName, noted, pair};
+pub use super::ingest::LarkIngest;
+pub use super::link::{LinkOptions, LinkRow, LinkRows, link, unlink};
+pub use super::notice::{Choice, Missing, Picked};
+use super::notice::{Note, SessionName};
+use super::pairing::{PairAt, PairRows, noted, pair};
 use super::permission::{AnswerRows, Decision, answer};
 use super::turn::enqueue;
-use super::{CardWrite, Decided, LinkChange, NewLink, SeenLarkEvent, SentMessage, Writes};
+use super::{CardWrite, Decided, SeenLarkEvent, SentMessage, Writes};
 use super::{SessionRow, TurnRow};
-use super::{Subject, existing, log, open};
+use super::{Subject, log};
 use crate::error::Result;
 use crate::ids::Minter;
 use std::collections::BTreeMap;
 
 use crate::model::{
-    AnswerPermission, AnsweredVia, Behavior, EnqueueRequest, Ingress, LarkLink, LarkRef, Origin,
-    PermissionKind, PermissionState, PlanMode, Question, TurnState,
+    AnswerPermission, AnsweredVia, Behavior, EnqueueRequest, Ingress, LarkRef, Origin,
+    PermissionKind, PermissionState, Question, TurnState,
 };
-use crate::permission::{LarkCommand, PermissionRow, approvers_from_stored, approvers_to_stored};
+use crate::permission::{LarkCommand, PermissionRow, approvers_from_stored};
 
 /// An event accepted from Lark, reduced to what the store keeps.
 #[derive(Debug, Clone)]
@@ -55,25 +60,6 @@ pub struct Resource {
     /// `image` for an `image_key`, `file` for everything else (LARK.md).
     pub kind: String,
     pub name: Option<String>,
-}
-
-/// A Lark turn's download job (`lark_fetches`): started with the event that
-/// enqueues the turn, finished once the turn's files are stored or failed.
-#[derive(Debug, Clone)]
-pub enum FetchWrite {
-    Start {
-        turn_id: String,
-        session_id: String,
-        message_id: String,
-        /// The [`Resource`]s, as JSON.
-        resources: String,
-        at: i64,
-    },
-    /// The job is deleted; `turn`, still queued, takes its files and text.
-    Finish {
-        turn_id: String,
-        turn: Option<Box<TurnRow>>,
-    },
 }
 
 /// What a download job fetched: the files stored, and a line for each that
@@ -133,9 +119,7 @@ pub fn fetched(rows: FetchedRows, mut fetched: Fetched, now: i64) -> Decided<boo
     }
     let text = match fetched.failures.is_empty() {
         true => turn.text,
-        false => {
-            crate::broker::fit_text(format!("{}\n\n{}", turn.text, fetched.failures.join("\n")))
-        }
+        false => super::text::fit_text(format!("{}\n\n{}", turn.text, fetched.failures.join("\n"))),
     };
     let turn = TurnRow {
         text,
@@ -173,122 +157,6 @@ impl LarkEvent {
     pub fn named_request(&self) -> Option<&str> {
         self.command.as_ref().map(|c| c.request_id.as_str())
     }
-}
-
-/// What became of a Lark event.
-#[derive(Debug)]
-pub enum LarkIngest {
-    /// Seen before (same event id, or same message id): nothing enqueued.
-    Duplicate,
-    /// Enqueued into the linked session.
-    Enqueued {
-        session_id: String,
-        turn: Box<TurnRow>,
-    },
-    /// No open session is linked to the chat: acknowledged, not enqueued.
-    Unlinked,
-    /// Not a text message: acknowledged, not enqueued.
-    Unsupported,
-    /// `yes <id>` / `no <id>` from an approver of the link: the request's
-    /// answer (written, or a replay); not enqueued.
-    Answered {
-        session_id: String,
-        decision: Decision,
-    },
-    /// An answer that nobody may give there or that changes nothing
-    /// ([`crate::decide::lark::event`]): acknowledged, not enqueued.
-    Ignored,
-    /// A command, answered by the broker in the chat; not enqueued.
-    Command(Note),
-}
-
-/// A session's link, as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LinkRow {
-    pub chat_id: String,
-    pub approvers: String,
-    pub linked_at: i64,
-    pub terminal_turns: bool,
-}
-
-/// What a link asks for besides its chat: its approvers (checked already,
-/// [`crate::permission::approvers`]), and whether the chat gets the turns
-/// typed at the agent's terminal (None: as the session's link to the same
-/// chat had it, else not).
-#[derive(Debug, Clone, Default)]
-pub struct LinkOptions {
-    pub approvers: Vec<String>,
-    pub terminal_turns: Option<bool>,
-}
-
-/// What a link reads: the session (locked), its link now, and the chat it
-/// is to be linked to.
-#[derive(Debug, Default)]
-pub struct LinkRows {
-    pub session: Option<SessionRow>,
-    pub link: Option<LinkRow>,
-    pub chat: Option<ChatRow>,
-}
-
-/// A link of a chat to the session, in this order: unknown session 404;
-/// closed 409 `session_closed`; else the session joins the chat's sessions
-/// (it keeps its place when it was this chat's already; linked to another
-/// chat, it moves) and becomes the chat's current one.
-pub fn link(
-    rows: LinkRows,
-    chat_id: String,
-    options: LinkOptions,
-    now: i64,
-) -> Result<Decided<LarkLink>> {
-    let session = existing(rows.session)?;
-    open(&session)?;
-    let same = rows.link.filter(|link| link.chat_id == chat_id);
-    let linked_at = same.as_ref().map_or(now, |link| link.linked_at);
-    let terminal_turns = options
-        .terminal_turns
-        .unwrap_or_else(|| same.is_some_and(|link| link.terminal_turns));
-    let approvers = options.approvers;
-    let chat = ChatRow {
-        current_session_id: Some(session.session_id.clone()),
-        ..ChatRow::or_new(rows.chat, &chat_id)
-    };
-    Ok(Decided {
-        writes: Writes {
-            link: Some(LinkChange {
-                session_id: session.session_id.clone(),
-                link: Some(NewLink {
-                    chat_id: chat_id.clone(),
-                    approvers: approvers_to_stored(&approvers),
-                    at: linked_at,
-                    terminal_turns,
-                }),
-            }),
-            chat: Some(chat),
-            ..Writes::default()
-        },
-        answer: LarkLink {
-            session_id: session.session_id,
-            chat_id: Some(chat_id),
-            approvers,
-            terminal_turns,
-        },
-    })
-}
-
-/// An unlink: unknown session 404; else the session's link (if any) goes,
-/// closed session or not.
-pub fn unlink(session: Option<SessionRow>) -> Result<Decided<LarkLink>> {
-    let session = existing(session)?;
-    Ok(Decided {
-        writes: Writes {
-            link: Some(LinkChange {
-                session_id: session.session_id.clone(),
-                link: None,
-            }),
-            ..Writes::default()
-        },
-        answer: LarkLink::none(session.session_id),
-    })
 }
 
 /// What an event decision reads. A store that finds the event seen needs
@@ -330,132 +198,162 @@ pub fn event(
         return Ok(Decided::nothing(LarkIngest::Duplicate));
     }
     let seen = SeenLarkEvent {
-        app_id: event.app_id,
-        event_id: event.event_id,
+        app_id: event.app_id.clone(),
+        event_id: event.event_id.clone(),
         message_id: event.message_id.clone(),
         at: now,
     };
-    let recorded = |mut decided: Decided<LarkIngest>| {
-        decided.writes.lark_event = Some(seen.clone());
-        Ok(decided)
-    };
+    // Recorded whatever it became, but for the enqueue's refusals (`?`).
+    let mut decided = taken(rows, event, minter, now)?;
+    decided.writes.lark_event = Some(seen);
+    Ok(decided)
+}
+
+/// What an event not seen before becomes ([`event`]'s order after its
+/// duplicate check).
+fn taken(
+    rows: EventRows,
+    event: LarkEvent,
+    minter: &Minter,
+    now: i64,
+) -> Result<Decided<LarkIngest>> {
     let (Some(text), Some(chat_id), Some(message_id)) =
         (event.text, event.chat_id, event.message_id)
     else {
-        return recorded(Decided::nothing(LarkIngest::Unsupported));
+        return Ok(Decided::nothing(LarkIngest::Unsupported));
+    };
+    let at = PairAt {
+        chat_id,
+        message_id,
+        sender: event.sender,
     };
     if let Some(command) = event.chat_command {
-        let at = PairAt {
-            chat_id,
-            message_id,
-            sender: event.sender,
-        };
-        return recorded(match command {
+        return Ok(match command {
             ChatCommand::Link(_) => pair(rows.pairing, at, now),
             command => chat::command(rows.chat, command, &at, now),
         });
     }
     let Some(target) = rows.chat.target() else {
-        return recorded(Decided::nothing(LarkIngest::Unlinked));
+        return Ok(Decided::nothing(LarkIngest::Unlinked));
     };
-    let (session, approvers) = (target.session.clone(), target.approvers.clone());
-    let session_id = session.session_id.clone();
-    let approvers = approvers_from_stored(&approvers);
-    let sender = event.sender.as_deref();
+    let session = target.session.clone();
+    let approvers = approvers_from_stored(&target.approvers);
+    let sender = at.sender.as_deref();
     match verdict(
         event.command.as_ref(),
         rows.request.as_ref(),
         sender,
         &approvers,
     ) {
-        Verdict::Ignore => recorded(Decided::nothing(LarkIngest::Ignored)),
+        Verdict::Ignore => Ok(Decided::nothing(LarkIngest::Ignored)),
         Verdict::Answer(Behavior::Allow) if needs_answers(rows.request.as_ref()) => {
             // `yes` cannot say what the answers are: the chat is told where
             // to give them, and the request stays pending.
-            let at = PairAt {
-                chat_id,
-                message_id,
-                sender: event.sender,
-            };
             let note = Note::NeedsAnswers {
                 name: SessionName::of(&session),
                 request_id: rows.request.map(|r| r.request_id).unwrap_or_default(),
             };
-            recorded(noted(Writes::default(), &at, note, now))
+            Ok(noted(Writes::default(), &at, note, now))
         }
-        Verdict::Answer(behavior) => {
-            let rows = AnswerRows {
-                session: Some(session),
-                existing: rows.request,
-            };
-            // An answer that changes nothing (another answer to an answered
-            // or expired request, an unknown id) is not said in the chat.
-            let Ok(mut answered) = answer(
-                rows,
-                &AnswerPermission::plain(behavior),
-                AnsweredVia::Lark,
-                now,
-            ) else {
-                return recorded(Decided::nothing(LarkIngest::Ignored));
-            };
-            if let Decision::Write(row) = &answered.answer {
-                // The card still shows its buttons: it is updated after.
-                answered.writes.card = Some(card_write(row, event.sender.clone(), false));
-            }
-            recorded(Decided {
-                writes: answered.writes,
-                answer: LarkIngest::Answered {
-                    session_id,
-                    decision: answered.answer,
-                },
-            })
-        }
+        Verdict::Answer(behavior) => Ok(answered(session, rows.request, behavior, at.sender, now)),
         Verdict::Turn => {
-            // The person's message is the session's too: a reply to it, or
-            // a message in its thread, goes there.
-            let sent = SentMessage {
-                message_id: message_id.clone(),
-                session_id: session_id.clone(),
-                chat_id: chat_id.clone(),
-                at: now,
-            };
             let message = EnqueueRequest {
                 attachments: Vec::new(),
                 origin: Origin::Lark,
                 text,
-                client_message_id: Some(seen.event_id.clone()),
+                client_message_id: Some(event.event_id),
                 ingress: Ingress::SessionQueue,
                 lark: Some(LarkRef {
-                    chat_id,
-                    message_id,
+                    chat_id: at.chat_id,
+                    message_id: at.message_id,
                 }),
             };
-            let enqueued = enqueue(Some(session), rows.earlier, message, minter, now)?;
-            let turn = &enqueued.answer.turn;
-            // Its files are fetched once it is committed; until then it
-            // holds its place ([`fetched`]).
-            let fetch = (!event.files.is_empty() && !enqueued.answer.duplicate).then(|| {
-                FetchWrite::Start {
-                    turn_id: turn.turn_id.clone(),
-                    session_id: session_id.clone(),
-                    message_id: sent.message_id.clone(),
-                    resources: serde_json::to_string(&event.files).unwrap_or_default(),
-                    at: now,
-                }
-            });
-            recorded(Decided {
-                writes: Writes {
-                    sent: Some(sent),
-                    fetch,
-                    ..enqueued.writes
-                },
-                answer: LarkIngest::Enqueued {
-                    session_id,
-                    turn: Box::new(enqueued.answer.turn),
-                },
-            })
+            lark_turn(session, rows.earlier, message, &event.files, minter, now)
         }
     }
+}
+
+/// An approver's `yes <id>` / `no <id>`, through the same [`answer`] as
+/// every other. An answer that changes nothing (another answer to an
+/// answered or expired request, an unknown id) is not said in the chat.
+fn answered(
+    session: SessionRow,
+    request: Option<PermissionRow>,
+    behavior: Behavior,
+    sender: Option<String>,
+    now: i64,
+) -> Decided<LarkIngest> {
+    let session_id = session.session_id.clone();
+    let rows = AnswerRows {
+        session: Some(session),
+        existing: request,
+    };
+    let Ok(mut answered) = answer(
+        rows,
+        &AnswerPermission::plain(behavior),
+        AnsweredVia::Lark,
+        now,
+    ) else {
+        return Decided::nothing(LarkIngest::Ignored);
+    };
+    if let Decision::Write(row) = &answered.answer {
+        // The card still shows its buttons: it is updated after.
+        answered.writes.card = Some(card_write(row, sender, false));
+    }
+    Decided {
+        writes: answered.writes,
+        answer: LarkIngest::Answered {
+            session_id,
+            decision: answered.answer,
+        },
+    }
+}
+
+/// A linked chat's message enqueued as a Lark turn of `session` (its
+/// `lark` reference set), with the enqueue's refusals.
+fn lark_turn(
+    session: SessionRow,
+    earlier: Option<TurnRow>,
+    message: EnqueueRequest,
+    files: &[Resource],
+    minter: &Minter,
+    now: i64,
+) -> Result<Decided<LarkIngest>> {
+    let session_id = session.session_id.clone();
+    let lark = message.lark.clone();
+    let enqueued = enqueue(Some(session), earlier, message, minter, now)?;
+    let turn = &enqueued.answer.turn;
+    // Its files are fetched once it is committed; until then it holds its
+    // place ([`fetched`]).
+    let fetch = lark
+        .as_ref()
+        .filter(|_| !files.is_empty() && !enqueued.answer.duplicate)
+        .map(|lark| FetchWrite::Start {
+            turn_id: turn.turn_id.clone(),
+            session_id: session_id.clone(),
+            message_id: lark.message_id.clone(),
+            resources: serde_json::to_string(files).unwrap_or_default(),
+            at: now,
+        });
+    // The person's message is the session's too: a reply to it, or a
+    // message in its thread, goes there.
+    let sent = lark.map(|lark| SentMessage {
+        message_id: lark.message_id,
+        session_id: session_id.clone(),
+        chat_id: lark.chat_id,
+        at: now,
+    });
+    Ok(Decided {
+        writes: Writes {
+            sent,
+            fetch,
+            ..enqueued.writes
+        },
+        answer: LarkIngest::Enqueued {
+            session_id,
+            turn: Box::new(enqueued.answer.turn),
+        },
+    })
 }
 
 /// A click on a button of a permission request's card (`card.action.trigger`).
@@ -472,43 +370,6 @@ pub struct LarkClick {
     /// Who clicked (Lark open id), and in which chat, when Lark said.
     pub operator: Option<String>,
     pub chat_id: Option<String>,
-}
-
-/// What a click chooses beyond allow or deny (issue 54): the card drew
-/// the button, the Lark layer read the click back into one of these.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Choice {
-    /// A plain Allow / Deny.
-    Plain,
-    /// A tool request's "always allow" suggestion, by its index.
-    Suggestion(u32),
-    /// A plan approved, and how it goes on.
-    Mode(PlanMode),
-    /// One tap on an option of a request's only (single-select) question.
-    Option(u32),
-    /// A question card's form: what was picked for each question, in the
-    /// request's order.
-    Answers(Vec<Picked>),
-    /// A plan's "Keep planning…" form: the person's feedback.
-    Feedback(String),
-}
-
-/// What a question card's form holds for one question: the options picked
-/// (their indexes) and the person's own words (which win when not blank).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Picked {
-    pub options: Vec<u32>,
-    pub text: String,
-}
-
-/// What a click on a card left out, so nothing was answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Missing {
-    /// The questions (their headers, or their text when they have none)
-    /// that have neither a pick nor words.
-    Answers(Vec<String>),
-    /// "Keep planning…" without feedback.
-    Feedback,
 }
 
 /// What a click decision reads. A store that finds the event seen needs load
@@ -793,12 +654,13 @@ fn verdict(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::Change;
     use crate::decide::permission::tests::created;
     use crate::decide::permission::{Decision, EXPIRED_ON_CLOSE};
     use crate::decide::tests::session;
+    use crate::decide::{Change, ChatRow, LinkChange, NewLink};
     use crate::error::ErrorCode;
     use crate::model::{PermissionState, SessionState};
+    use crate::permission::approvers_to_stored;
     use crate::permission::lark_command;
 
     #[test]

@@ -15,13 +15,18 @@
 //! store.
 
 pub mod chat;
+pub mod ingest;
 pub mod lark;
+pub mod link;
+pub mod notice;
 pub mod pairing;
 pub mod permission;
 pub mod presence;
+mod projection;
 mod rows;
 pub mod session;
 pub mod terminal;
+pub mod text;
 pub mod turn;
 
 use serde::{Deserialize, Serialize};
@@ -160,6 +165,79 @@ pub struct NewPermissionMessage {
     pub at: i64,
 }
 
+/// A code written: a new one, or one spent.
+#[derive(Debug, Clone)]
+pub enum PairCodeWrite {
+    New {
+        code_hash: String,
+        session_id: String,
+        at: i64,
+        expires_at: i64,
+    },
+    Used {
+        code_hash: String,
+        at: i64,
+    },
+}
+
+/// A chat, as stored (`lark_chats`; a chat never seen counts no wrong
+/// codes and has no current session): its count of wrong codes, and the
+/// session its plain messages go to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChatRow {
+    pub chat_id: String,
+    pub failed_codes: i64,
+    pub failed_since: i64,
+    /// As last chosen (`/use N`, a link); [`super::chat::ChatRows::current`]
+    /// says which session is current now.
+    pub current_session_id: Option<String>,
+}
+
+impl ChatRow {
+    /// The chat as stored, or as a chat never seen.
+    pub fn or_new(row: Option<ChatRow>, chat_id: &str) -> ChatRow {
+        row.unwrap_or_else(|| ChatRow {
+            chat_id: chat_id.to_owned(),
+            ..ChatRow::default()
+        })
+    }
+}
+
+/// The broker's answer to a command, a card replying to its message
+/// (`lark_notes`: one per message), or a card the broker sends on its own
+/// (a session's close: `reply` false, `message_id` only its key).
+#[derive(Debug, Clone)]
+pub struct NewNote {
+    pub message_id: String,
+    pub chat_id: String,
+    /// The note as its chat shows it: the Lark card's JSON (the
+    /// [`notice::Note`]'s `Display`, drawn by `lark::card`).
+    pub text: String,
+    /// The session it names, if one: a reply to it goes there.
+    pub session_id: Option<String>,
+    pub reply: bool,
+    pub at: i64,
+}
+
+/// A Lark turn's download job (`lark_fetches`): started with the event that
+/// enqueues the turn, finished once the turn's files are stored or failed.
+#[derive(Debug, Clone)]
+pub enum FetchWrite {
+    Start {
+        turn_id: String,
+        session_id: String,
+        message_id: String,
+        /// The [`lark::Resource`]s, as JSON.
+        resources: String,
+        at: i64,
+    },
+    /// The job is deleted; `turn`, still queued, takes its files and text.
+    Finish {
+        turn_id: String,
+        turn: Option<Box<TurnRow>>,
+    },
+}
+
 /// What an answer given in Lark writes on the request's card
 /// (`lark_permission_messages`, if the request has one): who answered, and
 /// whether the answer to the click already shows the card's final form
@@ -281,19 +359,19 @@ pub struct Writes {
     pub continuation: Option<Continuation>,
     /// A pairing code minted or spent.
     #[serde(skip)]
-    pub pair_code: Option<pairing::PairCodeWrite>,
+    pub pair_code: Option<PairCodeWrite>,
     /// A chat's count of wrong pairing codes, as it is now.
     #[serde(skip)]
-    pub chat: Option<pairing::ChatRow>,
+    pub chat: Option<ChatRow>,
     /// The broker's answer to a command in a chat.
     #[serde(skip)]
-    pub note: Option<pairing::NewNote>,
+    pub note: Option<NewNote>,
     /// A Lark message remembered as the session's.
     #[serde(skip)]
     pub sent: Option<SentMessage>,
     /// A Lark turn's download job, started or finished.
     #[serde(skip)]
-    pub fetch: Option<lark::FetchWrite>,
+    pub fetch: Option<FetchWrite>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn: Option<Change<TurnRow>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -11,8 +11,10 @@
 
 use sha2::{Digest, Sha256};
 
-use super::chat::Listed;
-use super::lark::{LarkIngest, LinkRow, LinkRows, link};
+use super::ingest::LarkIngest;
+use super::link::{LinkRow, LinkRows, link};
+pub use super::notice::{Note, SessionName};
+pub use super::{ChatRow, NewNote, PairCodeWrite};
 use super::{Decided, SessionRow, Writes, existing, open};
 use crate::error::Result;
 use crate::permission::{MAX_APPROVERS, approvers_from_stored};
@@ -63,142 +65,6 @@ pub struct PairCodeRow {
     pub session_id: String,
     pub expires_at: i64,
     pub used_at: Option<i64>,
-}
-
-/// A code written: a new one, or one spent.
-#[derive(Debug, Clone)]
-pub enum PairCodeWrite {
-    New {
-        code_hash: String,
-        session_id: String,
-        at: i64,
-        expires_at: i64,
-    },
-    Used {
-        code_hash: String,
-        at: i64,
-    },
-}
-
-/// A chat, as stored (`lark_chats`; a chat never seen counts no wrong
-/// codes and has no current session): its count of wrong codes, and the
-/// session its plain messages go to.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ChatRow {
-    pub chat_id: String,
-    pub failed_codes: i64,
-    pub failed_since: i64,
-    /// As last chosen (`/use N`, a link); [`super::chat::ChatRows::current`]
-    /// says which session is current now.
-    pub current_session_id: Option<String>,
-}
-
-impl ChatRow {
-    /// The chat as stored, or as a chat never seen.
-    pub fn or_new(row: Option<ChatRow>, chat_id: &str) -> ChatRow {
-        row.unwrap_or_else(|| ChatRow {
-            chat_id: chat_id.to_owned(),
-            ..ChatRow::default()
-        })
-    }
-}
-
-/// The broker's answer to a command, a card replying to its message
-/// (`lark_notes`: one per message), or a card the broker sends on its own
-/// (a session's close: `reply` false, `message_id` only its key).
-#[derive(Debug, Clone)]
-pub struct NewNote {
-    pub message_id: String,
-    pub chat_id: String,
-    /// The card's JSON.
-    pub text: String,
-    /// The session it names, if one: a reply to it goes there.
-    pub session_id: Option<String>,
-    pub reply: bool,
-    pub at: i64,
-}
-
-/// What an answer to a command says (rendered by [`crate::lark::card::note`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Note {
-    /// The chat is linked to the session named.
-    Linked(SessionName),
-    /// The code is wrong, used or expired (which, it does not say).
-    BadCode,
-    /// Too many wrong codes from this chat: try again later.
-    Throttled,
-    /// The session closed: it left this chat's list.
-    Closed(SessionName),
-    /// The session's terminal went on in a new host session (`/clear`, a
-    /// restart): the conversation goes on in the session named, which took
-    /// the old one's place in this chat.
-    Continued(SessionName),
-    /// The session's working agent has said nothing for the broker's
-    /// `--stall-after` (HOOKS.md "Presence").
-    Stalled(SessionName),
-    /// A turn typed at the session's terminal, and the agent's answer
-    /// (for a link that asks for them, HOOKS.md "Presence").
-    Terminal {
-        name: SessionName,
-        prompt: String,
-        answer: String,
-    },
-    /// What the commands are.
-    Help,
-    /// The chat is linked to no open session: how to pair one.
-    NoSession,
-    /// The chat's sessions (`/list`).
-    List(Vec<Listed>),
-    /// What each of the chat's agents is doing (`/status`).
-    Status(Vec<Listed>),
-    /// The session now current (`/use N`).
-    Current(SessionName),
-    /// The session unlinked from the chat (`/unlink N`).
-    Unlinked(SessionName),
-    /// `N` names none of the chat's sessions.
-    NoSuchSession,
-    /// `yes <id>` to a question: an allow needs its answers, given on the
-    /// request's card or the Web page (nothing was answered).
-    NeedsAnswers {
-        name: SessionName,
-        request_id: String,
-    },
-}
-
-/// How a session is named in a chat: goal · agent, and its host surface.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionName {
-    pub session_id: String,
-    pub goal_id: String,
-    pub agent_id: String,
-    pub host_surface: String,
-}
-
-impl Note {
-    /// The session the note names, if one.
-    pub fn session_id(&self) -> Option<&str> {
-        match self {
-            Note::Linked(name)
-            | Note::Current(name)
-            | Note::Unlinked(name)
-            | Note::Closed(name)
-            | Note::Stalled(name)
-            | Note::Terminal { name, .. }
-            | Note::NeedsAnswers { name, .. } => Some(&name.session_id),
-            _ => None,
-        }
-    }
-}
-
-impl SessionName {
-    pub fn of(session: &SessionRow) -> Self {
-        Self {
-            session_id: session.session_id.clone(),
-            goal_id: session.goal_id.clone(),
-            agent_id: session.agent_id.clone(),
-            host_surface: session.host_surface.clone(),
-        }
-    }
 }
 
 /// A new code for the session (`code_hash` of a code just minted): unknown
@@ -279,7 +145,7 @@ pub fn pair(rows: PairRows, at: PairAt, now: i64) -> Decided<LarkIngest> {
             ..chat.clone()
         }),
     };
-    let options = super::lark::LinkOptions {
+    let options = super::link::LinkOptions {
         approvers,
         terminal_turns: None,
     };
@@ -324,7 +190,7 @@ pub(crate) fn noted(mut writes: Writes, at: &PairAt, note: Note, now: i64) -> De
     writes.note = Some(NewNote {
         message_id: at.message_id.clone(),
         chat_id: at.chat_id.clone(),
-        text: crate::lark::card::note(&note).to_string(),
+        text: note.to_string(),
         session_id: note.session_id().map(str::to_owned),
         reply: true,
         at: now,

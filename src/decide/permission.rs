@@ -5,6 +5,7 @@
 //! What a close expires is [`super::session::close`]'s.
 
 use super::SessionRow;
+use super::notice::{Ask, SessionName};
 use super::{
     Change, Decided, NewPermissionMessage, Subject, Writes, existing, hosted, key_reused, log, open,
 };
@@ -112,9 +113,14 @@ pub fn create(
         session_id: row.session_id.clone(),
         request_id: row.request_id.clone(),
         chat_id,
-        // The message a linked chat receives: the request's interactive
-        // card, as the JSON string Lark's `content` takes.
-        text: crate::lark::card::open(&row, &super::pairing::SessionName::of(&session)).to_string(),
+        // The message a linked chat receives: the request as the chat is
+        // asked it, drawn by the channel (Lark: its interactive card, as
+        // the JSON string Lark's `content` takes).
+        text: Ask {
+            request: &row,
+            name: &SessionName::of(&session),
+        }
+        .to_string(),
         at: now,
     });
     Ok(Decided {

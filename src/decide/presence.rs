@@ -75,10 +75,10 @@ impl Report {
                         "`prompt` goes with `\"state\": \"working\"` only: the agent works on it.",
                     ));
                 }
-                if prompt.is_empty() || prompt.len() > crate::broker::MAX_TEXT_BYTES {
+                if prompt.is_empty() || prompt.len() > super::text::MAX_TEXT_BYTES {
                     return Err(Error::invalid(format!(
                         "`prompt` must be 1 to {} bytes.",
-                        crate::broker::MAX_TEXT_BYTES
+                        super::text::MAX_TEXT_BYTES
                     )));
                 }
                 Some(Said::Prompt(prompt.clone()))
@@ -440,7 +440,7 @@ pub fn lapse(
             // One per stall: the event's number keys it.
             message_id: format!("stalled-{}-{}", session.session_id, event.event_no),
             chat_id,
-            text: crate::lark::card::note(&Note::Stalled(SessionName::of(&session))).to_string(),
+            text: Note::Stalled(SessionName::of(&session)).to_string(),
             session_id: Some(session.session_id.clone()),
             reply: false,
             at: now,

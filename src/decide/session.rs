@@ -141,7 +141,7 @@ fn continued(rows: CloseRows, new: &mut SessionRow, now: i64) -> Result<Writes> 
             "continued-{}",
             new.continued_from.as_deref().unwrap_or_default()
         ),
-        text: crate::lark::card::note(&Note::Continued(SessionName::of(new))).to_string(),
+        text: Note::Continued(SessionName::of(new)).to_string(),
         session_id: Some(new.session_id.clone()),
         chat_id,
         reply: false,
@@ -313,7 +313,7 @@ fn closed_note(session: &SessionRow, chat_id: String, now: i64) -> NewNote {
     NewNote {
         message_id: format!("closed-{}", session.session_id),
         chat_id,
-        text: crate::lark::card::note(&note).to_string(),
+        text: note.to_string(),
         session_id: Some(session.session_id.clone()),
         reply: false,
         at: now,

@@ -31,8 +31,7 @@ pub enum Said {
 pub const PROMPT_BURST: u32 = 10;
 pub const PROMPTS_PER_MINUTE: u32 = 30;
 
-/// How much of a prompt and of its answer a terminal turn's card shows.
-pub const FEED_CHARS: usize = 2_000;
+pub use super::notice::FEED_CHARS;
 
 /// The writes of what the terminal `said`, given the session and its open
 /// terminal turn (if any): the session as it stands after them (numbering
@@ -92,11 +91,11 @@ pub fn said(
                 let note = feed.zip(answer).map(|(chat_id, answer)| NewNote {
                     message_id: format!("terminal-{}", turn.turn_id),
                     chat_id,
-                    text: crate::lark::card::note(&Note::Terminal {
+                    text: Note::Terminal {
                         name: SessionName::of(&session),
                         prompt: turn.text.clone(),
                         answer: answer.to_owned(),
-                    })
+                    }
                     .to_string(),
                     session_id: Some(session.session_id.clone()),
                     reply: false,

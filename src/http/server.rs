@@ -34,7 +34,7 @@ const RETRY_AFTER_SECONDS: u32 = 1;
 /// A connection answered from the reserve gets this long to send its head.
 const RESERVE_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// How connections are bounded: `loopx serve` flags, defaults in the README.
+/// How connections are bounded: `loopx serve` flags, defaults in docs/operations.md.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConnectionLimits {
     /// Seconds a connection has to send a whole request head, counted from

@@ -7,14 +7,13 @@
 //! languages. Everything that comes from the agent is escaped, the preview
 //! is never interpreted. It decides nothing and knows no SQL.
 
+use std::fmt;
+
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::markdown::escape_html;
-use crate::decide::chat::Listed;
-use crate::decide::lark::{Choice, Missing, Picked};
-use crate::decide::pairing::{Note, SessionName};
-use crate::decide::terminal::FEED_CHARS;
+use crate::decide::notice::{Ask, Choice, FEED_CHARS, Listed, Missing, Note, Picked, SessionName};
 use crate::model::{
     AnsweredVia, Behavior, ChosenAnswer, PermissionKind, PermissionState, PlanMode, Question,
 };
@@ -96,6 +95,20 @@ fn picks(value: &Value) -> Vec<u32> {
     match value {
         Value::Array(values) => values.iter().filter_map(one).collect(),
         value => one(value).into_iter().collect(),
+    }
+}
+
+/// A request as its chat is asked it: the open card's JSON.
+impl fmt::Display for Ask<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", open(self.request, self.name))
+    }
+}
+
+/// A note as its chat shows it: the card's JSON.
+impl fmt::Display for Note {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", note(self))
     }
 }
 
@@ -368,21 +381,7 @@ pub fn named(title: &str, name: &SessionName) -> String {
 /// The broker's answer to a command in a chat.
 pub fn note(note: &Note) -> Value {
     match note {
-        Note::Linked(name) => card(
-            &named("Linked · 已关联", name),
-            "green",
-            vec![markdown(&format!(
-                "This chat is linked to **{}** ({}), now its current session: messages here \
-                 go to it (`/list` shows the chat's sessions, `/use N` switches), and you may \
-                 answer its permission requests.\n\
-                 本会话已关联到 **{}**（{}），它现在是当前会话：此处的消息会发给它（`/list` 列出会话，\
-                 `/use N` 切换），你可以处理它的权限请求。",
-                escape_html(&title_of(name)),
-                escape_html(&name.host_surface),
-                escape_html(&title_of(name)),
-                escape_html(&name.host_surface),
-            ))],
-        ),
+        Note::Linked(name) => linked(name),
         Note::BadCode => card(
             "Not linked · 未关联",
             "red",
@@ -442,30 +441,8 @@ pub fn note(note: &Note) -> Value {
             name,
             prompt,
             answer,
-        } => card(
-            &named("At the terminal · 终端", name),
-            "wathet",
-            vec![
-                markdown(&format!(
-                    "**Typed at the terminal · 终端输入**\n{}",
-                    code_block(&cut(prompt, FEED_CHARS))
-                )),
-                markdown(&format!(
-                    "**Answer · 回答**\n{}",
-                    escape_html(&cut(answer, FEED_CHARS))
-                )),
-            ],
-        ),
-        Note::NeedsAnswers { name, request_id } => card(
-            &named("Not answered · 未处理", name),
-            "orange",
-            vec![markdown(&format!(
-                "Request {id} asks questions: \"yes\" cannot answer them. Choose the answers \
-                 on its card (or on the Web page); \"no {id}\" declines it.\n\
-                 请求 {id} 需要回答问题，\"yes\" 无法回答。请在卡片（或网页）上选择答案；\"no {id}\" 可拒绝。",
-                id = escape_html(request_id),
-            ))],
-        ),
+        } => terminal_turn(name, prompt, answer),
+        Note::NeedsAnswers { name, request_id } => needs_answers(name, request_id),
         Note::Continued(name) => about_session(
             "Continued · 已继续",
             "blue",
@@ -479,6 +456,58 @@ pub fn note(note: &Note) -> Value {
             "{} was closed: it left this chat's list.\n{} 已关闭，已从此处的会话列表中移除。",
         ),
     }
+}
+
+/// A chat just linked to a session: which, and what the chat may do now.
+fn linked(name: &SessionName) -> Value {
+    card(
+        &named("Linked · 已关联", name),
+        "green",
+        vec![markdown(&format!(
+            "This chat is linked to **{}** ({}), now its current session: messages here \
+             go to it (`/list` shows the chat's sessions, `/use N` switches), and you may \
+             answer its permission requests.\n\
+             本会话已关联到 **{}**（{}），它现在是当前会话：此处的消息会发给它（`/list` 列出会话，\
+             `/use N` 切换），你可以处理它的权限请求。",
+            escape_html(&title_of(name)),
+            escape_html(&name.host_surface),
+            escape_html(&title_of(name)),
+            escape_html(&name.host_surface),
+        ))],
+    )
+}
+
+/// A turn typed at the session's terminal and the agent's answer, each cut
+/// at [`FEED_CHARS`].
+fn terminal_turn(name: &SessionName, prompt: &str, answer: &str) -> Value {
+    card(
+        &named("At the terminal · 终端", name),
+        "wathet",
+        vec![
+            markdown(&format!(
+                "**Typed at the terminal · 终端输入**\n{}",
+                code_block(&cut(prompt, FEED_CHARS))
+            )),
+            markdown(&format!(
+                "**Answer · 回答**\n{}",
+                escape_html(&cut(answer, FEED_CHARS))
+            )),
+        ],
+    )
+}
+
+/// A `yes <id>` to a request that asks questions: where to answer them.
+fn needs_answers(name: &SessionName, request_id: &str) -> Value {
+    card(
+        &named("Not answered · 未处理", name),
+        "orange",
+        vec![markdown(&format!(
+            "Request {id} asks questions: \"yes\" cannot answer them. Choose the answers \
+             on its card (or on the Web page); \"no {id}\" declines it.\n\
+             请求 {id} 需要回答问题，\"yes\" 无法回答。请在卡片（或网页）上选择答案；\"no {id}\" 可拒绝。",
+            id = escape_html(request_id),
+        ))],
+    )
 }
 
 /// A note about one session: its title names it, and each `{}` of `text`

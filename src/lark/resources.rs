@@ -246,7 +246,7 @@ impl Fetcher {
                 attachments: uploads.iter().map(|u| u.stored.clone()).collect(),
                 failures,
             };
-            let blobs = attachments::blobs(&uploads);
+            let blobs = crate::store::blobs(&uploads);
             self.store.lark_fetched(fetched, blobs).await
         };
         if let Err(e) = ended.await {

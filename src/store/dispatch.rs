@@ -14,20 +14,25 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
 use crate::decide::chat::{ChatRows, ChatSession};
-use crate::decide::lark::{self, ClickRows, EventRows, LarkEvent, LinkRow, LinkRows};
+use crate::decide::lark::{
+    self, ClickRows, EventRows, Fetched, LarkClick, LarkEvent, LinkOptions, LinkRow, LinkRows,
+};
 use crate::decide::pairing::{self, ChatRow, PairCodeRow, PairRows};
 use crate::decide::permission::{self, AnswerRows, CreateRows};
-use crate::decide::presence::{self, ReportRows};
+use crate::decide::presence::{self, Report, ReportRows};
 use crate::decide::session::{self, BindRows, Bound, CloseRows};
-use crate::decide::turn::{self, ClaimRows, CompleteRows, ReleaseRows};
+use crate::decide::turn::{self, ClaimRows, CompleteRows, ReleaseRows, Releaser};
 use crate::decide::{Decided, SessionRow, TurnRow, Writes};
 use crate::error::Error;
 use crate::ids::Minter;
-use crate::model::BindRequest;
+use crate::model::{
+    AnswerPermission, AnsweredVia, BindRequest, CloseRequest, CompleteRequest,
+    CreatePermissionRequest, EnqueueRequest, HostIdentity, NotificationKind, RegisterAgentThread,
+};
 use crate::permission::PermissionRow;
 use crate::store::retention::PruneStep;
 use crate::store::statement::{self, Statement};
-use crate::store::{Command, Done};
+use crate::store::{Blob, Command, Done};
 use crate::time::now_ms;
 
 /// A backend's transaction, as the decisions use it: the rows they read
@@ -152,256 +157,109 @@ async fn put_blobs<X: Tx>(
     Ok(())
 }
 
-/// Takes `command` in the caller's transaction: what it decided.
+/// Takes `command` in the caller's transaction: what it decided. A table:
+/// each command hands its fields to the function that loads its rows,
+/// calls its rule and applies what the rule returns; the bookkeeping that
+/// no rule decides is one statement each.
 pub(crate) async fn command<X: Tx>(
     tx: &mut X,
     command: Command,
     minter: &Minter,
 ) -> Result<Done, X::Fail> {
     let now = now_ms();
-    Ok(match command {
-        Command::Register { thread } => {
-            let inserted = tx.execute(statement::register(&thread, now)).await?;
-            Done::Register(Box::new(inserted == 1))
-        }
-        Command::PreviewBind { bind } => {
-            let rows = tx.bind_rows(&bind).await?;
-            Done::PreviewBind(Box::new(session::check_bind(rows, &bind)?))
-        }
-        Command::Bind { bind } => {
-            let rows = tx.bind_rows(&bind).await?;
-            // The session a new one from the same terminal continues,
-            // locked, with what its close reads.
-            let predecessor = match rows.predecessor.clone().filter(|_| rows.registered) {
-                Some(session_id) => Some(tx.close_rows(&session_id).await?),
-                None => None,
-            };
-            let decided = session::bind(rows, predecessor, bind, minter, now)?;
-            if let Bound::Created(s) = &decided.answer {
-                tx.execute(statement::insert_session(s)).await?;
-            }
-            if decided.writes.continuation.is_some() {
-                tx.apply(decided.writes).await?;
-            }
-            Done::Bind(Box::new(decided.answer))
-        }
+    match command {
+        Command::Register { thread } => register(tx, &thread, now).await,
+        Command::PreviewBind { bind } => preview_bind(tx, &bind).await,
+        Command::Bind { bind } => bind_session(tx, bind, minter, now).await,
         Command::Enqueue {
             session_id,
             message,
             blobs,
-        } => {
-            let client_message_id = message.client_message_id.as_deref();
-            let (session, earlier) = tx.enqueue_rows(&session_id, client_message_id).await?;
-            // Only a message with files counts the session's.
-            let held = match (&session, message.attachments.is_empty()) {
-                (Some(_), false) => tx.attachment_bytes(&session_id).await?,
-                _ => 0,
-            };
-            let decision = turn::enqueue_within(session, earlier, message, held, minter, now)?;
-            let enqueued = decided(tx, decision).await?;
-            if !enqueued.duplicate {
-                put_blobs(tx, &blobs, enqueued.turn.attachments.as_deref()).await?;
-            }
-            Done::Enqueue(Box::new(enqueued))
-        }
+        } => enqueue(tx, &session_id, message, &blobs, minter, now).await,
         Command::Claim {
             session_id,
             host,
             claim_id,
-        } => {
-            let rows = tx.claim_rows(&session_id, &claim_id).await?;
-            let decision = turn::claim(rows, &host, &claim_id, now)?;
-            Done::Claim(Box::new(decided(tx, decision).await?))
-        }
+        } => claim(tx, &session_id, &host, &claim_id, now).await,
         Command::Complete {
             session_id,
             turn_id,
             completion,
-        } => {
-            let completion_id = &completion.completion_id;
-            let rows = tx
-                .complete_rows(&session_id, &turn_id, completion_id)
-                .await?;
-            let decision = turn::complete(rows, completion, now)?;
-            Done::Complete(Box::new(decided(tx, decision).await?))
-        }
+        } => complete(tx, &session_id, &turn_id, completion, now).await,
         Command::Release {
             session_id,
             claim_id,
             by,
-        } => {
-            let rows = tx.release_rows(&session_id, &claim_id).await?;
-            Done::Release(Box::new(decided(tx, turn::release(rows, &by, now)?).await?))
-        }
-        Command::Close { session_id, how } => {
-            let rows = tx.close_rows(&session_id).await?;
-            let decision = session::close(rows, &how, now)?;
-            Done::Close(Box::new(decided(tx, decision).await?))
-        }
+        } => release(tx, &session_id, &claim_id, &by, now).await,
+        Command::Close { session_id, how } => close(tx, &session_id, &how, now).await,
         Command::CreatePermission {
             session_id,
             host,
             request,
-        } => {
-            let session = tx.lock_session(&session_id).await?;
-            let existing = tx.permission(&session_id, &request.request_id).await?;
-            let chat_id = match &session {
-                Some(_) => tx.session_link(&session_id).await?.map(|l| l.chat_id),
-                None => None,
-            };
-            let rows = CreateRows {
-                session,
-                existing,
-                chat_id,
-            };
-            let decision = permission::create(rows, &host, request, now)?;
-            Done::CreatePermission(Box::new(decided(tx, decision).await?))
-        }
+        } => create_permission(tx, &session_id, &host, request, now).await,
         Command::AnswerPermission {
             session_id,
             request_id,
             answer,
             via,
-        } => {
-            let rows = answer_rows(tx, &session_id, &request_id).await?;
-            let decision = permission::answer(rows, &answer, via, now)?;
-            Done::AnswerPermission(Box::new(decided(tx, decision).await?))
-        }
+        } => answer_permission(tx, &session_id, &request_id, &answer, via, now).await,
         Command::WithdrawPermission {
             session_id,
             request_id,
             host,
             at_terminal,
-        } => {
-            let rows = answer_rows(tx, &session_id, &request_id).await?;
-            let decision = permission::withdraw(rows, &host, at_terminal, now)?;
-            Done::WithdrawPermission(Box::new(decided(tx, decision).await?))
-        }
+        } => withdraw_permission(tx, &session_id, &request_id, &host, at_terminal, now).await,
         Command::RelayedPermission {
             session_id,
             request_id,
             host,
-        } => {
-            let rows = answer_rows(tx, &session_id, &request_id).await?;
-            let decision = permission::relayed(rows, &host, now)?;
-            Done::RelayedPermission(Box::new(decided(tx, decision).await?))
-        }
+        } => relayed_permission(tx, &session_id, &request_id, &host, now).await,
         Command::ReportAgent {
             session_id,
             host,
             report,
-        } => {
-            let session = tx.lock_session(&session_id).await?;
-            let terminal = match session.as_ref().and_then(|s| s.terminal_turn_id.as_deref()) {
-                Some(turn_id) => tx.turn(&session_id, turn_id).await?,
-                None => None,
-            };
-            let terminal_feed = if ReportRows::feeds(session.as_ref(), &report) {
-                tx.terminal_feed(&session_id).await?
-            } else {
-                None
-            };
-            let active = session.as_ref().and_then(|s| s.active_claim_id.clone());
-            let interrupted = match active.filter(|_| report.interrupted) {
-                Some(claim_id) => {
-                    let rows = tx.release_rows(&session_id, &claim_id).await?;
-                    rows.claim.zip(rows.turn)
-                }
-                None => None,
-            };
-            let rows = ReportRows {
-                session,
-                terminal,
-                terminal_feed,
-                interrupted,
-            };
-            let decision = presence::report(rows, &host, &report, minter, now)?;
-            Done::ReportAgent(Box::new(decided(tx, decision).await?))
-        }
+        } => report_agent(tx, &session_id, &host, &report, minter, now).await,
         Command::LapseAgent {
             session_id,
             stall_after_ms,
             now,
-        } => {
-            let session = tx.lock_session(&session_id).await?;
-            let lark_chat = tx.session_link(&session_id).await?.map(|l| l.chat_id);
-            let decision = presence::lapse(session, lark_chat, stall_after_ms, now)?;
-            Done::LapseAgent(Box::new(decided(tx, decision).await?))
-        }
+        } => lapse_agent(tx, &session_id, stall_after_ms, now).await,
         Command::Notify {
             session_id,
             host,
             kind,
-        } => {
-            let session = tx.lock_session(&session_id).await?;
-            let decision = presence::notify(session, &host, kind, now)?;
-            Done::Notify(Box::new(decided(tx, decision).await?))
-        }
+        } => notify(tx, &session_id, &host, kind, now).await,
         Command::LarkLink {
             session_id,
             chat_id,
             options,
-        } => {
-            let rows = LinkRows {
-                session: tx.lock_session(&session_id).await?,
-                link: tx.session_link(&session_id).await?,
-                chat: tx.chat(&chat_id).await?,
-            };
-            let decision = lark::link(rows, chat_id, options, now)?;
-            Done::LarkLink(Box::new(decided(tx, decision).await?))
-        }
+        } => lark_link(tx, &session_id, chat_id, options, now).await,
         Command::LarkPairCode {
             session_id,
             code_hash,
-        } => {
-            let session = tx.lock_session(&session_id).await?;
-            let decision = pairing::new_code(session, code_hash, now)?;
-            Done::LarkPairCode(Box::new(decided(tx, decision).await?))
-        }
-        Command::LarkUnlink { session_id } => {
-            let session = tx.lock_session(&session_id).await?;
-            Done::LarkUnlink(Box::new(decided(tx, lark::unlink(session)?).await?))
-        }
-        Command::LarkEvent { event } => {
-            let rows = event_rows(tx, &event).await?;
-            let decision = lark::event(rows, event, minter, now)?;
-            Done::LarkEvent(Box::new(decided(tx, decision).await?))
-        }
-        Command::LarkClick { click } => {
-            let rows = click_rows(tx, &click).await?;
-            let decision = lark::click(rows, click, now)?;
-            Done::LarkClick(Box::new(decided(tx, decision).await?))
-        }
-        Command::LarkFetched { fetched, blobs } => {
-            let rows = lark::FetchedRows {
-                session: tx.lock_session(&fetched.session_id).await?,
-                turn: tx.turn(&fetched.session_id, &fetched.turn_id).await?,
-                pending: tx.fetching(&fetched.turn_id).await?,
-                held: tx.attachment_bytes(&fetched.session_id).await?,
-            };
-            let decision = lark::fetched(rows, fetched, now);
-            let named = match &decision.writes.fetch {
-                Some(lark::FetchWrite::Finish {
-                    turn: Some(turn), ..
-                }) => turn.attachments.clone(),
-                _ => None,
-            };
-            put_blobs(tx, &blobs, named.as_deref()).await?;
-            Done::LarkFetched(Box::new(decided(tx, decision).await?))
-        }
+        } => pair_code(tx, &session_id, code_hash, now).await,
+        Command::LarkUnlink { session_id } => unlink(tx, &session_id).await,
+        Command::LarkEvent { event } => lark_event(tx, event, minter, now).await,
+        Command::LarkClick { click } => lark_click(tx, click, now).await,
+        Command::LarkFetched { fetched, blobs } => lark_fetched(tx, fetched, &blobs, now).await,
         Command::RecordReply { outbound, update } => {
             tx.execute(statement::record_reply(outbound, update, now))
                 .await?;
-            Done::RecordReply(Box::new(()))
+            Ok(Done::RecordReply(Box::new(())))
         }
         Command::LarkMessageSent {
             message_id,
             session_id,
             chat_id,
         } => {
-            let sent = statement::message_sent(&message_id, &session_id, &chat_id, now);
-            tx.execute(sent).await?;
-            Done::LarkMessageSent(Box::new(()))
+            tx.execute(statement::message_sent(
+                &message_id,
+                &session_id,
+                &chat_id,
+                now,
+            ))
+            .await?;
+            Ok(Done::LarkMessageSent(Box::new(())))
         }
         Command::LarkCardSent {
             session_id,
@@ -410,19 +268,21 @@ pub(crate) async fn command<X: Tx>(
         } => {
             tx.execute(statement::card_sent(&session_id, &request_id, &message_id))
                 .await?;
-            Done::LarkCardSent(Box::new(()))
+            Ok(Done::LarkCardSent(Box::new(())))
         }
         Command::RecordCardUpdate { job, update } => {
             tx.execute(statement::record_card_update(&job, update))
                 .await?;
-            Done::RecordCardUpdate(Box::new(()))
+            Ok(Done::RecordCardUpdate(Box::new(())))
         }
         Command::PruneStep { cutoff_ms } => {
-            Done::PruneStep(Box::new(tx.prune_step(cutoff_ms).await?))
+            Ok(Done::PruneStep(Box::new(tx.prune_step(cutoff_ms).await?)))
         }
         Command::SweepBlobs { cutoff_ms } => {
             let sweep = Statement::new(crate::store::retention::DELETE_UNNAMED_BLOBS);
-            Done::SweepBlobs(Box::new(tx.execute(sweep.bind(cutoff_ms)).await?))
+            Ok(Done::SweepBlobs(Box::new(
+                tx.execute(sweep.bind(cutoff_ms)).await?,
+            )))
         }
         Command::RecordFetch {
             turn_id,
@@ -431,9 +291,329 @@ pub(crate) async fn command<X: Tx>(
         } => {
             tx.execute(statement::record_fetch(&turn_id, failures, next_attempt_at))
                 .await?;
-            Done::RecordFetch(Box::new(()))
+            Ok(Done::RecordFetch(Box::new(())))
         }
-    })
+    }
+}
+
+async fn register<X: Tx>(
+    tx: &mut X,
+    thread: &RegisterAgentThread,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let inserted = tx.execute(statement::register(thread, now)).await?;
+    Ok(Done::Register(Box::new(inserted == 1)))
+}
+
+async fn preview_bind<X: Tx>(tx: &mut X, bind: &BindRequest) -> Result<Done, X::Fail> {
+    let rows = tx.bind_rows(bind).await?;
+    Ok(Done::PreviewBind(Box::new(session::check_bind(
+        rows, bind,
+    )?)))
+}
+
+async fn bind_session<X: Tx>(
+    tx: &mut X,
+    bind: BindRequest,
+    minter: &Minter,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let rows = tx.bind_rows(&bind).await?;
+    // The session a new one from the same terminal continues,
+    // locked, with what its close reads.
+    let predecessor = match rows.predecessor.clone().filter(|_| rows.registered) {
+        Some(session_id) => Some(tx.close_rows(&session_id).await?),
+        None => None,
+    };
+    let decided = session::bind(rows, predecessor, bind, minter, now)?;
+    if let Bound::Created(s) = &decided.answer {
+        tx.execute(statement::insert_session(s)).await?;
+    }
+    if decided.writes.continuation.is_some() {
+        tx.apply(decided.writes).await?;
+    }
+    Ok(Done::Bind(Box::new(decided.answer)))
+}
+
+/// A message, and in the same transaction the bytes of the files its new
+/// turn names (none for a replay or a refusal).
+async fn enqueue<X: Tx>(
+    tx: &mut X,
+    session_id: &str,
+    message: EnqueueRequest,
+    blobs: &[Blob],
+    minter: &Minter,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let client_message_id = message.client_message_id.as_deref();
+    let (session, earlier) = tx.enqueue_rows(session_id, client_message_id).await?;
+    // Only a message with files counts the session's.
+    let held = match (&session, message.attachments.is_empty()) {
+        (Some(_), false) => tx.attachment_bytes(session_id).await?,
+        _ => 0,
+    };
+    let decision = turn::enqueue_within(session, earlier, message, held, minter, now)?;
+    let enqueued = decided(tx, decision).await?;
+    if !enqueued.duplicate {
+        put_blobs(tx, blobs, enqueued.turn.attachments.as_deref()).await?;
+    }
+    Ok(Done::Enqueue(Box::new(enqueued)))
+}
+
+async fn claim<X: Tx>(
+    tx: &mut X,
+    session_id: &str,
+    host: &HostIdentity,
+    claim_id: &str,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let rows = tx.claim_rows(session_id, claim_id).await?;
+    let decision = turn::claim(rows, host, claim_id, now)?;
+    Ok(Done::Claim(Box::new(decided(tx, decision).await?)))
+}
+
+async fn complete<X: Tx>(
+    tx: &mut X,
+    session_id: &str,
+    turn_id: &str,
+    completion: CompleteRequest,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let completion_id = &completion.completion_id;
+    let rows = tx.complete_rows(session_id, turn_id, completion_id).await?;
+    let decision = turn::complete(rows, completion, now)?;
+    Ok(Done::Complete(Box::new(decided(tx, decision).await?)))
+}
+
+async fn release<X: Tx>(
+    tx: &mut X,
+    session_id: &str,
+    claim_id: &str,
+    by: &Releaser,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let rows = tx.release_rows(session_id, claim_id).await?;
+    let decision = turn::release(rows, by, now)?;
+    Ok(Done::Release(Box::new(decided(tx, decision).await?)))
+}
+
+async fn close<X: Tx>(
+    tx: &mut X,
+    session_id: &str,
+    how: &CloseRequest,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let rows = tx.close_rows(session_id).await?;
+    let decision = session::close(rows, how, now)?;
+    Ok(Done::Close(Box::new(decided(tx, decision).await?)))
+}
+
+/// A host's request: the session (locked), the request if it exists, and
+/// the chat the session is linked to (its card goes there).
+async fn create_permission<X: Tx>(
+    tx: &mut X,
+    session_id: &str,
+    host: &HostIdentity,
+    request: CreatePermissionRequest,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let session = tx.lock_session(session_id).await?;
+    let existing = tx.permission(session_id, &request.request_id).await?;
+    let chat_id = match &session {
+        Some(_) => tx.session_link(session_id).await?.map(|l| l.chat_id),
+        None => None,
+    };
+    let rows = CreateRows {
+        session,
+        existing,
+        chat_id,
+    };
+    let decision = permission::create(rows, host, request, now)?;
+    Ok(Done::CreatePermission(Box::new(
+        decided(tx, decision).await?,
+    )))
+}
+
+async fn answer_permission<X: Tx>(
+    tx: &mut X,
+    session_id: &str,
+    request_id: &str,
+    answer: &AnswerPermission,
+    via: AnsweredVia,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let rows = answer_rows(tx, session_id, request_id).await?;
+    let decision = permission::answer(rows, answer, via, now)?;
+    Ok(Done::AnswerPermission(Box::new(
+        decided(tx, decision).await?,
+    )))
+}
+
+async fn withdraw_permission<X: Tx>(
+    tx: &mut X,
+    session_id: &str,
+    request_id: &str,
+    host: &HostIdentity,
+    at_terminal: bool,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let rows = answer_rows(tx, session_id, request_id).await?;
+    let decision = permission::withdraw(rows, host, at_terminal, now)?;
+    Ok(Done::WithdrawPermission(Box::new(
+        decided(tx, decision).await?,
+    )))
+}
+
+async fn relayed_permission<X: Tx>(
+    tx: &mut X,
+    session_id: &str,
+    request_id: &str,
+    host: &HostIdentity,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let rows = answer_rows(tx, session_id, request_id).await?;
+    let decision = permission::relayed(rows, host, now)?;
+    Ok(Done::RelayedPermission(Box::new(
+        decided(tx, decision).await?,
+    )))
+}
+
+/// A host's report: the session (locked), its open terminal turn, and the
+/// chat its terminal turns go to when the report may answer one.
+async fn report_agent<X: Tx>(
+    tx: &mut X,
+    session_id: &str,
+    host: &HostIdentity,
+    report: &Report,
+    minter: &Minter,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let session = tx.lock_session(session_id).await?;
+    let terminal = match session.as_ref().and_then(|s| s.terminal_turn_id.as_deref()) {
+        Some(turn_id) => tx.turn(session_id, turn_id).await?,
+        None => None,
+    };
+    let terminal_feed = if ReportRows::feeds(session.as_ref(), report) {
+        tx.terminal_feed(session_id).await?
+    } else {
+        None
+    };
+    let active = session.as_ref().and_then(|s| s.active_claim_id.clone());
+    let interrupted = match active.filter(|_| report.interrupted) {
+        Some(claim_id) => {
+            let rows = tx.release_rows(session_id, &claim_id).await?;
+            rows.claim.zip(rows.turn)
+        }
+        None => None,
+    };
+    let rows = ReportRows {
+        session,
+        terminal,
+        terminal_feed,
+        interrupted,
+    };
+    let decision = presence::report(rows, host, report, minter, now)?;
+    Ok(Done::ReportAgent(Box::new(decided(tx, decision).await?)))
+}
+
+async fn lapse_agent<X: Tx>(
+    tx: &mut X,
+    session_id: &str,
+    stall_after_ms: i64,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let session = tx.lock_session(session_id).await?;
+    let lark_chat = tx.session_link(session_id).await?.map(|l| l.chat_id);
+    let decision = presence::lapse(session, lark_chat, stall_after_ms, now)?;
+    Ok(Done::LapseAgent(Box::new(decided(tx, decision).await?)))
+}
+
+async fn notify<X: Tx>(
+    tx: &mut X,
+    session_id: &str,
+    host: &HostIdentity,
+    kind: NotificationKind,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let session = tx.lock_session(session_id).await?;
+    let decision = presence::notify(session, host, kind, now)?;
+    Ok(Done::Notify(Box::new(decided(tx, decision).await?)))
+}
+
+async fn lark_link<X: Tx>(
+    tx: &mut X,
+    session_id: &str,
+    chat_id: String,
+    options: LinkOptions,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let rows = LinkRows {
+        session: tx.lock_session(session_id).await?,
+        link: tx.session_link(session_id).await?,
+        chat: tx.chat(&chat_id).await?,
+    };
+    let decision = lark::link(rows, chat_id, options, now)?;
+    Ok(Done::LarkLink(Box::new(decided(tx, decision).await?)))
+}
+
+async fn pair_code<X: Tx>(
+    tx: &mut X,
+    session_id: &str,
+    code_hash: String,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let session = tx.lock_session(session_id).await?;
+    let decision = pairing::new_code(session, code_hash, now)?;
+    Ok(Done::LarkPairCode(Box::new(decided(tx, decision).await?)))
+}
+
+async fn unlink<X: Tx>(tx: &mut X, session_id: &str) -> Result<Done, X::Fail> {
+    let session = tx.lock_session(session_id).await?;
+    Ok(Done::LarkUnlink(Box::new(
+        decided(tx, lark::unlink(session)?).await?,
+    )))
+}
+
+async fn lark_event<X: Tx>(
+    tx: &mut X,
+    event: LarkEvent,
+    minter: &Minter,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let rows = event_rows(tx, &event).await?;
+    let decision = lark::event(rows, event, minter, now)?;
+    Ok(Done::LarkEvent(Box::new(decided(tx, decision).await?)))
+}
+
+async fn lark_click<X: Tx>(tx: &mut X, click: LarkClick, now: i64) -> Result<Done, X::Fail> {
+    let rows = click_rows(tx, &click).await?;
+    let decision = lark::click(rows, click, now)?;
+    Ok(Done::LarkClick(Box::new(decided(tx, decision).await?)))
+}
+
+/// A download job ended: the turn takes its files, and the bytes of those
+/// it keeps are stored in the same transaction.
+async fn lark_fetched<X: Tx>(
+    tx: &mut X,
+    fetched: Fetched,
+    blobs: &[Blob],
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let rows = lark::FetchedRows {
+        session: tx.lock_session(&fetched.session_id).await?,
+        turn: tx.turn(&fetched.session_id, &fetched.turn_id).await?,
+        pending: tx.fetching(&fetched.turn_id).await?,
+        held: tx.attachment_bytes(&fetched.session_id).await?,
+    };
+    let decision = lark::fetched(rows, fetched, now);
+    let named = match &decision.writes.fetch {
+        Some(lark::FetchWrite::Finish {
+            turn: Some(turn), ..
+        }) => turn.attachments.clone(),
+        _ => None,
+    };
+    put_blobs(tx, blobs, named.as_deref()).await?;
+    Ok(Done::LarkFetched(Box::new(decided(tx, decision).await?)))
 }
 
 /// What an answer, a withdrawal or a relay of one request reads.

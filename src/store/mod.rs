@@ -817,6 +817,21 @@ pub struct Blob {
     pub at: i64,
 }
 
+/// The bytes of each upload, to be stored in the transaction of the turn
+/// that names them (never before: a refused upload leaves nothing behind).
+pub fn blobs(uploads: &[crate::attachments::Upload]) -> Vec<Blob> {
+    let at = crate::time::now_ms();
+    uploads
+        .iter()
+        .map(|upload| Blob {
+            sha256: upload.stored.sha256.clone(),
+            sniffed_type: crate::attachments::sniff_image(&upload.bytes),
+            bytes: upload.bytes.clone(),
+            at,
+        })
+        .collect()
+}
+
 /// A stored file, for its download.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct AttachmentBytes {

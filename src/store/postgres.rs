@@ -121,6 +121,7 @@ mod outbox;
 mod permissions;
 mod reads;
 mod rows;
+mod step;
 mod tx;
 
 use super::reads::Rows;
@@ -132,7 +133,8 @@ use crate::error::{Error, Result};
 use crate::ids::Minter;
 use crate::permission::PermissionRow;
 use notify::Announcer;
-use pool::{Step, settle};
+use pool::settle;
+use step::Step;
 
 /// The channel every change is announced on; the payload is the session id.
 pub const CHANNEL: &str = "loopx_changes";

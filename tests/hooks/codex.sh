@@ -17,6 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 loopx=$(realpath "${1:-target/debug/loopx}")
 source tests/support/live_broker.sh
+source tests/support/doc_block.sh
 codex=$(npm_bin @openai/codex@0.171.0 codex)
 "$codex" --version
 
@@ -129,11 +130,11 @@ PY
 # 3. Approvals through `codex app-server`.
 python3 tests/hooks/codex_app_server.py "$codex" "$project" "$BROKER_URL" g-codex
 
-# The README's Codex block, as pasted, in a project of its own: its install
+# The README's Codex block (### Codex with hooks), as pasted, in a project of its own: its install
 # with --trust and its doctor (codex on PATH, the broker by environment).
 readme_project=$(realpath "$(mktemp -d "$work/readme.XXXX")")
 git -C "$readme_project" init -q
-awk 'index($0, "### Codex with hooks") == 1 {f=1} f&&/^```bash/{b=1;next} b&&/^```/{exit} b' README.md >"$work/readme-codex.sh"
+doc_block README.md '### Codex with hooks' >"$work/readme-codex.sh"
 grep -q -- "--trust" "$work/readme-codex.sh"
 mkdir -p "$work/bin"
 ln -sf "$codex" "$work/bin/codex"

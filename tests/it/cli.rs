@@ -925,7 +925,7 @@ async fn lark_link_status_and_unlink_through_the_cli() {
         status.ok().json(),
         serde_json::json!({"session_id": sid, "chat_id": "oc_team", "approvers": [], "terminal_turns": false})
     );
-    // The README's form: approvers repeat; linking again replaces them.
+    // docs/lark.md's form: approvers repeat; linking again replaces them.
     let approved = loopx(
         &broker,
         &[

@@ -750,8 +750,8 @@ async fn install_merges_the_hooks_once_and_keeps_what_is_there() {
     assert_eq!(std::fs::read_to_string(&codex).unwrap(), text);
 }
 
-/// The README's first example as a newcomer met it: hooks installed for a
-/// session bound as in the curl walk-through. Install refuses a session the
+/// A newcomer's first try: hooks installed for a session bound as in the
+/// curl walk-through (docs/http-api.md). Install refuses a session the
 /// hooks cannot attach to and says what to do; a hook refused at run time
 /// shows in `loopx hook doctor` until a hook works again.
 #[tokio::test]

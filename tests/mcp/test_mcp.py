@@ -354,8 +354,8 @@ def test_a_protocol_version_of_2025_06_18_is_kept_and_no_host_id_is_a_usage_erro
 
 
 def readme_block(language: str, after: str) -> str:
-    """The first ```language block after the heading `after` in the README."""
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    """The first ```language block after the heading `after` in docs/mcp.md."""
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "mcp.md")).read()
     rest = readme[readme.index(after):]
     start = rest.index(f"```{language}\n") + len(language) + 4
     return rest[start:rest.index("```", start)]
@@ -364,7 +364,7 @@ def readme_block(language: str, after: str) -> str:
 async def test_the_readme_host_configurations_start_working_bridges(broker, tmp_path):
     import tomllib
 
-    claude = json.loads(readme_block("json", "### Claude Code"))["mcpServers"]["loopx"]
+    claude = json.loads(readme_block("json", "## Claude Code"))["mcpServers"]["loopx"]
     assert claude["command"] == "loopx" and claude["args"][0] == "mcp"
     host = unique("claude-session")
     async with loopx_mcp(tmp_path, broker.url, broker.token, *claude["args"][1:], host_session_id=host) as m:
@@ -375,10 +375,10 @@ async def test_the_readme_host_configurations_start_working_bridges(broker, tmp_
             await anyio.sleep(0.1)
         broker.send(sessions[0]["session_id"], "from the Web page")
         assert (await m.next_event()).content == "from the Web page"
-    run = readme_block("bash", "### Claude Code")
+    run = readme_block("bash", "## Claude Code")
     assert "--dangerously-load-development-channels server:loopx" in run and "mcp__loopx__reply" in run
 
-    codex = tomllib.loads(readme_block("toml", "### Codex CLI"))["mcp_servers"]["loopx"]
+    codex = tomllib.loads(readme_block("toml", "## Codex CLI"))["mcp_servers"]["loopx"]
     assert codex["command"] == "loopx" and codex["tool_timeout_sec"] >= 55
     async with loopx_mcp(tmp_path, broker.url, broker.token, *codex["args"][1:]) as m:
         assert not m.init.capabilities.experimental

@@ -154,7 +154,7 @@ async def test_the_readme_commands_list_and_answer_a_request(broker, tmp_path):
     async with loopx_mcp(tmp_path, broker.url, broker.token, *channel_args(session_id), host_session_id=host) as m:
         await m.request_permission("abcde")
         await wait_recorded(broker, session_id, "abcde")
-        script = readme_block("bash", "### Approving tool use from the Web page")
+        script = readme_block("bash", "## Approving tool use from the Web page")
         script = script.replace("http://127.0.0.1:7317", broker.url)
         # The block reads the owner token where `loopx serve` writes it.
         (tmp_path / "xdg" / "loopx").mkdir(parents=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the README's "Walk-through with curl" as written, twice against one
+# Runs docs/http-api.md's "Walk-through with curl" as written, twice against one
 # live broker (a reader pastes it more than once): every step must answer
 # without an error, and the second run must not trip over ids of the first.
 #
@@ -8,13 +8,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 loopx=$(realpath "${1:-target/debug/loopx}")
 source tests/support/live_broker.sh
+source tests/support/doc_block.sh
 
 # The walk-through reads the token from the default data dir under $HOME.
 fresh_home
 start_broker "$loopx"
 
 # The first bash block after the walk-through's heading, on the broker's port.
-awk '/^### Walk-through with curl/{f=1} f&&/^```bash/{b=1;next} b&&/^```/{exit} b' README.md \
+doc_block docs/http-api.md '## Walk-through with curl' \
   | sed "s|^B=http://127.0.0.1:7317$|B=$BROKER_URL|" >"$work/walkthrough.sh"
 grep -q "^B=$BROKER_URL$" "$work/walkthrough.sh" || { echo "walk-through not found"; exit 1; }
 
@@ -28,4 +29,4 @@ for run in 1 2; do
   done
   if grep -qF '"error"' <<<"$out"; then echo "run $run answered an error:"; echo "$out"; exit 1; fi
 done
-echo "the README walk-through runs, twice"
+echo "the docs/http-api.md walk-through runs, twice"

@@ -29,7 +29,7 @@ start_broker() {
 }
 
 # A reader's fresh home: HOME in $work, no token or data dir in the
-# environment, so `loopx serve` and the README's blocks use the defaults
+# environment, so `loopx serve` and the documentation's blocks use the defaults
 # under it (the token in $HOME/.local/share/loopx/owner.token).
 fresh_home() {
   export HOME="$work/home"

@@ -13,8 +13,9 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolO
 use tokio_util::sync::CancellationToken;
 
 use super::apply::{CHANGED, take_changed};
+use super::load::Guard;
 use super::notify::{Announcer, ChangeHook, listen, start_listening};
-use super::tx::Guard;
+use super::step::{Fail, Step};
 use super::{ACQUIRE_TIMEOUT, CHANNEL, MAX_CONNECTIONS, PgStore, RECHECK};
 use crate::decide::Changed;
 use crate::error::{Error, Result};
@@ -133,29 +134,6 @@ async fn recheck(feed: Arc<ChangeFeed>, stop: CancellationToken) {
         }
     }
 }
-
-/// Why a decision did not go through: the contract refused it, the database
-/// failed, or, taken unlocked ([`super::tx::command`]), it needs the
-/// session's lock (nothing was written).
-pub(super) enum Fail {
-    Refused(Error),
-    Db(sqlx::Error),
-    Locked,
-}
-
-impl From<sqlx::Error> for Fail {
-    fn from(e: sqlx::Error) -> Self {
-        Fail::Db(e)
-    }
-}
-
-impl From<Error> for Fail {
-    fn from(e: Error) -> Self {
-        Fail::Refused(e)
-    }
-}
-
-pub(super) type Step<T> = std::result::Result<T, Fail>;
 
 /// Whether the failure came from a concurrent transaction, so that taking the
 /// decision again (in a new transaction) answers as the contract says: a unique
