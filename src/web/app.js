@@ -27,6 +27,8 @@ const ui = {
   chatEmpty: $('chat-empty'),
   chat: $('chat'),
   heading: $('chat-heading'),
+  chatHead: $('chat-head'),
+  sessionMenu: $('session-menu'),
   chatState: $('chat-state'),
   chatAsking: $('chat-asking'),
   needsYou: $('needs-you'),
@@ -317,6 +319,7 @@ function openChat(sessionId) {
     pending: draft.id ? { text: draft.text, id: draft.id } : null, // the composed message's id
     files: [], // File objects to send with the next message
     permissions: null,
+    loadingOlder: false,
   };
   chat.permissions = new PermissionCards(sessionId, {
     transcript: ui.transcript,
@@ -328,6 +331,7 @@ function openChat(sessionId) {
   show(ui.chatEmpty, false);
   show(ui.chat, true);
   ui.heading.textContent = 'Loading…';
+  showSessionMenu(false);
   ui.chatState.replaceChildren();
   ui.facts.replaceChildren();
   ui.capabilities.replaceChildren();
@@ -384,6 +388,16 @@ async function loadChat(c) {
   }
 }
 
+/** On a phone the session's header is one line; "More" opens the rest
+ * (close, pair, capabilities, details). Wider screens always show it all. */
+function showSessionMenu(open) {
+  ui.chatHead.toggleAttribute('data-open', open);
+  ui.sessionMenu.setAttribute('aria-expanded', String(open));
+  ui.sessionMenu.textContent = open ? 'Less' : 'More';
+}
+
+ui.sessionMenu.addEventListener('click', () => showSessionMenu(!ui.chatHead.hasAttribute('data-open')));
+
 /** "waiting for you" while any request waits for the person (the agent's
  * `asking`, derived here from the pending requests), and their pinned list. */
 function showAsking(n) {
@@ -428,7 +442,12 @@ function applySession(c, session) {
     ' ',
     agentBadge(session.agent),
     ' ',
-    session.state === 'open' ? `Messages go to the agent in order${deliveryNote(session.agent, session.host_surface)}.` : 'Read-only.',
+    // How messages travel is a detail: on a phone it waits behind "More".
+    el(
+      'span',
+      { class: 'delivery' },
+      session.state === 'open' ? `Messages go to the agent in order${deliveryNote(session.agent, session.host_surface)}.` : 'Read-only.',
+    ),
   );
   ui.facts.replaceChildren(
     ...sessionFacts(session),
@@ -777,9 +796,11 @@ function renderPaging(c) {
   show(ui.transcriptEmpty, c.turns.size === 0);
 }
 
-ui.loadOlder.addEventListener('click', async () => {
+/** Pages back one page (`before_seq`), keeping what the reader sees in place. */
+async function loadOlder() {
   const c = chat;
-  if (!c || c.turns.size === 0) return;
+  if (!c || c.turns.size === 0 || !c.hasMore || c.loadingOlder) return;
+  c.loadingOlder = true;
   ui.loadOlder.disabled = true;
   ui.loadOlder.textContent = 'Loading older messages…';
   const heightBefore = ui.scroll.scrollHeight;
@@ -798,10 +819,23 @@ ui.loadOlder.addEventListener('click', async () => {
   } catch (error) {
     if (error.status !== 401) showError(ui.pageError, `Could not load older messages: ${error.message}`);
   } finally {
+    c.loadingOlder = false;
     ui.loadOlder.disabled = false;
     ui.loadOlder.textContent = 'Load older messages';
   }
-});
+}
+
+ui.loadOlder.addEventListener('click', loadOlder);
+// Scrolling up near the oldest shown turn pages back by itself (the button
+// stays, for the keyboard and for a conversation too short to scroll).
+ui.scroll.addEventListener(
+  'scroll',
+  () => {
+    const s = ui.scroll;
+    if (chat?.hasMore && s.scrollHeight > s.clientHeight && s.scrollTop < 120) loadOlder();
+  },
+  { passive: true },
+);
 
 /** Re-reads one turn and shows it; the latest read of a turn wins. */
 async function refreshTurn(c, turnId) {
