@@ -1143,5 +1143,12 @@ ui.composer.addEventListener('submit', async (event) => {
 
 // --- start ---
 
+// The service worker keeps the page's shell for offline use and lets it be
+// installed (sw.js). Where there is none (a plain-HTTP address that is not
+// loopback is no secure context), the page works as before.
+if ('serviceWorker' in navigator) {
+  navigator.serviceWorker.register('/sw.js').catch(() => {});
+}
+
 if (api.token.get()) start();
 else askForToken('');
