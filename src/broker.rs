@@ -12,6 +12,7 @@
 //! the store claim for it in the enqueue's own commit and hands it the
 //! outcome directly ([`Broker::enqueue`], [`Broker::claim`]).
 
+mod devices;
 mod holders;
 mod permissions;
 
@@ -90,6 +91,10 @@ pub struct Broker {
     /// [`crate::decide::terminal::PROMPT_BURST`] at once and
     /// [`crate::decide::terminal::PROMPTS_PER_MINUTE`] a minute (per replica).
     prompts: governor::DefaultKeyedRateLimiter<String>,
+    /// Wrong sign-in codes lately, for all callers ([`crate::devices::Throttle`]).
+    sign_ins: crate::devices::Throttle,
+    /// When each device's last sighting was written (at most once a minute).
+    seen: std::sync::Mutex<std::collections::HashMap<String, i64>>,
 }
 
 /// One entry of a session's event log, as the stream sends it.
@@ -158,6 +163,8 @@ impl Broker {
             holder_silence: DEFAULT_HOLDER_SILENCE,
             stall_after: DEFAULT_STALL_AFTER,
             shutdown,
+            sign_ins: Default::default(),
+            seen: Default::default(),
         }
     }
 

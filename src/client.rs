@@ -14,10 +14,10 @@ use crate::model::{
     WithdrawPermission,
 };
 use crate::model::{
-    BindPreview, BindRequest, ClaimAnswer, ClaimRequest, CloseRequest, CompleteRequest,
-    EnqueueRequest, Enqueued, LarkConnector, LarkLink, LarkLinkRequest, LarkPairCode, ListSessions,
-    ListTurns, Receipt, RegisterAgentThread, Registered, ReleaseRequest, Released, Session,
-    SessionList, Turn, TurnList,
+    BindPreview, BindRequest, ClaimAnswer, ClaimRequest, CloseRequest, CompleteRequest, DeviceLink,
+    DeviceList, EnqueueRequest, Enqueued, LarkConnector, LarkLink, LarkLinkRequest, LarkPairCode,
+    ListSessions, ListTurns, Receipt, RegisterAgentThread, Registered, ReleaseRequest, Released,
+    Session, SessionList, SignIn, SignedIn, Turn, TurnList,
 };
 
 /// The default broker URL.
@@ -502,6 +502,33 @@ impl Client {
             None,
         )
         .await
+    }
+
+    /// A one-time sign-in code for a device (owner token only).
+    pub async fn device_link(&self) -> Result<TypedReply<DeviceLink>, ClientError> {
+        self.call(Method::POST, "/v1/devices/links", NO_BODY, None)
+            .await
+    }
+
+    /// Trades a sign-in code for a device credential (no bearer needed).
+    pub async fn sign_in_device(&self, body: &SignIn) -> Result<TypedReply<SignedIn>, ClientError> {
+        self.call(Method::POST, "/v1/devices", Some(body), None)
+            .await
+    }
+
+    /// The devices signed in (owner token only).
+    pub async fn devices(&self) -> Result<TypedReply<DeviceList>, ClientError> {
+        self.call(Method::GET, "/v1/devices", NO_BODY, None).await
+    }
+
+    /// Revokes a device (owner token only): its next request is 401.
+    pub async fn revoke_device(&self, device_id: &str) -> Result<Reply, ClientError> {
+        let path = format!("/v1/devices/{}", segment(device_id));
+        let reply = self.send(Method::DELETE, &path, NO_BODY, None).await?;
+        if !reply.status.is_success() {
+            return Err(refusal(reply));
+        }
+        Ok(reply)
     }
 
     pub async fn lark_unlink(&self, session_id: &str) -> Result<TypedReply<LarkLink>, ClientError> {

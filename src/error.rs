@@ -24,6 +24,9 @@ pub enum ErrorCode {
     NotRegistered,
     /// 403: the host identity differs from the session's binding.
     HostMismatch,
+    /// 403: a device credential on a route only the owner token may use
+    /// (sign-in links, devices).
+    OwnerOnly,
     /// 404: unknown route, session, turn or claim.
     NotFound,
     /// 405: the route exists but not with this method.
@@ -59,6 +62,8 @@ pub enum ErrorCode {
     PermissionAlreadyAnswered,
     /// 409: the permission request has no answer to relay: pending or expired (`state` says which).
     PermissionNotAnswered,
+    /// 409: 50 devices are signed in already; revoke one first.
+    TooManyDevices,
     /// 413: the request body is over 2 MiB.
     PayloadTooLarge,
     /// 415: the request body is not `application/json`.
@@ -70,6 +75,9 @@ pub enum ErrorCode {
     /// 429: prompts typed at the session's terminal come faster than 10 at
     /// once and 30 a minute; retry after `Retry-After` seconds.
     TooManyPrompts,
+    /// 429: too many wrong sign-in codes lately, or 20 sign-in links open
+    /// at once; retry after `Retry-After` seconds.
+    TooManyAttempts,
     /// 503: the store did not answer; retry later.
     StoreUnavailable,
     /// 503: the broker holds as many connections as it may; retry after `Retry-After` seconds.
@@ -82,7 +90,7 @@ impl ErrorCode {
         match self {
             InvalidRequest | IdentityConflated => StatusCode::BAD_REQUEST,
             Unauthorized => StatusCode::UNAUTHORIZED,
-            NotRegistered | HostMismatch => StatusCode::FORBIDDEN,
+            NotRegistered | HostMismatch | OwnerOnly => StatusCode::FORBIDDEN,
             NotFound => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             SessionExists
@@ -97,12 +105,13 @@ impl ErrorCode {
             | ClaimMismatch
             | MessagesWaiting
             | PermissionAlreadyAnswered
-            | PermissionNotAnswered => StatusCode::CONFLICT,
+            | PermissionNotAnswered
+            | TooManyDevices => StatusCode::CONFLICT,
             RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            QueueFull | TooManyPrompts => StatusCode::TOO_MANY_REQUESTS,
+            QueueFull | TooManyPrompts | TooManyAttempts => StatusCode::TOO_MANY_REQUESTS,
             StoreUnavailable | Overloaded => StatusCode::SERVICE_UNAVAILABLE,
         }
     }

@@ -24,6 +24,9 @@ pub mod config;
 /// events), every session event numbered there. It owns the rows, outcomes
 /// and writes it decides over, and imports nothing from the store.
 pub mod decide;
+/// Devices signed in with a one-time link: codes, credentials, names, the
+/// wrong-code throttle, who a request comes from.
+pub mod devices;
 /// The one error type and its JSON body.
 pub mod error;
 /// Parked claims an enqueue hands its turn to, in one commit.

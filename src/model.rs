@@ -997,6 +997,58 @@ pub struct LarkPairCode {
     pub expires_at: String,
 }
 
+/// `POST /v1/devices/links`: a one-time sign-in code for a device. The
+/// link to open on the device is `<base>/#link=<code>` (a fragment, so the
+/// code reaches no proxy or server log).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"code": "7K3M9QX2RT7K3M9QX2RT7K3M9Q", "expires_at": "2026-11-30T10:10:00.000Z"}))]
+pub struct DeviceLink {
+    /// 26 characters of Crockford's base 32 (130 random bits).
+    pub code: String,
+    /// Ten minutes after it was made; it signs in one device before then.
+    pub expires_at: String,
+}
+
+/// `POST /v1/devices`: a sign-in code traded for a device credential.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"code": "7K3M9QX2RT7K3M9QX2RT7K3M9Q", "name": "Chrome on Android"}))]
+pub struct SignIn {
+    /// The code of a sign-in link (case does not matter).
+    pub code: String,
+    /// What the device is called in the list: 1 to 64 characters, no
+    /// control character.
+    pub name: String,
+}
+
+/// A device signed in: its credential, shown this once.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"device_id": "dev_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "name": "Chrome on Android", "token": "lxd_…"}))]
+pub struct SignedIn {
+    pub device_id: String,
+    pub name: String,
+    /// The device credential: `Authorization: Bearer <token>` on every
+    /// `/v1` route but the devices' and the sign-in links'. Only its hash
+    /// is stored.
+    pub token: String,
+}
+
+/// A device signed in, as listed (never its credential).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+pub struct Device {
+    pub device_id: String,
+    pub name: String,
+    pub created_at: String,
+    /// When it was last seen (to the minute), or null.
+    pub last_seen_at: Option<String>,
+}
+
+/// `GET /v1/devices`: the devices signed in, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+pub struct DeviceList {
+    pub devices: Vec<Device>,
+}
+
 /// A reply's delivery state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
 #[serde(rename_all = "snake_case")]

@@ -26,7 +26,9 @@ Every error is `{\"error\": {\"code\", \"message\", ...details}}`. When several 
 first of these wins: 401, 413, 415, 400, 404, 403, then the route's conflicts in the order its \
 description lists them. Request bodies reject unknown fields. Client-chosen identifiers are 1 to \
 256 bytes of UTF-8 without control characters. Every `/v1` route needs \
-`Authorization: Bearer <owner token>` (the scheme name is case-insensitive). A method a path \
+`Authorization: Bearer <owner token>` (the scheme name is case-insensitive), or a signed-in \
+device's own credential (`lxd_…`, see `POST /v1/devices`), which works everywhere but on the \
+devices' routes. A method a path \
 does not document answers 405 `method_not_allowed` (with `Allow`); a store outage answers 503 \
 `store_unavailable`.\n\n\
 Transport-level rejections come before the router, from the HTTP layer, with an empty body, and \
@@ -68,6 +70,10 @@ one, and its `data:`, JSON of the schema its `contentSchema` names.",
         http::lark_links::status,
         http::lark_links::unlink,
         http::lark_links::pair_code,
+        http::devices::make_link,
+        http::devices::sign_in,
+        http::devices::list,
+        http::devices::revoke,
         http::lark_events::events,
         http::lark_connector::status,
         http::turns::complete,
@@ -84,6 +90,7 @@ one, and its `data:`, JSON of the schema its `contentSchema` names.",
         (name = "turns", description = "Enqueue, claim, complete, release and read back turns."),
         (name = "permissions", description = "Tool-approval requests of the agent CLI, answered from the Web page, the API or Lark."),
         (name = "lark", description = "The Lark (Feishu) connector: its state, chat links and Lark's event webhook."),
+        (name = "devices", description = "Devices signed in with a one-time link: the link, the sign-in, the list, revocation."),
         (name = "operations", description = "Health and this document; no token needed."),
     )
 )]
@@ -100,7 +107,8 @@ impl Modify for OwnerTokenAuth {
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
                     .description(Some(
-                        "The owner token: `LOOPX_TOKEN`, the `--token-file`, or `<data dir>/owner.token`.",
+                        "The owner token: `LOOPX_TOKEN`, the `--token-file`, or `<data dir>/owner.token`; \
+                         or a signed-in device's own credential (`lxd_…`).",
                     ))
                     .build(),
             ),

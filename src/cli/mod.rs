@@ -19,6 +19,7 @@ pub mod hook;
 pub mod lark;
 pub mod mcp;
 pub mod wake;
+pub mod web;
 pub mod worker_bridge;
 
 /// LoopX attached session broker: lets people and bots talk to an
@@ -60,6 +61,11 @@ pub enum Command {
     ///
     /// Example: loopx lark link --session-id ses_01JD... --chat-id oc_...
     Lark(lark::LarkArgs),
+    /// The Web page on a phone: a one-time sign-in link (and its QR code),
+    /// the devices signed in, revoking one.
+    ///
+    /// Example: loopx web link --base-url https://laptop.tailnet-name.ts.net
+    Web(web::WebArgs),
     /// Attach a running Claude Code or Codex session to its LoopX session:
     /// an MCP server on stdio, started by the agent CLI.
     ///
@@ -117,6 +123,7 @@ pub fn main() -> ExitCode {
         Command::WorkerBridge(args) => worker_bridge::run(args),
         Command::Chat(args) => chat::run(args),
         Command::Lark(args) => lark::run(args),
+        Command::Web(args) => web::run(args),
         Command::Mcp(args) => mcp::run(args),
         Command::Hook(args) => hook::run(args),
         Command::Run(args) => wake::run::run(args),

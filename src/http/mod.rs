@@ -7,6 +7,7 @@
 pub(crate) mod agent_threads;
 pub mod attachments;
 pub(crate) mod claims;
+pub(crate) mod devices;
 pub(crate) mod events;
 pub(crate) mod lark_connector;
 pub(crate) mod lark_events;
@@ -33,6 +34,7 @@ use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
 use crate::broker::Broker;
+use crate::devices::Caller;
 use crate::error::{Error, ErrorCode, Result};
 use crate::model::Health;
 
@@ -83,6 +85,7 @@ pub fn router(state: AppState) -> Router {
         .merge(agent_threads::router())
         .merge(sessions::router())
         .merge(claims::router())
+        .merge(devices::router())
         .merge(events::router())
         .merge(lark_links::router())
         .merge(permissions::router())
@@ -124,23 +127,45 @@ pub fn router(state: AppState) -> Router {
 
 pub use server::{ConnectionLimits, serve};
 
-/// Every `/v1` route needs the owner token; `/healthz` and `/openapi.json` do not.
-async fn require_owner(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    // The Lark webhook is authenticated by Lark's signature instead.
+/// Every `/v1` route needs the owner token or a device credential
+/// ([`crate::devices`]); `/healthz` and `/openapi.json` do not. Who called
+/// is left in the request's extensions ([`Caller`]) for the routes only the
+/// owner may use.
+async fn require_owner(
+    State(state): State<AppState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    // The Lark webhook is authenticated by Lark's signature instead, and a
+    // device signs in with its link's code.
     let path = request.uri().path();
-    if path.starts_with("/v1") && path != "/v1/connectors/lark/events" {
+    let exempt = path == "/v1/connectors/lark/events"
+        || (path == "/v1/devices" && request.method() == axum::http::Method::POST);
+    if path.starts_with("/v1") && !exempt {
         let presented = request
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(bearer_token);
-        if !presented.is_some_and(|t| state.owner_token.admits(t)) {
+        let caller = match presented {
+            Some(token) if state.owner_token.admits(token) => Some(Caller::Owner),
+            Some(token) if token.starts_with(crate::devices::TOKEN_PREFIX) => {
+                match state.broker.device_for(token).await {
+                    Ok(device) => device.map(|d| Caller::Device(d.device_id)),
+                    Err(e) => return e.into_response(),
+                }
+            }
+            _ => None,
+        };
+        let Some(caller) = caller else {
             return Error::new(
                 ErrorCode::Unauthorized,
-                "A valid owner token is required: send `Authorization: Bearer <token>`.",
+                "A valid owner token is required (or a signed-in device's own credential): \
+                 send `Authorization: Bearer <token>`.",
             )
             .into_response();
-        }
+        };
+        request.extensions_mut().insert(caller);
     }
     next.run(request).await
 }

@@ -23,7 +23,8 @@ use crate::decide::presence::{self, Report, ReportRows};
 use crate::decide::session::{self, BindRows, Bound, CloseRows};
 use crate::decide::turn::{self, ClaimRows, CompleteRows, ReleaseRows, Releaser};
 use crate::decide::{Decided, SessionRow, TurnRow, Writes};
-use crate::error::Error;
+use crate::devices::{self, DeviceRow, NewDevice};
+use crate::error::{Error, ErrorCode};
 use crate::ids::Minter;
 use crate::model::{
     AnswerPermission, AnsweredVia, BindRequest, CloseRequest, CompleteRequest,
@@ -292,6 +293,18 @@ pub(crate) async fn command<X: Tx>(
             tx.execute(statement::record_fetch(&turn_id, failures, next_attempt_at))
                 .await?;
             Ok(Done::RecordFetch(Box::new(())))
+        }
+        Command::MintDeviceLink { code_hash } => mint_device_link(tx, &code_hash, now).await,
+        Command::SignInDevice { code_hash, device } => {
+            sign_in_device(tx, &code_hash, device, minter, now).await
+        }
+        Command::RevokeDevice { device_id } => {
+            let gone = tx.execute(statement::revoke_device(&device_id)).await?;
+            Ok(Done::RevokeDevice(Box::new(gone > 0)))
+        }
+        Command::DeviceSeen { device_id, at } => {
+            tx.execute(statement::device_seen(&device_id, at)).await?;
+            Ok(Done::DeviceSeen(Box::new(())))
         }
     }
 }
@@ -565,6 +578,59 @@ async fn pair_code<X: Tx>(
     let session = tx.lock_session(session_id).await?;
     let decision = pairing::new_code(session, code_hash, now)?;
     Ok(Done::LarkPairCode(Box::new(decided(tx, decision).await?)))
+}
+
+/// A sign-in link, unless too many are open: when it expires.
+async fn mint_device_link<X: Tx>(tx: &mut X, code_hash: &str, now: i64) -> Result<Done, X::Fail> {
+    let [expired, insert] = statement::mint_device_link(code_hash, now, devices::MAX_OPEN_LINKS);
+    tx.execute(expired).await?;
+    if tx.execute(insert).await? == 0 {
+        let mut refused = Error::new(
+            ErrorCode::TooManyAttempts,
+            "Too many sign-in links are open: use one, or wait until they expire.",
+        );
+        refused.retry_after_seconds = Some((devices::LINK_TTL_MS / 1000) as u32);
+        return Err(refused.into());
+    }
+    Ok(Done::MintDeviceLink(Box::new(now + devices::LINK_TTL_MS)))
+}
+
+/// Spends the link and signs the device in: the link's conditions (unused,
+/// unexpired) and the devices' limit are each one statement's condition, so
+/// two phones racing for one link sign in one.
+async fn sign_in_device<X: Tx>(
+    tx: &mut X,
+    code_hash: &str,
+    device: NewDevice,
+    minter: &Minter,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    if tx
+        .execute(statement::spend_device_link(code_hash, now))
+        .await?
+        == 0
+    {
+        return Err(devices::bad_code().into());
+    }
+    let device_id = minter.mint("dev");
+    let insert = statement::insert_device(&device_id, &device, now, devices::MAX_DEVICES);
+    if tx.execute(insert).await? == 0 {
+        // Undone with the link's spending: the link stays good.
+        return Err(Error::new(
+            ErrorCode::TooManyDevices,
+            format!(
+                "{} devices are signed in already: revoke one first.",
+                devices::MAX_DEVICES
+            ),
+        )
+        .into());
+    }
+    Ok(Done::SignInDevice(Box::new(DeviceRow {
+        device_id,
+        name: device.name,
+        created_at: now,
+        last_seen_at: None,
+    })))
 }
 
 async fn unlink<X: Tx>(tx: &mut X, session_id: &str) -> Result<Done, X::Fail> {

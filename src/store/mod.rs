@@ -72,6 +72,7 @@ use crate::decide::presence::Reported;
 use crate::decide::session::{Bound, Closed};
 use crate::decide::turn::{ClaimOutcome, Enqueue, Releaser};
 use crate::decide::{Changed, EventRow, SessionRow, TurnRow};
+use crate::devices::{DeviceRow, NewDevice};
 use crate::error::Result;
 use crate::model::{
     AnswerPermission, AnsweredVia, BindRequest, CloseRequest, CompleteRequest,
@@ -601,6 +602,18 @@ commands! {
     /// failures so far, and when.
     RecordFetch { turn_id: String, failures: i64, next_attempt_at: i64 } -> (), record_fetch,
         "recording a Lark download attempt";
+    /// Records a sign-in link's code hash ([`crate::devices`]): when it
+    /// expires; 429 while [`crate::devices::MAX_OPEN_LINKS`] are open.
+    MintDeviceLink { code_hash: String } -> i64, mint_device_link, "making a sign-in link";
+    /// Spends a sign-in link and signs the device in, in one transaction:
+    /// its new row; 401 for a used, expired or unknown code, 409
+    /// `too_many_devices` past [`crate::devices::MAX_DEVICES`].
+    SignInDevice { code_hash: String, device: NewDevice } -> DeviceRow, sign_in_device,
+        "signing a device in";
+    /// Revokes a device: whether it was there.
+    RevokeDevice { device_id: String } -> bool, revoke_device, "revoking a device";
+    /// Records when a device was last seen.
+    DeviceSeen { device_id: String, at: i64 } -> (), device_seen, "recording a device's visit";
 }
 
 /// The store's plain reads, each once, as [`commands!`] makes the
@@ -713,6 +726,10 @@ reads! {
     /// its bytes; `None` when the session, turn or position names none.
     Attachment { session_id: &'a str, turn_id: &'a str, position: u32 } -> Option<AttachmentBytes>,
         attachment;
+    /// The devices signed in, oldest first.
+    Devices {} -> Vec<DeviceRow>, devices;
+    /// The device whose credential has this hash, if one is signed in.
+    DeviceByToken { token_hash: &'a str } -> Option<DeviceRow>, device_by_token;
 }
 
 impl Done {

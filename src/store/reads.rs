@@ -12,6 +12,7 @@ use sqlx::FromRow;
 use super::statement::Statement;
 use super::{AttachmentBytes, CardUpdateJob, FetchJob, Reader, ReplyJob, TurnPage};
 use crate::decide::{self, EventRow, SessionRow, TurnRow};
+use crate::devices::DeviceRow;
 use crate::error::Result;
 use crate::model::{LarkLink, ListSessions, ListTurns, PermissionState};
 use crate::permission::{self, PermissionRow};
@@ -26,6 +27,13 @@ use crate::permission::{self, PermissionRow};
 /// 0042).
 pub(crate) const QUEUE_STATS: &str =
     "select count(*), min(enqueued_at) from turns where state = 'queued'";
+
+/// The devices signed in, oldest first (at most [`crate::devices::MAX_DEVICES`]).
+const DEVICES: &str = "select device_id, name, created_at, last_seen_at from devices \
+     order by created_at, device_id";
+/// The device whose credential's hash is `$1`.
+const DEVICE_BY_TOKEN: &str =
+    "select device_id, name, created_at, last_seen_at from devices where token_hash = $1";
 
 /// What a store gives the plain reads.
 #[async_trait]
@@ -151,7 +159,18 @@ where
     for<'r> EventRow: FromRow<'r, R::Row>,
     for<'r> AttachmentBytes: FromRow<'r, R::Row>,
     for<'r> HeldSince: FromRow<'r, R::Row>,
+    for<'r> DeviceRow: FromRow<'r, R::Row>,
 {
+    async fn devices(&self) -> Result<Vec<DeviceRow>> {
+        let select = Statement::new(DEVICES);
+        self.rows(select, |row| DeviceRow::from_row(row)).await
+    }
+
+    async fn device_by_token(&self, token_hash: &'a str) -> Result<Option<DeviceRow>> {
+        let select = Statement::new(DEVICE_BY_TOKEN).bind(token_hash);
+        self.first(select, |row| DeviceRow::from_row(row)).await
+    }
+
     async fn session(&self, session_id: &'a str) -> Result<Option<SessionRow>> {
         if unstorable(session_id) {
             return Ok(None);

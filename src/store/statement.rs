@@ -16,6 +16,7 @@ use crate::decide::pairing::PairCodeWrite;
 use crate::decide::{
     Change, ClaimRow, Continuation, NewEvent, NewReply, SessionRow, Sweep, TurnRow, Writes,
 };
+use crate::devices::NewDevice;
 use crate::model::RegisterAgentThread;
 use crate::store::{Blob, CardUpdateJob, Outbound, ReplyUpdate};
 
@@ -620,6 +621,62 @@ pub(crate) fn record_fetch(turn_id: &str, failures: i64, next_attempt_at: i64) -
         .bind(turn_id)
 }
 
+/// A sign-in link (`$1` its code's hash, `$2` now, `$3` when it expires),
+/// made only while fewer than `$4` links are open; expired links go first
+/// ([`DROP_EXPIRED_LINKS`]).
+pub(crate) fn mint_device_link(code_hash: &str, now: i64, max_open: i64) -> [Statement; 2] {
+    [
+        Statement::new(DROP_EXPIRED_LINKS).bind(now),
+        Statement::new(INSERT_DEVICE_LINK)
+            .bind(code_hash)
+            .bind(now)
+            .bind(now + crate::devices::LINK_TTL_MS)
+            .bind(max_open),
+    ]
+}
+
+/// Links expired (`$1` now) are no use to anyone: gone at the next mint.
+const DROP_EXPIRED_LINKS: &str = "delete from device_links where expires_at <= $1";
+const INSERT_DEVICE_LINK: &str = "insert into device_links (code_hash, created_at, expires_at) \
+     select $1, $2, $3 where (select count(*) from device_links where used_at is null) < $4";
+
+/// Spends a sign-in link (`$1` now, `$2` its code's hash): one row when it
+/// was good (unused, not expired), none otherwise.
+pub(crate) fn spend_device_link(code_hash: &str, now: i64) -> Statement {
+    Statement::new(
+        "update device_links set used_at = $1 \
+         where code_hash = $2 and used_at is null and expires_at > $1",
+    )
+    .bind(now)
+    .bind(code_hash)
+}
+
+/// A device signed in (`$1` id, `$2` name, `$3` its credential's hash,
+/// `$4` now), while fewer than `$5` are.
+pub(crate) fn insert_device(device_id: &str, device: &NewDevice, now: i64, max: i64) -> Statement {
+    Statement::new(
+        "insert into devices (device_id, name, token_hash, created_at) \
+         select $1, $2, $3, $4 where (select count(*) from devices) < $5",
+    )
+    .bind(device_id)
+    .bind(&device.name)
+    .bind(&device.token_hash)
+    .bind(now)
+    .bind(max)
+}
+
+/// A device revoked (`$1`): its row and credential gone.
+pub(crate) fn revoke_device(device_id: &str) -> Statement {
+    Statement::new("delete from devices where device_id = $1").bind(device_id)
+}
+
+/// A device (`$2`) was seen at `$1`.
+pub(crate) fn device_seen(device_id: &str, at: i64) -> Statement {
+    Statement::new("update devices set last_seen_at = $1 where device_id = $2")
+        .bind(at)
+        .bind(device_id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -717,6 +774,18 @@ mod tests {
             crate::store::RECORD_FETCH,
         ];
         sqls.extend(outbound.map(|o| crate::store::record_outbox(o).0));
+        let device = NewDevice {
+            name: "n".into(),
+            token_hash: "h".into(),
+        };
+        let devices = [
+            spend_device_link("h", 1),
+            insert_device("d", &device, 1, 2),
+            revoke_device("d"),
+            device_seen("d", 1),
+        ];
+        sqls.extend(mint_device_link("h", 1, 2).iter().map(|s| s.sql));
+        sqls.extend(devices.iter().map(|s| s.sql));
         for sql in sqls {
             assert!(numbered_in_order(sql), "placeholders out of order: {sql}");
         }

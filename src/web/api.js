@@ -1,8 +1,13 @@
-// The broker's /v1 routes, called with the owner token as a Bearer header.
+// The broker's /v1 routes, called with the owner token or this device's own
+// credential (signed in with a link) as a Bearer header.
 // Every failure becomes an ApiError whose message is words a person can read:
 // the broker's JSON error `message`, or what went wrong on the way.
 
 const TOKEN_KEY = 'loopx.owner-token';
+// A device credential (WEB.md "Signing in a phone") is this device's own,
+// revocable, and kept across restarts of an installed page; the owner token
+// stays in this tab's session storage only.
+const DEVICE_KEY = 'loopx.device-token';
 
 export class ApiError extends Error {
   constructor(message, { status = 0, code = 'network_error', body = null } = {}) {
@@ -17,7 +22,7 @@ export class ApiError extends Error {
 export const token = {
   get() {
     try {
-      return sessionStorage.getItem(TOKEN_KEY) || '';
+      return sessionStorage.getItem(TOKEN_KEY) || localStorage.getItem(DEVICE_KEY) || '';
     } catch {
       return '';
     }
@@ -25,10 +30,70 @@ export const token = {
   set(value) {
     sessionStorage.setItem(TOKEN_KEY, value);
   },
+  setDevice(value) {
+    localStorage.setItem(DEVICE_KEY, value);
+  },
+  /** Whether the page signed in as a device (not with the owner token). */
+  isDevice() {
+    return this.get().startsWith('lxd_');
+  },
   forget() {
     sessionStorage.removeItem(TOKEN_KEY);
+    try {
+      localStorage.removeItem(DEVICE_KEY);
+    } catch {
+      // nothing kept
+    }
   },
 };
+
+/**
+ * Trades a sign-in link's code for this device's own credential (`POST
+ * /v1/devices`, no bearer). A refusal is the broker's words, and is not a
+ * refused token: nothing is forgotten.
+ */
+export async function signInDevice(code, name) {
+  let response;
+  try {
+    response = await fetch('/v1/devices', {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json', Accept: 'application/json' },
+      body: JSON.stringify({ code, name }),
+      cache: 'no-store',
+    });
+  } catch (error) {
+    throw new ApiError(`Could not reach the broker (${error.message || 'network error'}).`);
+  }
+  const data = await response.json().catch(() => null);
+  if (!response.ok) {
+    throw new ApiError(data?.error?.message || `The broker answered HTTP ${response.status}.`, {
+      status: response.status,
+      code: data?.error?.code || 'http_error',
+    });
+  }
+  return data;
+}
+
+/** What this browser calls itself in the broker's list of devices: "Chrome on Android". */
+export function deviceName(userAgent = navigator.userAgent) {
+  const browser =
+    [
+      [/Edg\//, 'Edge'],
+      [/Firefox\//, 'Firefox'],
+      [/Chrome\//, 'Chrome'],
+      [/Safari\//, 'Safari'],
+    ].find(([pattern]) => pattern.test(userAgent))?.[1] || 'A browser';
+  const system =
+    [
+      [/iPhone/, 'iPhone'],
+      [/iPad/, 'iPad'],
+      [/Android/, 'Android'],
+      [/Windows/, 'Windows'],
+      [/Mac OS X/, 'a Mac'],
+      [/Linux/, 'Linux'],
+    ].find(([pattern]) => pattern.test(userAgent))?.[1] || 'another device';
+  return `${browser} on ${system}`;
+}
 
 /**
  * The broker's clock as this page sees it, from each answer's `Date` header

@@ -283,7 +283,38 @@ function route() {
   }
 }
 
-window.addEventListener('hashchange', route);
+window.addEventListener('hashchange', () => (linkCode() ? signInWithLink(linkCode()) : route()));
+
+// --- signing in a device with a link (WEB.md "Signing in a phone") ---
+
+/** The code of a sign-in link (`#link=<code>`), if the address holds one. */
+function linkCode() {
+  const match = /^#link=([0-9A-Za-z]{1,64})$/.exec(location.hash);
+  return match ? match[1] : null;
+}
+
+/** Trades the link's code for this device's own credential, once; the code
+ * leaves the address bar and the history first. */
+async function signInWithLink(code) {
+  history.replaceState(null, '', `${location.pathname}${location.search}`);
+  closeChat();
+  ui.appView.hidden = true;
+  ui.tokenView.hidden = false;
+  showError(ui.tokenError, '');
+  ui.tokenSubmit.disabled = true;
+  announce('Signing this device in…');
+  try {
+    const device = await api.signInDevice(code, api.deviceName());
+    api.token.forget();
+    api.token.setDevice(device.token);
+    announce(`Signed in as “${device.name}”.`);
+    start();
+  } catch (error) {
+    askForToken(`Could not sign in: ${error.message}`);
+  } finally {
+    ui.tokenSubmit.disabled = false;
+  }
+}
 
 // --- one open chat ---
 
@@ -1150,5 +1181,6 @@ if ('serviceWorker' in navigator) {
   navigator.serviceWorker.register('/sw.js').catch(() => {});
 }
 
-if (api.token.get()) start();
+if (linkCode()) signInWithLink(linkCode());
+else if (api.token.get()) start();
 else askForToken('');

@@ -13,27 +13,27 @@ use crate::support::{self, HOST_SURFACE, Host, TOKEN, TestBroker};
 
 /// What one run of the binary printed, and how it exited.
 #[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
 }
 
 impl Run {
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_str(&self.stdout)
             .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {self:?}"))
     }
 
     #[track_caller]
-    fn ok(&self) -> &Self {
+    pub(crate) fn ok(&self) -> &Self {
         assert_eq!(self.code, 0, "expected success: {self:?}");
         self
     }
 }
 
 /// Runs `loopx <args> --broker-url <url>` with the owner token in the environment.
-async fn loopx_at(url: &str, args: &[&str]) -> Run {
+pub(crate) async fn loopx_at(url: &str, args: &[&str]) -> Run {
     let output = support::loopx()
         .args(args)
         .args(["--broker-url", url])

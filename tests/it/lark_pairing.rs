@@ -233,18 +233,9 @@ async fn lark_pairing_a_redelivered_link_is_taken_once() {
 
 /// Moves every pairing code's expiry into the past (the API cannot).
 async fn expire_codes(broker: &TestBroker) {
-    let sql = "update lark_pair_codes set expires_at = 0";
-    match &broker.database {
-        Some(database) => {
-            let db = sqlx::PgPool::connect(&database.url).await.unwrap();
-            sqlx::query(sql).execute(&db).await.unwrap();
-        }
-        None => {
-            let url = format!("sqlite://{}", broker.dir.path().join("broker.db").display());
-            let db = sqlx::SqlitePool::connect(&url).await.unwrap();
-            sqlx::query(sql).execute(&db).await.unwrap();
-        }
-    }
+    broker
+        .execute_sql("update lark_pair_codes set expires_at = 0")
+        .await;
 }
 
 #[tokio::test]

@@ -12,6 +12,7 @@ mod cli;
 mod completions;
 mod connections;
 mod continued;
+mod devices;
 mod durability;
 mod events;
 mod fake_lark;

@@ -174,6 +174,22 @@ impl TestBroker {
         }
     }
 
+    /// Runs `sql` on the broker's store behind its back (what the API
+    /// cannot do: move an expiry into the past).
+    pub async fn execute_sql(&self, sql: &str) {
+        match &self.database {
+            Some(database) => {
+                let db = sqlx::PgPool::connect(&database.url).await.unwrap();
+                sqlx::query(sql).execute(&db).await.unwrap();
+            }
+            None => {
+                let url = format!("sqlite://{}", self.dir.path().join("broker.db").display());
+                let db = sqlx::SqlitePool::connect(&url).await.unwrap();
+                sqlx::query(sql).execute(&db).await.unwrap();
+            }
+        }
+    }
+
     /// A client with another (or no) token.
     pub fn client_with_token(&self, token: Option<&str>) -> Client {
         Client::new(&self.url, token.map(str::to_owned))
