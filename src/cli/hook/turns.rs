@@ -43,8 +43,10 @@ enum Holding {
 pub async fn stop(hook: &Hook) -> Result<Option<String>, Failure> {
     let last = hook.field("last_assistant_message").unwrap_or_default();
     let fingerprint = fingerprint(hook);
-    let typed_in = hook.seat().typed_in();
+    let typed_in = hook.seat().typed_in() || hook.bridged();
     let fresh = match holding(hook, &fingerprint, 0).await? {
+        // The Codex bridge delivered the turn: it answers it.
+        Holding::Other if hook.bridged() => return blocked(hook, None).await,
         Holding::Other => return Err("another bridge of this host holds a turn".into()),
         Holding::Nothing(claimed) => claimed,
         Holding::Delivered(held) if claim_fingerprint(&held.claim_id) == fingerprint => {
@@ -167,10 +169,20 @@ async fn typed_by_waker(hook: &Hook, prompt: &str) -> Result<Option<i64>, Failur
 async fn take_typed(hook: &Hook, seq: i64) -> Result<(), Failure> {
     let session_id = hook.host.session_id().await?;
     let claim_id = format!("{CLAIM_PREFIX}{}-{TYPED}", ulid::Ulid::new());
-    match claim(hook, &session_id, &claim_id, 0)
-        .await
-        .map_err(problem)?
-    {
+    let claimed = match claim(hook, &session_id, &claim_id, 0).await {
+        // The Codex bridge started this turn with the message it holds.
+        Err(ClientError::Refused { error, .. })
+            if error
+                .error
+                .active_claim_id
+                .as_deref()
+                .is_some_and(|id| id.starts_with(crate::cli::codex::CLAIM_PREFIX)) =>
+        {
+            return Ok(());
+        }
+        claimed => claimed.map_err(problem)?,
+    };
+    match claimed {
         ClaimAnswer::Claimed(c) if c.turn_state == TurnState::Claimed && c.turn.seq == seq => {
             Ok(())
         }
@@ -202,10 +214,10 @@ async fn wait(hook: &Hook, fingerprint: &str) -> Result<Option<Claimed>, Failure
 }
 
 /// The SessionEnd hook: a delivered turn not answered goes back to the
-/// front of the queue; the agent is away. An agent that exited (any reason
-/// but `/clear`, whose next session continues this one) leaves a session
-/// that is over: it closes unless messages wait for the agent to be
-/// resumed (HOOKS.md "The terminal's real life").
+/// front of the queue; the agent is away. A session whose agent left closes
+/// itself a while later with nothing waiting (the broker's
+/// `--close-exited-after`), unless the same terminal's next session
+/// continues it first (`/clear`, a restart).
 pub async fn session_end(hook: &Hook) -> Result<Option<String>, Failure> {
     let session_id = hook.host.session_id().await?;
     if let Some(active) = active_claim(hook, &session_id).await?
@@ -213,18 +225,10 @@ pub async fn session_end(hook: &Hook) -> Result<Option<String>, Failure> {
     {
         release(hook, &session_id, &active).await?;
     }
-    hook.report(AgentState::Away).await?;
     if hook.field("reason") != Some("clear") {
-        let if_idle = crate::model::CloseRequest {
-            if_idle: true,
-            ..Default::default()
-        };
-        match hook.client.close_with(&session_id, &if_idle).await {
-            Ok(_) => {}
-            Err(ClientError::Refused { error, .. })
-                if error.error.code == crate::error::ErrorCode::MessagesWaiting => {}
-            Err(e) => return Err(problem(e)),
-        }
+        // After `/clear` the agent goes on, in the session that continues
+        // this one.
+        hook.report(AgentState::Away).await?;
     }
     Ok(None)
 }
