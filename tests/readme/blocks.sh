@@ -4,7 +4,8 @@
 # page says to set, against one live broker: the README's Quick start (with
 # the built binary on PATH standing in for `cargo install`) and its hooks
 # blocks, docs/mcp.md's permission answer, docs/http-api.md's upload and the
-# owner's close, docs/operations.md's event stream and docs/lark.md's pairing.
+# owner's close, docs/operations.md's event stream, docs/lark.md's pairing and
+# docs/phone.md's sign-in link.
 # Every block must set what it uses, and answer no error.
 #
 # Usage: tests/readme/blocks.sh [path/to/loopx]   (default target/debug/loopx)
@@ -78,6 +79,12 @@ set -e
 block docs/lark.md '4. Pair a chat with a session' >"$work/pair.sh"
 run_block pair "$work/pair.sh" SESSION="$session" LOOPX_BROKER_URL="$BROKER_URL"
 grep -Eq '^/link [A-Z0-9]+$' "$work/pair.out" || { echo "the pair block:"; cat "$work/pair.out"; exit 1; }
+
+# A phone's sign-in link: the link for the address the phone uses, and its QR code.
+block docs/phone.md '## 2. Sign the phone in' >"$work/phone.sh"
+run_block phone "$work/phone.sh" LOOPX_BROKER_URL="$BROKER_URL"
+grep -Eq '^  https://machine\.tailnet-name\.ts\.net/#link=[0-9A-Z]{26}$' "$work/phone.out" && grep -q '▀' "$work/phone.out" \
+  || { echo "the phone sign-in block:"; cat "$work/phone.out"; exit 1; }
 
 block docs/http-api.md 'The owner can always close a session' >"$work/close.sh"
 run_block close "$work/close.sh" SESSION="$session"
