@@ -15,6 +15,7 @@
 mod devices;
 mod holders;
 mod permissions;
+mod push;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -64,6 +64,8 @@ pub enum ErrorCode {
     PermissionNotAnswered,
     /// 409: 50 devices are signed in already; revoke one first.
     TooManyDevices,
+    /// 409: the caller holds 10 push subscriptions already; remove one first.
+    TooManySubscriptions,
     /// 413: the request body is over 2 MiB.
     PayloadTooLarge,
     /// 415: the request body is not `application/json`.
@@ -106,7 +108,8 @@ impl ErrorCode {
             | MessagesWaiting
             | PermissionAlreadyAnswered
             | PermissionNotAnswered
-            | TooManyDevices => StatusCode::CONFLICT,
+            | TooManyDevices
+            | TooManySubscriptions => StatusCode::CONFLICT,
             RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,

@@ -47,6 +47,8 @@ pub mod openapi;
 /// Permission requests apart from their decisions: the stored row, a Lark
 /// chat's approvers, `yes <id>` / `no <id>` and the request's chat message.
 pub mod permission;
+/// Web Push apart from the store: the VAPID key, a subscription's rules.
+pub mod push;
 /// `loopx serve` and `loopx prune`; [`serve::App`] is the one wiring of a
 /// broker, which the integration tests run too.
 pub mod serve;

@@ -1049,6 +1049,51 @@ pub struct DeviceList {
     pub devices: Vec<Device>,
 }
 
+/// `GET /v1/push/key`: the broker's VAPID public key.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"key": "BLn9b-VR0ca83knDNZ32dCHGyjJp-1riX9ZTN40MqV8K_LpQmLqxC_DoHvqvFXO_nGdAB4W9dogZb_sM-uV4JbY"}))]
+pub struct PushKey {
+    /// The uncompressed P-256 point, base64url: `PushManager.subscribe`'s
+    /// `applicationServerKey`.
+    pub key: String,
+}
+
+/// A browser's push subscription's keys, base64url, as `PushSubscription.toJSON()` gives them.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PushKeys {
+    /// The browser's P-256 public key (65 bytes, uncompressed).
+    pub p256dh: String,
+    /// The auth secret (16 bytes).
+    pub auth: String,
+}
+
+/// `POST /v1/push/subscriptions`: a browser's push subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"endpoint": "https://push.example.net/send/abc", "keys": {"p256dh": "BLn9b-VR0ca83knDNZ32dCHGyjJp-1riX9ZTN40MqV8K_LpQmLqxC_DoHvqvFXO_nGdAB4W9dogZb_sM-uV4JbY", "auth": "_ordMnz7uTCmrpBTeUV4Bw"}}))]
+pub struct NewPushSubscription {
+    /// The push service's URL for this browser: `https` (plain `http` only
+    /// on loopback), at most 2048 bytes.
+    pub endpoint: String,
+    pub keys: PushKeys,
+}
+
+/// A push subscription, as stored (never its keys).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"subscription_id": "psb_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "endpoint": "https://push.example.net/send/abc", "created_at": "2026-11-30T10:00:00.000Z"}))]
+pub struct PushSubscription {
+    pub subscription_id: String,
+    pub endpoint: String,
+    pub created_at: String,
+}
+
+/// `GET /v1/push/subscriptions`: the caller's subscriptions, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+pub struct PushSubscriptionList {
+    pub subscriptions: Vec<PushSubscription>,
+}
+
 /// A reply's delivery state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
 #[serde(rename_all = "snake_case")]

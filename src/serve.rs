@@ -190,6 +190,8 @@ pub struct AppConfig {
     /// Where uploads' files stream to before they are stored (unnamed
     /// temporary files): `<data dir>/uploads`.
     pub upload_dir: PathBuf,
+    /// The broker's VAPID key (`<data dir>/vapid.key`; a fresh one by default).
+    pub vapid: Arc<crate::push::Vapid>,
 }
 
 impl AppConfig {
@@ -207,6 +209,7 @@ impl AppConfig {
             close_exited_after: crate::broker::DEFAULT_CLOSE_EXITED_AFTER,
             limits: ConnectionLimits::default(),
             upload_dir: std::env::temp_dir(),
+            vapid: Arc::new(crate::push::Vapid::generate()),
         }
     }
 }
@@ -270,6 +273,7 @@ impl App {
             lark_connector,
             openapi: crate::openapi::document_json,
             uploads: Arc::new(http::attachments::Uploads::new(config.upload_dir)),
+            vapid: config.vapid,
         };
         Self {
             state,
@@ -346,6 +350,9 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
             close_exited_after: args.close_exited_after,
             limits,
             upload_dir: data_dir.join("uploads"),
+            vapid: Arc::new(crate::push::Vapid::load_or_create(
+                &data_dir.join("vapid.key"),
+            )?),
             ..AppConfig::new(store, token)
         },
         shutdown,

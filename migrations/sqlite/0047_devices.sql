@@ -18,3 +18,16 @@ create table devices (
     created_at   integer not null,
     last_seen_at integer
 );
+
+-- Web Push subscriptions (WEB.md "Installable, and it tells you"), each the
+-- owner's (`device_id` null) or a device's, gone with the device. One row
+-- per endpoint: a browser subscribing again replaces its keys.
+create table push_subscriptions (
+    subscription_id text primary key,
+    device_id       text,
+    endpoint        text not null unique,
+    p256dh          text not null,
+    auth            text not null,
+    created_at      integer not null
+);
+create index push_subscriptions_device on push_subscriptions (device_id);

@@ -13,6 +13,7 @@ pub(crate) mod lark_connector;
 pub(crate) mod lark_events;
 pub(crate) mod lark_links;
 pub(crate) mod permissions;
+pub(crate) mod push;
 pub mod server;
 pub(crate) mod sessions;
 pub(crate) mod turns;
@@ -57,6 +58,8 @@ pub struct AppState {
     pub openapi: fn() -> String,
     /// Where uploads stream to, and how many run at once.
     pub uploads: Arc<attachments::Uploads>,
+    /// The broker's VAPID key (Web Push).
+    pub vapid: Arc<crate::push::Vapid>,
 }
 
 /// The owner token; never printed.
@@ -86,6 +89,7 @@ pub fn router(state: AppState) -> Router {
         .merge(sessions::router())
         .merge(claims::router())
         .merge(devices::router())
+        .merge(push::router())
         .merge(events::router())
         .merge(lark_links::router())
         .merge(permissions::router())

@@ -28,9 +28,11 @@ use crate::error::{Error, ErrorCode};
 use crate::ids::Minter;
 use crate::model::{
     AnswerPermission, AnsweredVia, BindRequest, CloseRequest, CompleteRequest,
-    CreatePermissionRequest, EnqueueRequest, HostIdentity, NotificationKind, RegisterAgentThread,
+    CreatePermissionRequest, EnqueueRequest, HostIdentity, NewPushSubscription, NotificationKind,
+    RegisterAgentThread,
 };
 use crate::permission::PermissionRow;
+use crate::push::{self, PushSubscriptionRow};
 use crate::store::retention::PruneStep;
 use crate::store::statement::{self, Statement};
 use crate::store::{Blob, Command, Done};
@@ -299,8 +301,22 @@ pub(crate) async fn command<X: Tx>(
             sign_in_device(tx, &code_hash, device, minter, now).await
         }
         Command::RevokeDevice { device_id } => {
-            let gone = tx.execute(statement::revoke_device(&device_id)).await?;
+            let [device, subscriptions] = statement::revoke_device(&device_id);
+            let gone = tx.execute(device).await?;
+            tx.execute(subscriptions).await?;
             Ok(Done::RevokeDevice(Box::new(gone > 0)))
+        }
+        Command::Subscribe {
+            device_id,
+            subscription,
+        } => subscribe(tx, device_id.as_deref(), &subscription, minter, now).await,
+        Command::Unsubscribe {
+            subscription_id,
+            device_id,
+        } => {
+            let unsubscribe = statement::unsubscribe(&subscription_id, device_id.as_deref());
+            let gone = tx.execute(unsubscribe).await?;
+            Ok(Done::Unsubscribe(Box::new(gone > 0)))
         }
         Command::DeviceSeen { device_id, at } => {
             tx.execute(statement::device_seen(&device_id, at)).await?;
@@ -630,6 +646,43 @@ async fn sign_in_device<X: Tx>(
         name: device.name,
         created_at: now,
         last_seen_at: None,
+    })))
+}
+
+/// A push subscription for its caller, unless it holds too many.
+async fn subscribe<X: Tx>(
+    tx: &mut X,
+    device_id: Option<&str>,
+    subscription: &NewPushSubscription,
+    minter: &Minter,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let subscription_id = minter.mint("psb");
+    let [earlier, insert] = statement::subscribe(
+        &subscription_id,
+        device_id,
+        subscription,
+        now,
+        push::MAX_SUBSCRIPTIONS,
+    );
+    tx.execute(earlier).await?;
+    if tx.execute(insert).await? == 0 {
+        return Err(Error::new(
+            ErrorCode::TooManySubscriptions,
+            format!(
+                "This caller holds {} push subscriptions already: remove one first.",
+                push::MAX_SUBSCRIPTIONS
+            ),
+        )
+        .into());
+    }
+    Ok(Done::Subscribe(Box::new(PushSubscriptionRow {
+        subscription_id,
+        device_id: device_id.map(str::to_owned),
+        endpoint: subscription.endpoint.clone(),
+        p256dh: subscription.keys.p256dh.clone(),
+        auth: subscription.keys.auth.clone(),
+        created_at: now,
     })))
 }
 

@@ -74,12 +74,14 @@ use crate::decide::turn::{ClaimOutcome, Enqueue, Releaser};
 use crate::decide::{Changed, EventRow, SessionRow, TurnRow};
 use crate::devices::{DeviceRow, NewDevice};
 use crate::error::Result;
+use crate::model::NewPushSubscription;
 use crate::model::{
     AnswerPermission, AnsweredVia, BindRequest, CloseRequest, CompleteRequest,
     CreatePermissionRequest, EnqueueRequest, HostIdentity, LarkLink, ListSessions, ListTurns,
     NotificationKind, PermissionState, Receipt, RegisterAgentThread, Released, ReplyState,
 };
 use crate::permission::PermissionRow;
+use crate::push::PushSubscriptionRow;
 
 /// The open sessions with an active claim, and when it was made (the
 /// statement of [`Read::HeldSessions`], on either backend).
@@ -614,6 +616,14 @@ commands! {
     RevokeDevice { device_id: String } -> bool, revoke_device, "revoking a device";
     /// Records when a device was last seen.
     DeviceSeen { device_id: String, at: i64 } -> (), device_seen, "recording a device's visit";
+    /// A push subscription for the owner (`None`) or a device, replacing
+    /// the endpoint's earlier one; 409 `too_many_subscriptions` past
+    /// [`crate::push::MAX_SUBSCRIPTIONS`] for that caller.
+    Subscribe { device_id: Option<String>, subscription: NewPushSubscription }
+        -> PushSubscriptionRow, subscribe, "recording a push subscription";
+    /// Removes a subscription of that caller: whether it was there.
+    Unsubscribe { subscription_id: String, device_id: Option<String> } -> bool, unsubscribe,
+        "removing a push subscription";
 }
 
 /// The store's plain reads, each once, as [`commands!`] makes the
@@ -733,6 +743,9 @@ reads! {
     Devices {} -> Vec<DeviceRow>, devices;
     /// The device whose credential has this hash, if one is signed in.
     DeviceByToken { token_hash: &'a str } -> Option<DeviceRow>, device_by_token;
+    /// The push subscriptions of the owner (`None`) or a device, oldest first.
+    PushSubscriptions { device_id: Option<&'a str> } -> Vec<PushSubscriptionRow>,
+        push_subscriptions;
 }
 
 impl Done {

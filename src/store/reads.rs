@@ -16,6 +16,7 @@ use crate::devices::DeviceRow;
 use crate::error::Result;
 use crate::model::{LarkLink, ListSessions, ListTurns, PermissionState};
 use crate::permission::{self, PermissionRow};
+use crate::push::PushSubscriptionRow;
 
 /// [`Reader::queue_stats`]: how many turns are queued over all sessions,
 /// and when the oldest was enqueued, through a partial index of the queued
@@ -34,6 +35,11 @@ const DEVICES: &str = "select device_id, name, created_at, last_seen_at from dev
 /// The device whose credential's hash is `$1`.
 const DEVICE_BY_TOKEN: &str =
     "select device_id, name, created_at, last_seen_at from devices where token_hash = $1";
+
+/// A caller's (`$1`, null for the owner) push subscriptions, oldest first.
+const PUSH_SUBSCRIPTIONS: &str = "select subscription_id, device_id, endpoint, p256dh, auth, \
+     created_at from push_subscriptions where coalesce(device_id, '') = coalesce($1, '') \
+     order by created_at, subscription_id";
 
 /// What a store gives the plain reads.
 #[async_trait]
@@ -166,7 +172,17 @@ where
     for<'r> AttachmentBytes: FromRow<'r, R::Row>,
     for<'r> HeldSince: FromRow<'r, R::Row>,
     for<'r> DeviceRow: FromRow<'r, R::Row>,
+    for<'r> PushSubscriptionRow: FromRow<'r, R::Row>,
 {
+    async fn push_subscriptions(
+        &self,
+        device_id: Option<&'a str>,
+    ) -> Result<Vec<PushSubscriptionRow>> {
+        let select = Statement::new(PUSH_SUBSCRIPTIONS).bind(device_id);
+        self.rows(select, |row| PushSubscriptionRow::from_row(row))
+            .await
+    }
+
     async fn devices(&self) -> Result<Vec<DeviceRow>> {
         let select = Statement::new(DEVICES);
         self.rows(select, |row| DeviceRow::from_row(row)).await

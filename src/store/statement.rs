@@ -17,7 +17,7 @@ use crate::decide::{
     Change, ClaimRow, Continuation, NewEvent, NewReply, SessionRow, Sweep, TurnRow, Writes,
 };
 use crate::devices::NewDevice;
-use crate::model::RegisterAgentThread;
+use crate::model::{NewPushSubscription, RegisterAgentThread};
 use crate::store::{Blob, CardUpdateJob, Outbound, ReplyUpdate};
 
 /// A value a statement binds. A null keeps its column's kind (PostgreSQL
@@ -665,9 +665,53 @@ pub(crate) fn insert_device(device_id: &str, device: &NewDevice, now: i64, max: 
     .bind(max)
 }
 
-/// A device revoked (`$1`): its row and credential gone.
-pub(crate) fn revoke_device(device_id: &str) -> Statement {
-    Statement::new("delete from devices where device_id = $1").bind(device_id)
+/// A device revoked (`$1`): its row and credential gone, and then its
+/// push subscriptions.
+pub(crate) fn revoke_device(device_id: &str) -> [Statement; 2] {
+    [
+        Statement::new("delete from devices where device_id = $1").bind(device_id),
+        Statement::new("delete from push_subscriptions where device_id = $1").bind(device_id),
+    ]
+}
+
+/// A push subscription (`$1` id, `$2` its caller's device or null for the
+/// owner, `$3` endpoint, `$4` p256dh, `$5` auth, `$6` now), while its
+/// caller holds fewer than `$7`; the endpoint's earlier row goes first (a
+/// browser subscribing again).
+pub(crate) fn subscribe(
+    subscription_id: &str,
+    device_id: Option<&str>,
+    subscription: &NewPushSubscription,
+    now: i64,
+    max: i64,
+) -> [Statement; 2] {
+    [
+        Statement::new("delete from push_subscriptions where endpoint = $1")
+            .bind(subscription.endpoint.as_str()),
+        Statement::new(
+            "insert into push_subscriptions \
+             (subscription_id, device_id, endpoint, p256dh, auth, created_at) \
+             select $1, $2, $3, $4, $5, $6 where (select count(*) from push_subscriptions \
+             where coalesce(device_id, '') = coalesce($2, '')) < $7",
+        )
+        .bind(subscription_id)
+        .bind(device_id)
+        .bind(subscription.endpoint.as_str())
+        .bind(subscription.keys.p256dh.as_str())
+        .bind(subscription.keys.auth.as_str())
+        .bind(now)
+        .bind(max),
+    ]
+}
+
+/// A subscription (`$1`) of its caller (`$2`, null for the owner) removed.
+pub(crate) fn unsubscribe(subscription_id: &str, device_id: Option<&str>) -> Statement {
+    Statement::new(
+        "delete from push_subscriptions \
+         where subscription_id = $1 and coalesce(device_id, '') = coalesce($2, '')",
+    )
+    .bind(subscription_id)
+    .bind(device_id)
 }
 
 /// A device (`$2`) was seen at `$1`.
@@ -781,9 +825,22 @@ mod tests {
         let devices = [
             spend_device_link("h", 1),
             insert_device("d", &device, 1, 2),
-            revoke_device("d"),
             device_seen("d", 1),
+            unsubscribe("s", None),
         ];
+        let subscription = NewPushSubscription {
+            endpoint: "e".into(),
+            keys: crate::model::PushKeys {
+                p256dh: "p".into(),
+                auth: "a".into(),
+            },
+        };
+        sqls.extend(revoke_device("d").iter().map(|s| s.sql));
+        sqls.extend(
+            subscribe("s", None, &subscription, 1, 2)
+                .iter()
+                .map(|s| s.sql),
+        );
         sqls.extend(mint_device_link("h", 1, 2).iter().map(|s| s.sql));
         sqls.extend(devices.iter().map(|s| s.sql));
         for sql in sqls {

@@ -35,6 +35,7 @@ mod owner_close;
 mod permissions;
 mod presence;
 mod prompts;
+mod push;
 mod replicas;
 mod retention;
 mod sessions;
