@@ -16,6 +16,7 @@ mod devices;
 mod holders;
 mod permissions;
 mod push;
+mod push_sender;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -97,6 +98,9 @@ pub struct Broker {
     prompts: governor::DefaultKeyedRateLimiter<String>,
     /// Wrong sign-in codes lately, for all callers ([`crate::devices::Throttle`]).
     sign_ins: crate::devices::Throttle,
+    /// Whether any browser is subscribed to Web Push: the sender reads
+    /// nothing while none is ([`push_sender`]).
+    push_wanted: Arc<std::sync::atomic::AtomicBool>,
     /// When each device's last sighting was written (at most once a minute).
     seen: std::sync::Mutex<std::collections::HashMap<String, i64>>,
 }
@@ -169,6 +173,7 @@ impl Broker {
             close_exited_after: DEFAULT_CLOSE_EXITED_AFTER,
             shutdown,
             sign_ins: Default::default(),
+            push_wanted: Default::default(),
             seen: Default::default(),
         }
     }

@@ -243,6 +243,7 @@ impl App {
                 .with_close_exited_after(config.close_exited_after),
         );
         tokio::spawn(broker.clone().sweep_holders());
+        broker.spawn_push(config.vapid.clone(), shutdown.clone());
         let mut lark_tasks = Vec::new();
         let mut lark_connector = None;
         if let Some(lark) = &config.lark {

@@ -31,6 +31,7 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
         JS,
         include_bytes!("web/attention.js"),
     ),
+    ("/assets/push.js", JS, include_bytes!("web/push.js")),
     (
         "/assets/permissions.js",
         JS,

@@ -27,6 +27,8 @@ impl Broker {
             .store
             .subscribe(device_of(caller), subscription)
             .await?;
+        self.push_wanted
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(shown(row))
     }
 

@@ -746,6 +746,8 @@ reads! {
     /// The push subscriptions of the owner (`None`) or a device, oldest first.
     PushSubscriptions { device_id: Option<&'a str> } -> Vec<PushSubscriptionRow>,
         push_subscriptions;
+    /// Every push subscription (at most 10 for the owner and for each device).
+    AllPushSubscriptions {} -> Vec<PushSubscriptionRow>, all_push_subscriptions;
 }
 
 impl Done {

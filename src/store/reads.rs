@@ -41,6 +41,10 @@ const PUSH_SUBSCRIPTIONS: &str = "select subscription_id, device_id, endpoint, p
      created_at from push_subscriptions where coalesce(device_id, '') = coalesce($1, '') \
      order by created_at, subscription_id";
 
+/// Every push subscription, oldest first.
+const ALL_PUSH_SUBSCRIPTIONS: &str = "select subscription_id, device_id, endpoint, p256dh, auth, \
+     created_at from push_subscriptions order by created_at, subscription_id";
+
 /// What a store gives the plain reads.
 #[async_trait]
 pub(crate) trait Rows: Sync {
@@ -174,6 +178,12 @@ where
     for<'r> DeviceRow: FromRow<'r, R::Row>,
     for<'r> PushSubscriptionRow: FromRow<'r, R::Row>,
 {
+    async fn all_push_subscriptions(&self) -> Result<Vec<PushSubscriptionRow>> {
+        let select = Statement::new(ALL_PUSH_SUBSCRIPTIONS);
+        self.rows(select, |row| PushSubscriptionRow::from_row(row))
+            .await
+    }
+
     async fn push_subscriptions(
         &self,
         device_id: Option<&'a str>,

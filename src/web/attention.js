@@ -2,7 +2,11 @@
 // elsewhere: the count of unread answers in the tab title (cleared when the
 // tab is shown again) and, only once the person has pressed the button and
 // the browser allowed it, a desktop notification naming the session.
-// This module never asks for a permission by itself.
+// This module never asks for a permission by itself. Turning notifications
+// on also subscribes this browser to Web Push (push.js), so they come with
+// the page closed too.
+
+import { subscribePush, unsubscribePush } from './push.js';
 
 const PREF_KEY = 'loopx.notifications';
 const button = document.getElementById('notify-toggle');
@@ -55,6 +59,7 @@ function renderButton() {
 button?.addEventListener('click', async () => {
   if (enabled()) {
     setWanted(false);
+    unsubscribePush();
   } else if (Notification.permission === 'granted') {
     setWanted(true);
   } else if (Notification.permission === 'default') {
@@ -63,6 +68,7 @@ button?.addEventListener('click', async () => {
     setWanted(answer === 'granted');
   }
   renderButton();
+  if (enabled()) subscribePush();
 });
 
 document.addEventListener('visibilitychange', () => {

@@ -3,7 +3,9 @@
 // (name, standalone, start URL inside its scope, 192 and 512 px PNG icons
 // that load as PNGs of that size), and the page links it; the service worker
 // registers, controls the page, and keeps the shell, so the page opens with
-// the network gone; nothing under /v1 is ever cached; the strict CSP holds.
+// the network gone; nothing under /v1 is ever cached; the strict CSP holds;
+// a push message (delivered through DevTools) is shown as the service worker
+// says, without any text of the message.
 //
 //   LOOPX_BIN=target/debug/loopx node tests/browser/install.test.mjs
 //
@@ -106,6 +108,35 @@ describe('the page installs and opens offline', () => {
       [],
       'no credential-bearing answer is kept',
     );
+  });
+
+  step('a push names a session and its kind; the worker shows it without any text, linked to the session', async () => {
+    await page.context().grantPermissions(['notifications'], { origin: broker.base });
+    const cdp = await page.context().newCDPSession(page);
+    const registered = new Promise((resolve) =>
+      cdp.on('ServiceWorker.workerRegistrationUpdated', ({ registrations }) => {
+        const ours = registrations.find((r) => r.scopeURL === `${broker.base}/` && !r.isDeleted);
+        if (ours) resolve(ours.registrationId);
+      }),
+    );
+    await cdp.send('ServiceWorker.enable');
+    const registrationId = await registered;
+    const data = JSON.stringify({ session_id: 'ses_01PUSHED', kind: 'needs_you' });
+    await cdp.send('ServiceWorker.deliverPushMessage', { origin: broker.base, registrationId, data });
+    const shown = await eventually('the notification', () =>
+      page.evaluate(async () => {
+        const registration = await navigator.serviceWorker.ready;
+        const [note] = await registration.getNotifications();
+        return note && { title: note.title, body: note.body, url: note.data.url, tag: note.tag };
+      }),
+    );
+    assert.deepEqual(shown, {
+      title: 'The agent needs you',
+      body: 'Open LoopX to see it.',
+      url: '/#/s/ses_01PUSHED',
+      tag: 'ses_01PUSHED:needs_you',
+    });
+    await cdp.send('ServiceWorker.disable');
   });
 
   step('with the network gone the page still opens, from its shell', async () => {
