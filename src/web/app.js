@@ -14,6 +14,13 @@ const $ = (id) => document.getElementById(id);
 const ui = {
   pageError: $('page-error'),
   forget: $('forget-token'),
+  linkDevice: $('link-device'),
+  linkPanel: $('link-panel'),
+  linkUrl: $('link-url'),
+  linkExpiry: $('link-expiry'),
+  linkError: $('link-error'),
+  linkCopy: $('link-copy'),
+  linkDone: $('link-done'),
   tokenView: $('token-view'),
   tokenForm: $('token-form'),
   tokenInput: $('token-input'),
@@ -138,6 +145,8 @@ function askForToken(message) {
   closeChat();
   ui.appView.hidden = true;
   ui.forget.hidden = true;
+  ui.linkDevice.hidden = true;
+  ui.linkPanel.hidden = true;
   showError(ui.pageError, '');
   ui.tokenView.hidden = false;
   ui.tokenInput.value = '';
@@ -188,6 +197,8 @@ function start() {
   ui.tokenView.hidden = true;
   ui.appView.hidden = false;
   ui.forget.hidden = false;
+  // Only the owner token may sign in another device.
+  ui.linkDevice.hidden = api.token.isDevice();
   refreshSessions();
   route();
 }
@@ -286,6 +297,41 @@ function route() {
 window.addEventListener('hashchange', () => (linkCode() ? signInWithLink(linkCode()) : route()));
 
 // --- signing in a device with a link (WEB.md "Signing in a phone") ---
+
+/** The owner makes a one-time link for another device and sees it here. */
+ui.linkDevice.addEventListener('click', async () => {
+  ui.linkDevice.disabled = true;
+  showError(ui.linkError, '');
+  try {
+    const { data } = await api.request('POST', '/v1/devices/links');
+    ui.linkUrl.textContent = `${location.origin}/#link=${data.code}`;
+    ui.linkExpiry.textContent = `Good once, until ${new Date(data.expires_at).toLocaleTimeString()}.`;
+    ui.linkPanel.hidden = false;
+    ui.linkCopy.focus();
+  } catch (error) {
+    if (error.status !== 401) {
+      ui.linkPanel.hidden = false;
+      showError(ui.linkError, `No link: ${error.message}`);
+    }
+  } finally {
+    ui.linkDevice.disabled = false;
+  }
+});
+
+ui.linkCopy.addEventListener('click', async () => {
+  try {
+    await navigator.clipboard.writeText(ui.linkUrl.textContent);
+    announce('The sign-in link is copied.');
+  } catch {
+    announce('Copying was refused: select the link and copy it.');
+  }
+});
+
+ui.linkDone.addEventListener('click', () => {
+  ui.linkPanel.hidden = true;
+  ui.linkUrl.textContent = '';
+  ui.linkDevice.focus();
+});
 
 /** The code of a sign-in link (`#link=<code>`), if the address holds one. */
 function linkCode() {

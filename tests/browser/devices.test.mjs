@@ -89,6 +89,37 @@ describe('a phone signs in with a link', () => {
     assert.equal((await broker.ok('GET', '/v1/devices')).devices.length, 1);
   });
 
+  step('the owner makes a link on the page ("Sign in another device…"); a second phone signs in with it', async () => {
+    assert.equal(await page.locator('#link-device').isVisible(), false, 'a device cannot make links');
+    const ownerContext = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+    const phoneContext = await browser.newContext({ viewport: { width: 390, height: 844 } });
+    try {
+      const owner = await ownerContext.newPage();
+      owner.on('pageerror', (error) => pageErrors.push(error));
+      await owner.goto(`${broker.base}/`);
+      await owner.fill('#token-input', broker.token);
+      await owner.press('#token-input', 'Enter');
+      await owner.getByRole('button', { name: 'Sign in another device…' }).click();
+      await owner.locator('#link-url', { hasText: '#link=' }).waitFor();
+      const url = await owner.locator('#link-url').innerText();
+      assert.match(url, new RegExp(`^${broker.base}/#link=[0-9A-Z]{26}$`));
+      assert.match(await owner.locator('#link-expiry').innerText(), /^Good once, until /);
+      assert.deepEqual(await seriousAxeProblems(owner), []);
+      await owner.screenshot({ path: 'target/test-artifacts/browser/devices-owner-link-1280x900.png' });
+      const phone = await phoneContext.newPage();
+      phone.on('pageerror', (error) => pageErrors.push(error));
+      await phone.goto(url);
+      await phone.locator(`a.session-link[data-session-id="${session.session_id}"]`).waitFor();
+      assert.match(await phone.evaluate(() => localStorage.getItem('loopx.device-token')), /^lxd_/);
+      await owner.getByRole('button', { name: 'Done' }).click();
+      assert.equal(await owner.locator('#link-panel').isVisible(), false);
+    } finally {
+      await ownerContext.close();
+      await phoneContext.close();
+    }
+    assert.equal((await broker.ok('GET', '/v1/devices')).devices.length, 2);
+  });
+
   step('revoking the device signs the page out at its next request', async () => {
     const { devices } = await broker.ok('GET', '/v1/devices');
     const { status } = await broker.call('DELETE', `/v1/devices/${devices[0].device_id}`);
