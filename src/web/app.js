@@ -397,14 +397,14 @@ function showAsking(n) {
 /** How to bring back an agent that is away (it may have exited): messages
  * wait for it (HOOKS.md "The terminal's real life"). */
 const RESUME = {
-  'claude-code': '“claude --resume” at its terminal, or “claude” again in the same tmux pane or loopx run',
-  'codex-cli': '“codex resume” at its terminal, or “codex” again in the same tmux pane or loopx run',
+  'claude-code': '“claude --resume”',
+  'codex-cli': '“codex resume”',
 };
 
 /** How a message sent now reaches the agent (the presence's `delivery`). */
 function deliveryNote(agent, hostSurface) {
   if (agent?.state === 'away' && RESUME[hostSurface]) {
-    return `; its agent is away, so messages wait for it. If it exited, start it again: ${RESUME[hostSurface]}`;
+    return `; messages wait for the agent (if it exited: ${RESUME[hostSurface]}, or start it in the same pane)`;
   }
   switch (agent?.delivery) {
     case 'typed_now':
