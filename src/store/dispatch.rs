@@ -229,6 +229,11 @@ pub(crate) async fn command<X: Tx>(
             host,
             kind,
         } => notify(tx, &session_id, &host, kind, now).await,
+        Command::ReportChanges {
+            session_id,
+            host,
+            report,
+        } => report_changes(tx, &session_id, &host, report, now).await,
         Command::LarkLink {
             session_id,
             chat_id,
@@ -538,6 +543,24 @@ async fn notify<X: Tx>(
     let session = tx.lock_session(session_id).await?;
     let decision = presence::notify(session, host, kind, now)?;
     Ok(Done::Notify(Box::new(decided(tx, decision).await?)))
+}
+
+async fn report_changes<X: Tx>(
+    tx: &mut X,
+    session_id: &str,
+    host: &HostIdentity,
+    report: crate::model::ReportChanges,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let session = tx.lock_session(session_id).await?;
+    // The turn it holds a claim on may be the one the agent works on.
+    let claim = match session.as_ref().and_then(|s| s.active_claim_id.clone()) {
+        Some(claim_id) => tx.release_rows(session_id, &claim_id).await?.claim,
+        None => None,
+    };
+    let rows = crate::decide::changes::ReportRows { session, claim };
+    let decision = crate::decide::changes::report(rows, host, report, now)?;
+    Ok(Done::ReportChanges(Box::new(decided(tx, decision).await?)))
 }
 
 async fn lark_link<X: Tx>(
