@@ -363,12 +363,12 @@ mod tests {
         };
         let r = report_of(vec![file("a", 3), file("b", 2)], &["a", "c", "a"]);
         let decided = report(rows(open.clone()), &host("h"), r.clone(), 5).unwrap();
+        assert!(!decided.writes.journaled());
         let written = decided.writes.changes.unwrap();
         let turn = written.turn.unwrap();
         assert_eq!(turn.turn_id, "trn_t");
         let shown = turn_changes(turn.turn_id, &turn.files);
         assert_eq!((shown.files.len(), shown.added, shown.removed), (2, 3, 1));
-        assert!(!decided.writes.journaled());
         let stranger = report(rows(open.clone()), &host("x"), r.clone(), 5);
         assert_eq!(stranger.unwrap_err().code, ErrorCode::HostMismatch);
         let closed = report(rows(session(SessionState::Closed)), &host("h"), r.clone(), 5);
