@@ -13,6 +13,7 @@ use crate::serve::{self, ServeArgs};
 /// A delivered turn's files saved on the host, named for the agent.
 pub mod attachments;
 pub mod chat;
+pub mod codex;
 pub mod common;
 pub mod health;
 pub mod hook;
@@ -86,6 +87,12 @@ pub enum Command {
     ///
     /// Example: loopx run -- claude --continue
     Run(wake::run::RunArgs),
+    /// Codex through its own app-server: `loopx codex bridge` joins plain
+    /// `codex`'s shared server and delivers each thread's messages into it
+    /// with no typing (the hooks start it; CODEX.md).
+    ///
+    /// Example: loopx codex bridge --goal-id my-project --agent-id codex --executor-endpoint-id my-laptop
+    Codex(codex::CodexArgs),
     /// Check that a broker is up and its store answers (no token needed);
     /// exit 0 when healthy, 1 when not, 3 when nothing answers.
     ///
@@ -120,6 +127,7 @@ pub fn main() -> ExitCode {
         Command::Mcp(args) => mcp::run(args),
         Command::Hook(args) => hook::run(args),
         Command::Run(args) => wake::run::run(args),
+        Command::Codex(args) => codex::run(args),
         Command::Health(args) => health::run(args),
     }
 }

@@ -26,6 +26,10 @@
 #  9. (issue 55) `/new` typed at the composer: the new thread continues the
 #     conversation (one open session, `continued_in`), and a message to it
 #     is typed in and answered
+# 10. (issue 59) plain `codex` (its shared background server): the hooks
+#     start the Codex bridge, which delivers a Web message into the thread
+#     with `turn/start` (nothing typed), answered with the turn's message,
+#     recorded once (not also as a prompt typed at the terminal)
 #
 # Usage: tests/wake/codex.sh [path/to/loopx]   (default target/debug/loopx)
 #   WAKE_HARNESS_ONLY=1 stops after 0 (runs without the feature);
@@ -46,13 +50,14 @@ export LOOPX_TOKEN=wake-test-token HOME="$work/home" STUB_API_KEY=sk-stub
 unset CODEX_HOME TMUX TMUX_PANE
 # One project per agent, each with its own goal (the hooks bind by it).
 mkdir -p "$HOME" "$work/project" "$work/project2" "$work/project-a" "$work/project-b" "$work/project-esc" \
-  "$work/project-new"
+  "$work/project-new" "$work/project-plain"
 project=$(realpath "$work/project")   # as Codex names it
 project2=$(realpath "$work/project2")
 project_a=$(realpath "$work/project-a")
 project_b=$(realpath "$work/project-b")
 project_esc=$(realpath "$work/project-esc")
 project_new=$(realpath "$work/project-new")
+project_plain=$(realpath "$work/project-plain")
 start_broker "$loopx" --data-dir "$work/data"
 model_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export STUB_LOG="$work/model-requests.jsonl"
@@ -75,8 +80,8 @@ cleanup() {
 trap cleanup EXIT
 export TERM=xterm-256color SHELL=/bin/bash
 
-tui_codex_home "$model_port" "$project" "$project2" "$project_a" "$project_b" "$project_esc" "$project_new"
-for dir in "$project" "$project2" "$project_a" "$project_b" "$project_esc" "$project_new"; do
+tui_codex_home "$model_port" "$project" "$project2" "$project_a" "$project_b" "$project_esc" "$project_new" "$project_plain"
+for dir in "$project" "$project2" "$project_a" "$project_b" "$project_esc" "$project_new" "$project_plain"; do
   git -C "$dir" init -q
   "$loopx" hook install --agent codex --project-dir "$dir" --goal-id "g-$(basename "$dir")" \
     --agent-id agent-wake --executor-endpoint-id exec-ci --broker-url "$BROKER_URL" >/dev/null
@@ -98,7 +103,7 @@ state=$(api "/v1/sessions/$session" | python3 -c 'import json, sys; print(json.l
 [ "$state" = waiting ] || { echo "the agent is $state after its turn, not waiting" >&2; exit 1; }
 echo "harness: codex at its composer in $pane, session $session bound by its hooks, a typed prompt answered"
 if [ -n "${WAKE_HARNESS_ONLY:-}" ]; then exit 0; fi
-on() { [[ " ${WAKE_CASES:-1 2 3 4 5 6 7 8 9} " == *" $1 "* ]]; }
+on() { [[ " ${WAKE_CASES:-1 2 3 4 5 6 7 8 9 10} " == *" $1 "* ]]; }
 
 # 1. Idle for 5 s, then one Web message.
 if on 1; then
@@ -317,6 +322,41 @@ seq=$(send "$new" "Case nine, after /new.")
 answer=$(answers "$new" 60 "$seq")
 expect_answer "$answer" "$seq" "Case nine, after /new."
 echo "9. /new continued $old in $new (one open session); #$seq typed in: $answer"
+fi
+
+# 10. Plain codex: its threads live in the shared background server, whose
+# hooks start the bridge; messages go in through the server, not the pane.
+if on 10; then
+pane=$(tui_window codex-plain "$project_plain")
+tui_wait "$pane" '^wake\$ ' 10
+tui_type "$pane" "$(printf '%q' "$codex")"
+tui_enter "$pane"
+tui_wait "$pane" "$TUI_CODEX_IDLE" 60
+first="Typed into plain codex."
+tui_type "$pane" "$first"
+sleep 0.5
+tui_enter "$pane"
+tui_wait "$pane" "Stub answer\\. \\[$first\\]" 30
+tui_wait "$pane" "$TUI_CODEX_IDLE" 20
+session_plain=$(open_session g-project-plain)
+for _ in $(seq 100); do
+  ls "$work/data/codex-bridges/"*.lock >/dev/null 2>&1 && break
+  sleep 0.1
+done
+sleep 2
+seq=$(send "$session_plain" "Case ten, through the bridge.")
+answer=$(answers "$session_plain" 60 "$seq")
+expect_answer "$answer" "$seq" "Case ten, through the bridge."
+tui_wait "$pane" "Case ten, through the bridge" 10
+api "/v1/sessions/$session_plain/turns?limit=200" | python3 -c '
+import json, sys
+turns = json.load(sys.stdin)["turns"]
+mine = [t for t in turns if "Case ten, through the bridge." in t["text"]]
+assert len(mine) == 1 and mine[0]["origin"] == "web", "recorded %r" % [(t["seq"], t["origin"], t["text"][:40]) for t in turns]
+'
+pgrep -f "$(basename "$loopx") codex bridge" >/dev/null || { echo "no codex bridge runs" >&2; exit 1; }
+! tui_screen "$pane" | grep -q "Blocked by hook" || { echo "the message came as a Stop hook's block" >&2; exit 1; }
+echo "10. plain codex: the bridge delivered #$seq with no typing: $answer"
 fi
 
 latency_report "$STUB_LOG"

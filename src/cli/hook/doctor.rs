@@ -89,7 +89,7 @@ pub fn run(args: DoctorArgs) -> ExitCode {
         found.problem(format!("a hook failed: {line}"));
     }
     if args.settings.agent == Agent::Codex {
-        check_app_server(!unwoken.is_empty(), &mut found);
+        check_app_server(!unwoken.is_empty(), &data_dir, &mut found);
     }
     for line in &found.lines {
         println!("{line}");
@@ -232,12 +232,26 @@ async fn check_token(
     }
 }
 
-/// Codex: typing into an idle Codex needs its hooks to run in its own
-/// process, which its shared background server (the TUI's default) is not.
-fn check_app_server(hook_saw_it: bool, found: &mut Findings) {
+/// Codex: which way messages reach it. Plain `codex` runs its hooks in its
+/// shared background server, where the Codex bridge delivers (CODEX.md);
+/// with no bridge there, nothing reaches an idle Codex but through
+/// `--no-daemon` and typing.
+fn check_app_server(hook_saw_it: bool, data_dir: &std::path::Path, found: &mut Findings) {
+    let socket = crate::cli::codex::default_socket();
+    if crate::cli::codex::runs(data_dir, &socket) {
+        found.ok(format!(
+            "the Codex bridge runs for Codex's shared server ({}): plain `codex` gets \
+             the phone's messages through it, nothing typed",
+            socket.display()
+        ));
+        return;
+    }
     // Issue 55 (5): said where the person looks.
-    let fix = "start Codex with --no-daemon (`loopx run -- codex --no-daemon`, or \
-               `codex --no-daemon` in a tmux pane); there, too, a Codex binds its LoopX \
+    let fix = "install the hooks with the bind flags (--goal-id, --agent-id, \
+               --executor-endpoint-id): the first hook that runs in the shared server \
+               starts the Codex bridge, which delivers into plain `codex` without typing; \
+               or start Codex with --no-daemon (`loopx run -- codex --no-daemon`, or \
+               `codex --no-daemon` in a tmux pane). Either way a Codex binds its LoopX \
                session only at its first prompt (SessionStart runs then), so one just \
                started is reachable from the phone after someone types a first prompt";
     if let Some(pid) = crate::cli::wake::procfs::managed_app_server() {

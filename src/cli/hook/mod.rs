@@ -395,11 +395,21 @@ impl Hook {
     pub async fn wake(&self) -> Result<(), Failure> {
         use crate::cli::wake::{HostIdentity, run, tmux};
         if self.seat().under_app_server {
-            return Err(format!(
-                "{UNDER_APP_SERVER}, which cannot tell which terminal the agent is in: \
-                 nothing is typed into an idle Codex unless it runs with --no-daemon \
-                 (`loopx run -- codex --no-daemon`)"
-            ));
+            // Codex's shared server: the bridge joins it and delivers
+            // without typing (CODEX.md); it needs the bind labels.
+            return match self.host.target() {
+                Target::Bind(bind) => crate::cli::codex::ensure(
+                    &crate::cli::codex::default_socket(),
+                    bind,
+                    &self.connection,
+                ),
+                Target::Session(_) => Err(format!(
+                    "{UNDER_APP_SERVER}, which cannot tell which terminal the agent is in: \
+                     with --session-id nothing is delivered into an idle Codex; install the \
+                     hooks with the bind flags (the Codex bridge then delivers into it), or \
+                     run it with --no-daemon (`loopx run -- codex --no-daemon`)"
+                )),
+            };
         }
         let session_id = self.host.session_id().await?;
         let agent = self.seat().agent.clone();
@@ -420,6 +430,17 @@ impl Hook {
             host_session_id: self.host_session_id.clone(),
         };
         tmux::ensure(&session_id, &host, agent.as_ref(), &self.connection)
+    }
+
+    /// Whether a Codex bridge delivers this agent's messages (its hooks run
+    /// in Codex's shared server, which a bridge joined): then, as where a
+    /// waker types, no hook hands a message over.
+    pub fn bridged(&self) -> bool {
+        self.seat().under_app_server
+            && crate::cli::codex::runs(
+                &self.connection.data_dir(),
+                &crate::cli::codex::default_socket(),
+            )
     }
 
     /// Where the agent running this hook sits (read off `/proc` once).

@@ -43,8 +43,10 @@ enum Holding {
 pub async fn stop(hook: &Hook) -> Result<Option<String>, Failure> {
     let last = hook.field("last_assistant_message").unwrap_or_default();
     let fingerprint = fingerprint(hook);
-    let typed_in = hook.seat().typed_in();
+    let typed_in = hook.seat().typed_in() || hook.bridged();
     let fresh = match holding(hook, &fingerprint, 0).await? {
+        // The Codex bridge delivered the turn: it answers it.
+        Holding::Other if hook.bridged() => return blocked(hook, None).await,
         Holding::Other => return Err("another bridge of this host holds a turn".into()),
         Holding::Nothing(claimed) => claimed,
         Holding::Delivered(held) if claim_fingerprint(&held.claim_id) == fingerprint => {
@@ -167,10 +169,20 @@ async fn typed_by_waker(hook: &Hook, prompt: &str) -> Result<Option<i64>, Failur
 async fn take_typed(hook: &Hook, seq: i64) -> Result<(), Failure> {
     let session_id = hook.host.session_id().await?;
     let claim_id = format!("{CLAIM_PREFIX}{}-{TYPED}", ulid::Ulid::new());
-    match claim(hook, &session_id, &claim_id, 0)
-        .await
-        .map_err(problem)?
-    {
+    let claimed = match claim(hook, &session_id, &claim_id, 0).await {
+        // The Codex bridge started this turn with the message it holds.
+        Err(ClientError::Refused { error, .. })
+            if error
+                .error
+                .active_claim_id
+                .as_deref()
+                .is_some_and(|id| id.starts_with(crate::cli::codex::CLAIM_PREFIX)) =>
+        {
+            return Ok(());
+        }
+        claimed => claimed.map_err(problem)?,
+    };
+    match claimed {
         ClaimAnswer::Claimed(c) if c.turn_state == TurnState::Claimed && c.turn.seq == seq => {
             Ok(())
         }

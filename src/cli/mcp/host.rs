@@ -199,6 +199,11 @@ impl Host {
         }
     }
 
+    /// What the host attaches to: a session, or the bind.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
     /// The session id; in bind mode the first call that reaches the broker
     /// registers and binds (the open session is reused).
     pub async fn session_id(&self) -> Result<String, Problem> {
