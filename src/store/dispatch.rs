@@ -97,6 +97,9 @@ pub(crate) trait Tx {
     /// The chat the session's link sends terminal turns to.
     async fn terminal_feed(&mut self, session_id: &str) -> Result<Option<String>, Self::Fail>;
     async fn session_link(&mut self, session_id: &str) -> Result<Option<LinkRow>, Self::Fail>;
+    /// The session's latest report of its working tree as kept (its body
+    /// and when).
+    async fn changes(&mut self, session_id: &str) -> Result<Option<(Vec<u8>, i64)>, Self::Fail>;
     async fn chat(&mut self, chat_id: &str) -> Result<Option<ChatRow>, Self::Fail>;
     /// The chat's open sessions (id, approvers), in link order.
     async fn chat_links(&mut self, chat_id: &str) -> Result<Vec<(String, String)>, Self::Fail>;
@@ -713,6 +716,7 @@ async fn chat_rows<X: Tx>(
         sessions: chat_sessions(tx, chat_id).await?,
         replied,
         asked,
+        changes: None,
     };
     loop {
         let Some(target) = rows.target().map(|t| t.session.session_id.clone()) else {
@@ -766,6 +770,10 @@ async fn event_rows<X: Tx>(tx: &mut X, event: &LarkEvent) -> Result<EventRows, X
         Some(request_id) => tx.permission(&session_id, request_id).await?,
         None => None,
     };
+    let mut chat = chat;
+    if event.chat_command == Some(crate::decide::chat::ChatCommand::Changes) {
+        chat.changes = tx.changes(&session_id).await?;
+    }
     Ok(EventRows {
         seen: false,
         earlier: tx.earlier_turn(&session_id, &event.event_id).await?,

@@ -205,6 +205,10 @@ pub const NEXT_OUTBOX_DUE: &str = "select min(at) from ( \
 /// both backends: a new code (`$1`..`$4`: hash, session, made, expires),
 /// a code spent (`$1` when, `$2` hash), a chat's wrong codes (`$1`..`$3`),
 /// and a note (`$1`..`$4`: message, chat, card, now).
+/// A session's latest report of its working tree, as kept (`$1`): its
+/// body and when it came.
+pub const KEPT_CHANGES: &str =
+    "select body, reported_at from session_changes where session_id = $1";
 /// The Lark chat a session is linked to, if any (`$1`: the session).
 pub const LINKED_CHAT: &str = "select chat_id from lark_links where session_id = $1";
 pub const INSERT_PAIR_CODE: &str = "insert into lark_pair_codes \

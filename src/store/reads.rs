@@ -64,8 +64,6 @@ pub(crate) trait Rows: Sync {
     }
 }
 
-/// A session's latest report of its working tree (`$1`).
-const CHANGES: &str = "select body, reported_at from session_changes where session_id = $1";
 /// A session's (`$1`) latest `$2` turns' files, newest first.
 const TURN_CHANGES: &str = "select turn_id, files from turn_changes where session_id = $1 \
      order by updated_at desc, turn_id desc limit $2";
@@ -157,7 +155,7 @@ where
         false => rows.first(session, R::session_row).await?,
     };
     decide::existing(session)?;
-    let select = Statement::new(CHANGES).bind(session_id);
+    let select = Statement::new(super::KEPT_CHANGES).bind(session_id);
     rows.first(select, |row| <(Vec<u8>, i64)>::from_row(row))
         .await
 }

@@ -397,3 +397,35 @@ async fn the_hooks_report_at_post_tool_use_and_stop_with_the_turns_files() {
     agents.run("stop", "Stop", stop, &[]).await;
     assert_eq!(c.changes(sid).await.unwrap().body.turns.len(), 1);
 }
+
+#[tokio::test]
+async fn lark_changes_answers_a_card_with_the_files_and_the_totals() {
+    use crate::lark_pairing::{answer_to, code_for, connected, deliver, said};
+    let (fake, broker) = connected().await;
+    let host = bound_host(&broker.client).await;
+    let code = code_for(&broker, &host).await;
+    deliver(&fake, &said("ev_cl", "oc_changes", "om_cl", &format!("/link {code}"))).await;
+    answer_to(&fake, "om_cl").await;
+
+    deliver(&fake, &said("ev_c0", "oc_changes", "om_c0", "/changes")).await;
+    let (title, text) = answer_to(&fake, "om_c0").await;
+    assert!(title.starts_with("Changes"), "{title}");
+    assert!(text.contains("reported no changes"), "{text}");
+
+    broker
+        .client
+        .report_changes(host.session_id(), &report(&host, &[]))
+        .await
+        .unwrap();
+    deliver(&fake, &said("ev_c1", "oc_changes", "om_c1", "/changes")).await;
+    let (title, text) = answer_to(&fake, "om_c1").await;
+    assert!(title.starts_with("Changes") && title.contains(&host.goal_id), "{title}");
+    assert!(text.contains("feature/x"), "{text}");
+    assert!(text.contains("3 files changed (+3 −1)"), "{text}");
+    assert!(text.contains("`src/main.rs` modified +2 −1"), "{text}");
+    assert!(text.contains(&format!("`{ODD}` untracked +1 −0")), "{text}");
+    assert!(text.contains("`big.bin` modified (binary)"), "{text}");
+    // The diff itself stays on the Web page; the command is never a turn.
+    assert!(!text.contains("+more"), "{text}");
+    assert!(all_turns(&broker.client, &host).await.is_empty());
+}
