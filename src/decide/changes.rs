@@ -187,7 +187,8 @@ pub fn shown(
     turns: Vec<(String, Vec<u8>)>,
 ) -> Result<Changes> {
     let (stored, at) = latest(kept)?;
-    let total = |f: fn(&ChangedFile) -> u32| stored.files.iter().map(f).fold(0, u32::saturating_add);
+    let total =
+        |f: fn(&ChangedFile) -> u32| stored.files.iter().map(f).fold(0, u32::saturating_add);
     Ok(Changes {
         session_id: session_id.to_owned(),
         reported_at: crate::time::rfc3339(at),
@@ -220,7 +221,12 @@ pub fn file_shown(kept: Option<(Vec<u8>, i64)>, path: &str) -> Result<FileChange
 }
 
 fn latest(kept: Option<(Vec<u8>, i64)>) -> Result<(Stored, i64)> {
-    let none = || Error::new(ErrorCode::NotFound, "No changes were reported for this session.");
+    let none = || {
+        Error::new(
+            ErrorCode::NotFound,
+            "No changes were reported for this session.",
+        )
+    };
     let (body, at) = kept.ok_or_else(none)?;
     let stored = serde_json::from_slice(&body)
         .map_err(|_| Error::store("reading the agent's changes", "a report does not decode"))?;
@@ -371,7 +377,12 @@ mod tests {
         assert_eq!((shown.files.len(), shown.added, shown.removed), (2, 3, 1));
         let stranger = report(rows(open.clone()), &host("x"), r.clone(), 5);
         assert_eq!(stranger.unwrap_err().code, ErrorCode::HostMismatch);
-        let closed = report(rows(session(SessionState::Closed)), &host("h"), r.clone(), 5);
+        let closed = report(
+            rows(session(SessionState::Closed)),
+            &host("h"),
+            r.clone(),
+            5,
+        );
         assert_eq!(closed.unwrap_err().code, ErrorCode::SessionClosed);
         // No current turn: the report is kept, its turn files dropped.
         let idle = report(rows(session(SessionState::Open)), &host("h"), r, 5).unwrap();

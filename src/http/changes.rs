@@ -13,10 +13,7 @@ use crate::model::{Changes, FileChanges, ReportChanges};
 pub fn router() -> axum::Router<AppState> {
     axum::Router::new()
         .route("/v1/sessions/{session_id}/changes", post(report).get(read))
-        .route(
-            "/v1/sessions/{session_id}/changes/files/{*path}",
-            get(file),
-        )
+        .route("/v1/sessions/{session_id}/changes/files/{*path}", get(file))
 }
 
 /// Report the agent's working tree (by the host).

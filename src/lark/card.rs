@@ -566,7 +566,11 @@ fn changed(name: &SessionName, changes: Option<&crate::model::Changes>) -> Value
         text.push_str(&format!("\n… and {more} more · 另有 {more} 个"));
     }
     text.push_str("\nThe diffs are on the Web page · 差异见网页");
-    card(&named("Changes · 改动", name), "blue", vec![markdown(&text)])
+    card(
+        &named("Changes · 改动", name),
+        "blue",
+        vec![markdown(&text)],
+    )
 }
 
 /// What `/help` says.

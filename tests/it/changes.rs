@@ -86,7 +86,10 @@ async fn a_report_is_read_back_whole_and_file_by_file_with_its_turns_files() {
     // One file: its section of the diff, by its path encoded as one segment.
     let one = c.changed_file(sid, ODD).await.unwrap().body;
     assert_eq!(one.file.path, ODD);
-    assert!(one.diff.starts_with(&format!("diff --git a/{ODD} b/{ODD}\n")));
+    assert!(
+        one.diff
+            .starts_with(&format!("diff --git a/{ODD} b/{ODD}\n"))
+    );
     assert!(one.diff.ends_with("+hello\n"), "{}", one.diff);
     let main = c.changed_file(sid, "src/main.rs").await.unwrap().body;
     assert!(main.diff.contains("+more\n keep\n") && !main.diff.contains("hello"));
@@ -134,6 +137,9 @@ async fn a_report_is_read_back_whole_and_file_by_file_with_its_turns_files() {
     );
 }
 
+/// A change made to a report.
+type Change = dyn Fn(&mut ReportChanges);
+
 #[tokio::test]
 async fn a_report_is_the_hosts_within_its_limits_and_never_a_5xx() {
     let broker = TestBroker::start().await;
@@ -141,20 +147,31 @@ async fn a_report_is_the_hosts_within_its_limits_and_never_a_5xx() {
     let host = bound_host(c).await;
     let sid = host.session_id();
     let refused = |r: Result<(), loopx::client::ClientError>| match r {
-        Err(loopx::client::ClientError::Refused { reply, error }) => {
-            (reply.status.as_u16(), error.error.code_str(), error.error.message)
-        }
+        Err(loopx::client::ClientError::Refused { reply, error }) => (
+            reply.status.as_u16(),
+            error.error.code_str(),
+            error.error.message,
+        ),
         other => panic!("expected a refusal, got {other:?}"),
     };
     let mut stranger = report(&host, &[]);
     stranger.host_session_id = "someone-else".into();
-    assert_eq!(refused(c.report_changes(sid, &stranger).await).1, "host_mismatch");
+    assert_eq!(
+        refused(c.report_changes(sid, &stranger).await).1,
+        "host_mismatch"
+    );
     let (status, code_, _) = refused(c.report_changes("ses_none", &report(&host, &[])).await);
     assert_eq!((status, code_.as_str()), (404, "not_found"));
 
-    let limits: Vec<(&str, Box<dyn Fn(&mut ReportChanges)>)> = vec![
-        ("files", Box::new(|r| r.files = vec![file("a", FileStatus::Added, 1, 0); 1001])),
-        ("turn_files", Box::new(|r| r.turn_files = vec!["a".into(); 1001])),
+    let limits: Vec<(&str, Box<Change>)> = vec![
+        (
+            "files",
+            Box::new(|r| r.files = vec![file("a", FileStatus::Added, 1, 0); 1001]),
+        ),
+        (
+            "turn_files",
+            Box::new(|r| r.turn_files = vec!["a".into(); 1001]),
+        ),
         ("path", Box::new(|r| r.files[0].path = "a\0b".into())),
         ("path", Box::new(|r| r.files[0].path = String::new())),
         ("path", Box::new(|r| r.turn_files = vec!["x".repeat(4097)])),
@@ -177,10 +194,12 @@ async fn a_report_is_the_hosts_within_its_limits_and_never_a_5xx() {
             .unwrap()
     };
     let hs = &host.host_session_id;
-    let reply = raw(json!({"host_surface": HOST_SURFACE, "host_session_id": hs, "secret": 1})).await;
+    let reply =
+        raw(json!({"host_surface": HOST_SURFACE, "host_session_id": hs, "secret": 1})).await;
     assert_eq!(reply.status, 400, "{}", reply.text);
     let big = "x".repeat(3 << 20);
-    let reply = raw(json!({"host_surface": HOST_SURFACE, "host_session_id": hs, "diff": big})).await;
+    let reply =
+        raw(json!({"host_surface": HOST_SURFACE, "host_session_id": hs, "diff": big})).await;
     assert_eq!(reply.status, 413, "{}", reply.text);
     assert_eq!(reply.json()["error"]["code"], "payload_too_large");
     // Odd paths read as 404, never a failure.
@@ -208,7 +227,12 @@ async fn a_report_is_the_hosts_within_its_limits_and_never_a_5xx() {
 fn git(dir: &Path, args: &[&str]) {
     let out = Command::new("git")
         .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
-        .args(["-c", "init.defaultBranch=main", "-c", "commit.gpgsign=false"])
+        .args([
+            "-c",
+            "init.defaultBranch=main",
+            "-c",
+            "commit.gpgsign=false",
+        ])
         .arg("-C")
         .arg(dir)
         .args(args)
@@ -251,7 +275,11 @@ fn the_hooks_read_a_real_repository() {
         ("img.png", b"\x89PNG\0\0\x01"),
     ]);
     let root = repo.path();
-    write(root, "src/lib.rs", lines.replace("line 5\n", "five\nsix\n").as_bytes());
+    write(
+        root,
+        "src/lib.rs",
+        lines.replace("line 5\n", "five\nsix\n").as_bytes(),
+    );
     std::fs::remove_file(root.join("gone.txt")).unwrap();
     write(root, "img.png", b"\x89PNG\0\0\x02\x03");
     write(root, ODD, "h\u{e9}llo\nw\u{f6}rld".as_bytes());
@@ -268,17 +296,26 @@ fn the_hooks_read_a_real_repository() {
     assert_eq!(tree.branch.as_deref(), Some("main"));
     assert_eq!(tree.head.as_ref().map(String::len), Some(40));
     let lib = find(&tree, "src/lib.rs");
-    assert_eq!((lib.status, lib.added, lib.removed), (FileStatus::Modified, 2, 1));
+    assert_eq!(
+        (lib.status, lib.added, lib.removed),
+        (FileStatus::Modified, 2, 1)
+    );
     let gone = find(&tree, "gone.txt");
     assert_eq!((gone.status, gone.removed), (FileStatus::Deleted, 1));
     assert!(find(&tree, "img.png").binary);
     let odd = find(&tree, ODD);
-    assert_eq!((odd.status, odd.added, odd.truncated), (FileStatus::Untracked, 2, false));
+    assert_eq!(
+        (odd.status, odd.added, odd.truncated),
+        (FileStatus::Untracked, 2, false)
+    );
     assert!(find(&tree, "new bin").binary);
     let huge_new = find(&tree, "huge.txt");
     assert_eq!((huge_new.added, huge_new.truncated), (40_000, true));
     let huge_tracked = find(&tree, "src/huge.rs");
-    assert_eq!((huge_tracked.status, huge_tracked.added), (FileStatus::Added, 40_000));
+    assert_eq!(
+        (huge_tracked.status, huge_tracked.added),
+        (FileStatus::Added, 40_000)
+    );
     assert!(huge_tracked.truncated);
     // The diff holds exactly the shown files, each found by its path.
     let sections = loopx::decide::changes::sections(&tree.diff);
@@ -299,7 +336,10 @@ fn the_hooks_read_a_real_repository() {
     // Outside git, nothing.
     let outside = tempfile::tempdir().unwrap();
     assert_eq!(worktree::read(outside.path(), Duration::from_secs(2)), None);
-    assert_eq!(worktree::read(Path::new("/no/such/dir"), Duration::from_secs(2)), None);
+    assert_eq!(
+        worktree::read(Path::new("/no/such/dir"), Duration::from_secs(2)),
+        None
+    );
 
     // Before the first commit: everything is new.
     let fresh = tempfile::tempdir().unwrap();
@@ -318,7 +358,11 @@ fn ten_thousand_files_are_read_within_the_budget() {
     let root = repo.path();
     git(root, &["init", "-q"]);
     for n in 0..10_000 {
-        write(root, &format!("d{}/f{n}.txt", n % 100), format!("{n}\n").as_bytes());
+        write(
+            root,
+            &format!("d{}/f{n}.txt", n % 100),
+            format!("{n}\n").as_bytes(),
+        );
     }
     git(root, &["add", "-A"]);
     git(root, &["commit", "-qm", "many"]);
@@ -332,7 +376,11 @@ fn ten_thousand_files_are_read_within_the_budget() {
     let tree = worktree::read(root, Duration::from_secs(2)).unwrap();
     let took = started.elapsed();
     assert!(took < Duration::from_millis(2500), "{took:?}");
-    assert_eq!(tree.files.len(), worktree::MAX_FILES, "at most 1,000 listed");
+    assert_eq!(
+        tree.files.len(),
+        worktree::MAX_FILES,
+        "at most 1,000 listed"
+    );
     assert!(tree.files.iter().all(|f| f.status == FileStatus::Modified));
     assert!(tree.diff.len() <= worktree::MAX_DIFF_BYTES);
     // A budget too short for it: what was not read is listed truncated.
@@ -356,11 +404,14 @@ async fn the_hooks_report_at_post_tool_use_and_stop_with_the_turns_files() {
         .await;
 
     write(root, "b c.txt", b"new\nfile\n");
-    let tool = |name: &str, path: &str| {
-        json!({"tool_name": name, "tool_input": {"file_path": root.join(path)}, "cwd": cwd})
-    };
+    let tool = |name: &str, path: &str| json!({"tool_name": name, "tool_input": {"file_path": root.join(path)}, "cwd": cwd});
     let run = agents
-        .run("post-tool-use", "PostToolUse", tool("Write", "b c.txt"), &[])
+        .run(
+            "post-tool-use",
+            "PostToolUse",
+            tool("Write", "b c.txt"),
+            &[],
+        )
         .await;
     assert_eq!((run.code, run.stdout.as_str()), (0, ""), "{run:?}");
     let got = c.changes(sid).await.unwrap().body;
@@ -404,7 +455,11 @@ async fn lark_changes_answers_a_card_with_the_files_and_the_totals() {
     let (fake, broker) = connected().await;
     let host = bound_host(&broker.client).await;
     let code = code_for(&broker, &host).await;
-    deliver(&fake, &said("ev_cl", "oc_changes", "om_cl", &format!("/link {code}"))).await;
+    deliver(
+        &fake,
+        &said("ev_cl", "oc_changes", "om_cl", &format!("/link {code}")),
+    )
+    .await;
     answer_to(&fake, "om_cl").await;
 
     deliver(&fake, &said("ev_c0", "oc_changes", "om_c0", "/changes")).await;
@@ -419,7 +474,10 @@ async fn lark_changes_answers_a_card_with_the_files_and_the_totals() {
         .unwrap();
     deliver(&fake, &said("ev_c1", "oc_changes", "om_c1", "/changes")).await;
     let (title, text) = answer_to(&fake, "om_c1").await;
-    assert!(title.starts_with("Changes") && title.contains(&host.goal_id), "{title}");
+    assert!(
+        title.starts_with("Changes") && title.contains(&host.goal_id),
+        "{title}"
+    );
     assert!(text.contains("feature/x"), "{text}");
     assert!(text.contains("3 files changed (+3 −1)"), "{text}");
     assert!(text.contains("`src/main.rs` modified +2 −1"), "{text}");

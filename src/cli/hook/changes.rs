@@ -107,7 +107,12 @@ async fn report(hook: &Hook, touched: &[String]) -> Result<(), Failure> {
     hook.client
         .report_changes(&session_id, &report)
         .await
-        .map_err(|e| format!("the changes were not reported: {}", super::Problem::from(e).log_line()))
+        .map_err(|e| {
+            format!(
+                "the changes were not reported: {}",
+                super::Problem::from(e).log_line()
+            )
+        })
 }
 
 /// The report of `tree`: its turn files are those under its root.
@@ -130,11 +135,14 @@ fn report_of(hook: &Hook, tree: Worktree, touched: &[String]) -> ReportChanges {
         turn_files,
     };
     // Escaped as JSON, a diff may outgrow the body's limit: counts only.
-    let too_big = serde_json::to_vec(&report)
-        .map_or(true, |body| body.len() > crate::broker::MAX_BODY_BYTES);
+    let too_big =
+        serde_json::to_vec(&report).map_or(true, |body| body.len() > crate::broker::MAX_BODY_BYTES);
     if too_big {
         report.diff.clear();
-        report.files.iter_mut().for_each(|f| f.truncated |= !f.binary);
+        report
+            .files
+            .iter_mut()
+            .for_each(|f| f.truncated |= !f.binary);
     }
     report
 }

@@ -69,7 +69,7 @@ pub fn read(cwd: &Path, budget: Duration) -> Option<Worktree> {
         }
     }
     let mut diff: Vec<&Section> = tracked.values().filter(|s| s.kept()).collect();
-    diff.sort_by(|a, b| a.order.cmp(&b.order));
+    diff.sort_by_key(|s| s.order);
     tree.diff = diff.iter().map(|s| s.text.as_str()).collect();
     for path in untracked {
         if tree.files.len() >= MAX_FILES {
@@ -300,10 +300,13 @@ fn sections_of(stdout: impl Read) -> Vec<(String, Section)> {
                 .map(|(p, _)| p)
                 .unwrap_or_default();
             let order = sections.len();
-            sections.push((path, Section {
-                order,
-                ..Section::default()
-            }));
+            sections.push((
+                path,
+                Section {
+                    order,
+                    ..Section::default()
+                },
+            ));
         }
         if let Some((_, section)) = sections.last_mut() {
             section.line(&line);
@@ -413,7 +416,10 @@ fn added_section(path: &str, text: &str) -> String {
 /// A path as git's headers write it: quoted when it holds a quote, a
 /// backslash or a control character.
 fn quote(path: &str) -> String {
-    if !path.chars().any(|c| c == '"' || c == '\\' || c.is_control()) {
+    if !path
+        .chars()
+        .any(|c| c == '"' || c == '\\' || c.is_control())
+    {
         return path.to_owned();
     }
     let mut out = String::from("\"");
