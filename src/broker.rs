@@ -52,6 +52,8 @@ pub const DEFAULT_HOLDER_SILENCE: Duration = Duration::from_secs(5 * 60);
 /// How long a working agent may go without a hook event before it is
 /// announced stalled (`--stall-after`).
 pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(10 * 60);
+/// How long after its agent exited an idle session closes itself.
+pub const DEFAULT_CLOSE_EXITED_AFTER: Duration = Duration::from_secs(5 * 60);
 /// The longest a claim parks, in seconds; longer waits are capped.
 pub const MAX_WAIT_SECONDS: u64 = 1800;
 /// How often a parked claim re-checks the store anyway, so that its host
@@ -85,6 +87,7 @@ pub struct Broker {
     /// broker announces it stalled (zero: never;
     /// [`crate::decide::presence::stalls`]).
     stall_after: Duration,
+    close_exited_after: Duration,
     shutdown: CancellationToken,
     /// Each session's terminal prompts, at most
     /// [`crate::decide::terminal::PROMPT_BURST`] at once and
@@ -157,6 +160,7 @@ impl Broker {
             ),
             holder_silence: DEFAULT_HOLDER_SILENCE,
             stall_after: DEFAULT_STALL_AFTER,
+            close_exited_after: DEFAULT_CLOSE_EXITED_AFTER,
             shutdown,
         }
     }

@@ -100,6 +100,12 @@ pub struct ServeArgs {
     /// turn.
     #[arg(long, env = "LOOPX_STALL_AFTER", default_value = "10m", value_parser = parse_duration_or_never)]
     pub stall_after: Duration,
+    /// Close a session whose agent exited (its SessionEnd hook said it
+    /// left; not `/clear`, whose next session continues it) this long ago
+    /// with nothing waiting for it (e.g. `5m`, `2s`; `0`: never). A message
+    /// sent meanwhile keeps it open for the agent to be resumed.
+    #[arg(long, env = "LOOPX_CLOSE_EXITED_AFTER", default_value = "5m", value_parser = parse_duration_or_never)]
+    pub close_exited_after: Duration,
     #[command(flatten)]
     pub limits: ConnectionLimits,
 }
@@ -178,6 +184,8 @@ pub struct AppConfig {
     /// How long a working agent may go without a hook event before it is
     /// announced stalled (zero: never).
     pub stall_after: Duration,
+    /// How long after its agent exited an idle session closes (zero: never).
+    pub close_exited_after: Duration,
     pub limits: ConnectionLimits,
     /// Where uploads' files stream to before they are stored (unnamed
     /// temporary files): `<data dir>/uploads`.
@@ -196,6 +204,7 @@ impl AppConfig {
             retain_closed_days: None,
             holder_silence: crate::broker::DEFAULT_HOLDER_SILENCE,
             stall_after: crate::broker::DEFAULT_STALL_AFTER,
+            close_exited_after: crate::broker::DEFAULT_CLOSE_EXITED_AFTER,
             limits: ConnectionLimits::default(),
             upload_dir: std::env::temp_dir(),
         }
@@ -227,7 +236,8 @@ impl App {
             Broker::new(config.store, shutdown.clone())
                 .with_max_wait_seconds(config.max_wait_seconds)
                 .with_holder_silence(config.holder_silence)
-                .with_stall_after(config.stall_after),
+                .with_stall_after(config.stall_after)
+                .with_close_exited_after(config.close_exited_after),
         );
         tokio::spawn(broker.clone().sweep_holders());
         let mut lark_tasks = Vec::new();
@@ -333,6 +343,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
             retain_closed_days: args.retain_closed_days,
             holder_silence: args.holder_silence,
             stall_after: args.stall_after,
+            close_exited_after: args.close_exited_after,
             limits,
             upload_dir: data_dir.join("uploads"),
             ..AppConfig::new(store, token)

@@ -27,6 +27,13 @@ impl Broker {
         self
     }
 
+    /// Sets how long after its agent exited an idle session closes (zero:
+    /// never).
+    pub fn with_close_exited_after(mut self, after: Duration) -> Self {
+        self.close_exited_after = after;
+        self
+    }
+
     fn stall_after_ms(&self) -> i64 {
         i64::try_from(self.stall_after.as_millis()).unwrap_or(i64::MAX)
     }
@@ -45,10 +52,10 @@ impl Broker {
     /// Sweeps for gone holders until shutdown, a few times per silence (at
     /// least every 15 s).
     pub async fn sweep_holders(self: Arc<Self>) {
-        let shortest = match self.stall_after.is_zero() {
-            true => self.holder_silence,
-            false => self.holder_silence.min(self.stall_after),
-        };
+        let shortest = [self.stall_after, self.close_exited_after]
+            .into_iter()
+            .filter(|d| !d.is_zero())
+            .fold(self.holder_silence, Duration::min);
         let every = (shortest / 4).clamp(Duration::from_millis(100), Duration::from_secs(15));
         loop {
             tokio::select! {
@@ -64,6 +71,13 @@ impl Broker {
             }
             if let Err(e) = self.announce_silent_agents(crate::time::now_ms()).await {
                 tracing::warn!(code = ?e.code, "announcing silent agents failed: {}", e.message);
+            }
+            match self.close_exited_sessions(crate::time::now_ms()).await {
+                Ok(0) => {}
+                Ok(closed) => tracing::info!(closed, "closed the sessions whose agent exited"),
+                Err(e) => {
+                    tracing::warn!(code = ?e.code, "closing exited sessions failed: {}", e.message)
+                }
             }
         }
     }
@@ -100,6 +114,32 @@ impl Broker {
             }
         }
         Ok(announced)
+    }
+
+    /// Closes each session whose agent exited `--close-exited-after` ago
+    /// (a host's own `away`: its SessionEnd) with nothing waiting, as a
+    /// close `if_idle` (HOOKS.md "The terminal's real life": sessions that
+    /// are over close themselves); answers how many.
+    pub async fn close_exited_sessions(&self, now: i64) -> Result<usize> {
+        if self.close_exited_after.is_zero() {
+            return Ok(0);
+        }
+        let after = i64::try_from(self.close_exited_after.as_millis()).unwrap_or(i64::MAX);
+        let mut closed = 0;
+        for session_id in self
+            .store
+            .exited_sessions(now.saturating_sub(after))
+            .await?
+        {
+            let if_idle = crate::model::CloseRequest {
+                if_idle: true,
+                ..Default::default()
+            };
+            if self.close(&session_id, if_idle).await.is_ok() {
+                closed += 1;
+            }
+        }
+        Ok(closed)
     }
 
     /// Releases the claims whose holder is gone now; answers how many.

@@ -678,6 +678,9 @@ reads! {
     /// stalled: the candidates of [`crate::decide::presence::lapsed`] and
     /// [`crate::decide::presence::stalls`].
     SilentSessions { away_before: i64, stalled_before: i64 } -> Vec<String>, silent_sessions;
+    /// The open sessions whose agent exited before `left_before`, nothing
+    /// waiting.
+    ExitedSessions { left_before: i64 } -> Vec<String>, exited_sessions;
     /// One request; 404 for an unknown session or request.
     Permission { session_id: &'a str, request_id: &'a str } -> PermissionRow, permission;
     /// The session's requests (in `state`, if given): pending first, then

@@ -106,6 +106,12 @@ const SILENT_SESSIONS: &str = "select session_id from sessions
        (agent_state = 'waiting' and agent_heard_at <= $1
          and (agent_since is null or agent_since < agent_heard_at + $2))
        or (agent_state = 'working' and stalled_at is null and agent_heard_at <= $3))";
+/// `$1` the exit cut-off ([`Reader::exited_sessions`]): open, the agent
+/// reported `away` (only a host's own word stores it: its SessionEnd)
+/// before it, nothing queued or held.
+const EXITED_SESSIONS: &str = "select session_id from sessions
+     where state = 'open' and agent_state = 'away' and agent_since <= $1
+       and queued_count = 0 and active_claim_id is null";
 const NEXT_EVENT_NO: &str = "select next_event_no from sessions where session_id = $1";
 const EVENTS: &str = "select event_no, kind, turn_id, seq, request_id, state, at \
      from session_events where session_id = $1 and event_no > $2 order by event_no limit $3";
@@ -199,6 +205,14 @@ where
             .bind(away_before)
             .bind(crate::decide::presence::AWAY_AFTER_MS)
             .bind(stalled_before);
+        let ids = self
+            .rows(select, |row| Only::<String>::from_row(row))
+            .await?;
+        Ok(ids.into_iter().map(|(id,)| id).collect())
+    }
+
+    async fn exited_sessions(&self, left_before: i64) -> Result<Vec<String>> {
+        let select = Statement::new(EXITED_SESSIONS).bind(left_before);
         let ids = self
             .rows(select, |row| Only::<String>::from_row(row))
             .await?;

@@ -451,3 +451,48 @@ async fn an_interrupt_settles_the_turns_the_agent_worked_on_and_the_queue_moves_
         "the next turn stays held"
     );
 }
+
+/// HOOKS.md "The terminal's real life": a session whose agent exited (its
+/// SessionEnd said `away`) closes itself after `--close-exited-after` with
+/// nothing waiting; one with a message waiting stays open for the agent to
+/// be resumed, and one whose agent is only idle stays too.
+#[tokio::test]
+async fn a_session_whose_agent_exited_closes_itself_unless_a_message_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Spawned::start(dir.path(), &["--close-exited-after", "1s"]).await;
+    let c = &broker.client;
+    let exited = bound_host(c).await;
+    let waited_for = bound_host(c).await;
+    let idle = bound_host(c).await;
+    enqueue(c, &waited_for, "for when you are back").await;
+    // Each was there (waiting at its prompt), then its SessionEnd said it
+    // left.
+    for host in [&exited, &waited_for] {
+        for state in [AgentState::Waiting, AgentState::Away] {
+            c.report_agent(host.session_id(), &report(host, state))
+                .await
+                .unwrap();
+        }
+    }
+    c.report_agent(idle.session_id(), &report(&idle, AgentState::Waiting))
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        let state = c.session(exited.session_id()).await.unwrap().body.state;
+        if state == loopx::model::SessionState::Closed {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the exited agent's session stayed open"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for host in [&waited_for, &idle] {
+        let state = c.session(host.session_id()).await.unwrap().body.state;
+        assert_eq!(state, loopx::model::SessionState::Open);
+    }
+    assert_eq!(all_turns(c, &waited_for).await[0].state, TurnState::Queued);
+}

@@ -333,23 +333,19 @@ async fn an_idle_agent_in_tmux_gets_messages_typed_in_each_answered_once() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Nothing waited: the session closed itself (issue 55), so a message
-    // is refused, and nothing reaches the shell.
-    let state = broker.client.session(&session).await.unwrap().body.state;
-    assert_eq!(state, loopx::model::SessionState::Closed);
-    let refused = broker
-        .client
-        .enqueue(&session, &crate::support::web("echo typed-into-the-shell"))
-        .await;
-    assert_eq!(
-        crate::support::code(refused),
-        (409, "session_closed".into())
-    );
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(delivery(&broker, &session).await, Delivery::Later);
+    let after = send(&broker, &session, "echo typed-into-the-shell").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
         !tmux.screen().contains("typed-into-the-shell"),
         "{}",
         tmux.screen()
+    );
+    let waiting = broker.client.turn(&session, &after).await.unwrap().body;
+    assert_eq!(
+        waiting.state,
+        TurnState::Queued,
+        "kept for the agent's return"
     );
 }
 

@@ -55,7 +55,7 @@ export LOOPX_TOKEN=wake-test-token HOME="$work/home"
 mkdir -p "$HOME" "$work/project" "$work/project-run" "$work/project-fresh" \
   "$work/project-exec-tmux" "$work/project-exec-run" "$work/project-draft" \
   "$work/project-esc" "$work/project-esc-run" "$work/project-clear" "$work/project-clear-run"
-start_broker "$loopx" --data-dir "$work/data"
+start_broker "$loopx" --data-dir "$work/data" --close-exited-after 2s
 model_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export STUB_LOG="$work/model-requests.jsonl"
 python3 tests/hooks/stub_model.py "$model_port" 2>"$work/model.log" &
@@ -263,7 +263,7 @@ tui send-keys -t "$pane" C-c
 tui_wait "$pane" '^run exited 0$' 20
 tui_wait "$pane" '^wake\$ $' 5
 # Nothing waited: the session closed itself (issue 55).
-for _ in $(seq 50); do
+for _ in $(seq 150); do
   closed=$(api "/v1/sessions/$session_run" | python3 -c 'import json, sys; print(json.load(sys.stdin)["state"])')
   [ "$closed" = closed ] && break
   sleep 0.1

@@ -58,7 +58,7 @@ project_b=$(realpath "$work/project-b")
 project_esc=$(realpath "$work/project-esc")
 project_new=$(realpath "$work/project-new")
 project_plain=$(realpath "$work/project-plain")
-start_broker "$loopx" --data-dir "$work/data"
+start_broker "$loopx" --data-dir "$work/data" --close-exited-after 2s
 model_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export STUB_LOG="$work/model-requests.jsonl"
 python3 tests/wake/stub_responses.py "$model_port" 2>"$work/model.log" &
@@ -279,7 +279,7 @@ echo "8. Esc during #$slow settled it interrupted in ${waited}s; #$next typed in
 tui_wait "$pane" "$TUI_CODEX_IDLE" 30
 tui send-keys -t "$pane" C-c
 tui_wait "$pane" '^wake\$ $' 20
-for _ in $(seq 50); do
+for _ in $(seq 150); do
   closed=$(api "/v1/sessions/$session_esc" | python3 -c 'import json, sys; print(json.load(sys.stdin)["state"])')
   [ "$closed" = closed ] && break
   sleep 0.1

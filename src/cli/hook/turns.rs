@@ -214,10 +214,10 @@ async fn wait(hook: &Hook, fingerprint: &str) -> Result<Option<Claimed>, Failure
 }
 
 /// The SessionEnd hook: a delivered turn not answered goes back to the
-/// front of the queue; the agent is away. An agent that exited (any reason
-/// but `/clear`, whose next session continues this one) leaves a session
-/// that is over: it closes unless messages wait for the agent to be
-/// resumed (HOOKS.md "The terminal's real life").
+/// front of the queue; the agent is away. A session whose agent left closes
+/// itself a while later with nothing waiting (the broker's
+/// `--close-exited-after`), unless the same terminal's next session
+/// continues it first (`/clear`, a restart).
 pub async fn session_end(hook: &Hook) -> Result<Option<String>, Failure> {
     let session_id = hook.host.session_id().await?;
     if let Some(active) = active_claim(hook, &session_id).await?
@@ -225,18 +225,10 @@ pub async fn session_end(hook: &Hook) -> Result<Option<String>, Failure> {
     {
         release(hook, &session_id, &active).await?;
     }
-    hook.report(AgentState::Away).await?;
     if hook.field("reason") != Some("clear") {
-        let if_idle = crate::model::CloseRequest {
-            if_idle: true,
-            ..Default::default()
-        };
-        match hook.client.close_with(&session_id, &if_idle).await {
-            Ok(_) => {}
-            Err(ClientError::Refused { error, .. })
-                if error.error.code == crate::error::ErrorCode::MessagesWaiting => {}
-            Err(e) => return Err(problem(e)),
-        }
+        // After `/clear` the agent goes on, in the session that continues
+        // this one.
+        hook.report(AgentState::Away).await?;
     }
     Ok(None)
 }
