@@ -143,7 +143,8 @@ fn parse_status(status: &[u8], tree: &mut Worktree) -> Vec<String> {
                 tree.branch = Some(head.to_owned());
             }
             (Some("#"), Some("branch.ab"), Some(ab)) => {
-                let mut counts = ab.split(' ').map(|n| n[1..].parse().unwrap_or(0));
+                let count = |n: &str| n.get(1..).and_then(|d| d.parse().ok()).unwrap_or(0);
+                let mut counts = ab.split(' ').map(count);
                 tree.ahead = counts.next().unwrap_or(0);
                 tree.behind = counts.next().unwrap_or(0);
             }
