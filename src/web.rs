@@ -20,6 +20,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("/assets/api.js", JS, include_str!("web/api.js")),
     ("/assets/sse.js", JS, include_str!("web/sse.js")),
     ("/assets/view.js", JS, include_str!("web/view.js")),
+    ("/assets/changes.js", JS, include_str!("web/changes.js")),
     ("/assets/markdown.js", JS, include_str!("web/markdown.js")),
     ("/assets/attention.js", JS, include_str!("web/attention.js")),
     (
