@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 use super::markdown::escape_html;
 use crate::decide::notice::{Ask, Choice, FEED_CHARS, Listed, Missing, Note, Picked, SessionName};
 use crate::model::{
-    AnsweredVia, Behavior, ChosenAnswer, PermissionKind, PermissionState, PlanMode, Question,
+    AgentState, AnsweredVia, Behavior, ChosenAnswer, PermissionKind, PermissionState, PlanMode,
+    Question,
 };
 use crate::permission::{Detail, MAX_QUESTIONS, PermissionRow};
 
@@ -590,7 +591,7 @@ fn listed(sessions: &[Listed]) -> String {
         .iter()
         .map(|s| {
             format!(
-                "{}. **{}** ({}): {}{}{}",
+                "{}. **{}** ({}): {}{}{}{}",
                 s.number,
                 escape_html(&title_of(&s.name)),
                 escape_html(&s.name.host_surface),
@@ -599,6 +600,7 @@ fn listed(sessions: &[Listed]) -> String {
                     .as_deref()
                     .map(|tool| format!(" ({})", escape_html(tool)))
                     .unwrap_or_default(),
+                resume_hint(s),
                 if s.current {
                     " · current · 当前"
                 } else {
@@ -608,6 +610,20 @@ fn listed(sessions: &[Listed]) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// How to bring back an agent that is away (it may have exited: messages
+/// wait for it; HOOKS.md "The terminal's real life").
+fn resume_hint(s: &Listed) -> &'static str {
+    match (s.presence, s.name.host_surface.as_str()) {
+        (AgentState::Away, "claude-code") => {
+            " · if it exited: `claude --resume`, or `claude` again in its pane · 若已退出请恢复"
+        }
+        (AgentState::Away, "codex-cli") => {
+            " · if it exited: `codex resume`, or `codex` again in its pane · 若已退出请恢复"
+        }
+        _ => "",
+    }
 }
 
 /// A session's name as cards show it: goal · agent.
