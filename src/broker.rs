@@ -37,7 +37,7 @@ use crate::lark::LarkConfig;
 use crate::lark::dispatcher::Dispatcher;
 use crate::metrics::{Metrics, Open};
 use crate::model::HostIdentity;
-use crate::model::{AgentNotification, ReportAgentState};
+use crate::model::{AgentNotification, Changes, FileChanges, ReportAgentState, ReportChanges};
 use crate::model::{
     BindPreview, BindRequest, Capabilities, ClaimAnswer, ClaimRequest, Claimed, CloseRequest,
     CompleteRequest, EnqueueRequest, Enqueued, ListSessions, ListTurns, NotClaimed, Origin,
@@ -726,6 +726,26 @@ impl Broker {
             .notify(session_id.to_owned(), host, notice.kind)
             .await?;
         Ok(session.projection())
+    }
+
+    /// The host reports its agent's working tree (HOOKS.md, "What the
+    /// agent changed"): its limits first, then the session's refusals.
+    pub async fn report_changes(&self, session_id: &str, report: ReportChanges) -> Result<()> {
+        crate::decide::changes::check(&report)?;
+        let host = checked_host(report.host_surface.clone(), report.host_session_id.clone())?;
+        self.store
+            .report_changes(session_id.to_owned(), host, report)
+            .await
+    }
+
+    /// The session's latest report of its working tree.
+    pub async fn changes(&self, session_id: &str) -> Result<Changes> {
+        self.store.changes(session_id).await
+    }
+
+    /// One file of the session's latest report, with its diff.
+    pub async fn file_changes(&self, session_id: &str, path: &str) -> Result<FileChanges> {
+        self.store.file_changes(session_id, path).await
     }
 
     /// A parked claim counts as hearing from its host (presence), with no

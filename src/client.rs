@@ -657,6 +657,40 @@ impl Client {
         self.call(Method::POST, &path, Some(notice), None).await
     }
 
+    /// Reports the agent's working tree (204 when kept).
+    pub async fn report_changes(
+        &self,
+        session_id: &str,
+        report: &crate::model::ReportChanges,
+    ) -> Result<(), ClientError> {
+        let path = session_path(session_id, "/changes");
+        let reply = self.send(Method::POST, &path, Some(report), None).await?;
+        match reply.status.is_success() {
+            true => Ok(()),
+            false => Err(refusal(reply)),
+        }
+    }
+
+    /// The session's latest report of its working tree.
+    pub async fn changes(
+        &self,
+        session_id: &str,
+    ) -> Result<TypedReply<crate::model::Changes>, ClientError> {
+        let path = session_path(session_id, "/changes");
+        self.call(Method::GET, &path, NO_BODY, None).await
+    }
+
+    /// One file of the latest report, with its diff (`path` from the
+    /// repository's root, encoded as one segment).
+    pub async fn changed_file(
+        &self,
+        session_id: &str,
+        path: &str,
+    ) -> Result<TypedReply<crate::model::FileChanges>, ClientError> {
+        let path = session_path(session_id, &format!("/changes/files/{}", segment(path)));
+        self.call(Method::GET, &path, NO_BODY, None).await
+    }
+
     /// Waits for the answer, with an HTTP timeout above the wait.
     pub async fn wait_permission(
         &self,

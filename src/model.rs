@@ -1631,6 +1631,137 @@ pub(crate) fn sse_stream(description: &str, events: Vec<Schema>) -> RefOr<Schema
         .into()
 }
 
+/// A file's state in the working tree, as `git status` says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FileStatus {
+    Modified,
+    Added,
+    Deleted,
+    Renamed,
+    Copied,
+    TypeChanged,
+    Unmerged,
+    Untracked,
+}
+
+/// One changed file of a working tree, against `HEAD`: lines added and
+/// removed; a binary file, or one whose diff is over 256 KiB or beyond the
+/// report's 1 MiB (`truncated`), is listed with its counts only.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"path": "src/main.rs", "status": "modified", "added": 12, "removed": 3, "binary": false, "truncated": false}))]
+pub struct ChangedFile {
+    /// The path from the repository's root, `/`-separated.
+    #[schema(min_length = 1, max_length = 4096)]
+    pub path: String,
+    pub status: FileStatus,
+    #[serde(default)]
+    pub added: u32,
+    #[serde(default)]
+    pub removed: u32,
+    #[serde(default)]
+    pub binary: bool,
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+/// `POST /v1/sessions/{session_id}/changes`, by the host: the working tree
+/// of its agent's directory, read with git by its hooks.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"host_surface": "claude-code", "host_session_id": "host-abc", "branch": "main", "head": "3f2a9c1e", "ahead": 1, "behind": 0, "files": [{"path": "src/main.rs", "status": "modified", "added": 1, "removed": 1, "binary": false, "truncated": false}], "diff": "diff --git a/src/main.rs b/src/main.rs\n--- a/src/main.rs\n+++ b/src/main.rs\n@@ -1 +1 @@\n-old\n+new\n", "turn_files": ["src/main.rs"]}))]
+pub struct ReportChanges {
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub host_surface: String,
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]+$"
+    )]
+    pub host_session_id: String,
+    /// The branch checked out; null on a detached `HEAD`.
+    #[serde(default)]
+    #[schema(max_length = 256)]
+    pub branch: Option<String>,
+    /// The commit `HEAD` names; null before the first commit.
+    #[serde(default)]
+    #[schema(max_length = 64)]
+    pub head: Option<String>,
+    /// Commits ahead of and behind the branch's upstream (0 without one).
+    #[serde(default)]
+    pub ahead: u32,
+    #[serde(default)]
+    pub behind: u32,
+    /// At most 1,000 files.
+    #[serde(default)]
+    pub files: Vec<ChangedFile>,
+    /// The unified diff (`--unified=3`) of the files not listed `binary`
+    /// or `truncated`, one `diff --git` section each; at most 1 MiB.
+    #[serde(default)]
+    pub diff: String,
+    /// The paths (from the repository's root) the tools of the turn the
+    /// agent works on wrote so far (its `Edit`, `Write`, `MultiEdit`,
+    /// `NotebookEdit`, Codex's `apply_patch`); at most 1,000.
+    #[serde(default)]
+    pub turn_files: Vec<String>,
+}
+
+/// A file a turn's tools wrote, with its lines added and removed in the
+/// working tree as of the turn's last report.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+pub struct TurnFile {
+    pub path: String,
+    pub added: u32,
+    pub removed: u32,
+}
+
+/// What a turn's tools changed: its files and their totals.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+pub struct TurnChanges {
+    pub turn_id: String,
+    pub files: Vec<TurnFile>,
+    pub added: u32,
+    pub removed: u32,
+}
+
+/// `GET /v1/sessions/{session_id}/changes`: the latest report, and what
+/// the session's latest turns changed.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[schema(example = json!({"session_id": "ses_01JD8X5Z2R9V6Q3K4M7N8P0A1B", "reported_at": "2026-11-30T10:00:09.000Z", "branch": "main", "head": "3f2a9c1e", "ahead": 1, "behind": 0, "files": [{"path": "src/main.rs", "status": "modified", "added": 1, "removed": 1, "binary": false, "truncated": false}], "added": 1, "removed": 1, "diff": "diff --git a/src/main.rs b/src/main.rs\n", "turns": [{"turn_id": "trn_01JD8X5Z2R9V6Q3K4M7N8P0A1C", "files": [{"path": "src/main.rs", "added": 1, "removed": 1}], "added": 1, "removed": 1}]}))]
+pub struct Changes {
+    pub session_id: String,
+    pub reported_at: String,
+    #[schema(required = true)]
+    pub branch: Option<String>,
+    #[schema(required = true)]
+    pub head: Option<String>,
+    pub ahead: u32,
+    pub behind: u32,
+    pub files: Vec<ChangedFile>,
+    /// The files' lines added and removed, all together.
+    pub added: u32,
+    pub removed: u32,
+    pub diff: String,
+    /// The session's latest 50 turns whose tools wrote files, newest first.
+    pub turns: Vec<TurnChanges>,
+}
+
+/// `GET /v1/sessions/{session_id}/changes/files/{path}`: one file of the
+/// latest report, with its section of the diff (empty for a file listed
+/// `binary` or `truncated`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+pub struct FileChanges {
+    #[serde(flatten)]
+    pub file: ChangedFile,
+    pub reported_at: String,
+    pub diff: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

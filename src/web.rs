@@ -25,6 +25,7 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
     ("/assets/api.js", JS, include_bytes!("web/api.js")),
     ("/assets/sse.js", JS, include_bytes!("web/sse.js")),
     ("/assets/view.js", JS, include_bytes!("web/view.js")),
+    ("/assets/changes.js", JS, include_bytes!("web/changes.js")),
     ("/assets/markdown.js", JS, include_bytes!("web/markdown.js")),
     (
         "/assets/attention.js",

@@ -32,6 +32,9 @@ pub struct ChatRows {
     pub sessions: Vec<ChatSession>,
     pub replied: Option<String>,
     pub asked: Option<String>,
+    /// For `/changes`: the target session's latest report of its working
+    /// tree, as kept (its body and when).
+    pub changes: Option<(Vec<u8>, i64)>,
 }
 
 impl ChatRows {
@@ -69,6 +72,8 @@ pub enum ChatCommand {
     Link(String),
     List,
     Status,
+    /// `/changes`: what the agent of the session messages go to changed.
+    Changes,
     /// `/use N`: a number or a prefix of a goal or agent.
     Use(String),
     /// `/unlink N`.
@@ -92,6 +97,7 @@ pub fn parse(text: &str) -> Option<ChatCommand> {
         "link" => ChatCommand::Link(arg.to_owned()),
         "list" => ChatCommand::List,
         "status" => ChatCommand::Status,
+        "changes" => ChatCommand::Changes,
         "use" => ChatCommand::Use(arg.to_owned()),
         "unlink" => ChatCommand::Unlink(arg.to_owned()),
         _ => ChatCommand::Help,
@@ -122,6 +128,9 @@ pub fn command(
     if rows.sessions.is_empty() {
         return noted(nothing, at, Note::NoSession, now);
     }
+    if command == ChatCommand::Changes {
+        return changes(rows, at, now);
+    }
     let current = rows.current().map(|s| s.session.session_id.clone());
     let sessions: Vec<SessionRow> = rows.sessions.into_iter().map(|s| s.session).collect();
     let listed = || {
@@ -144,7 +153,9 @@ pub fn command(
         ChatCommand::List => return noted(nothing, at, Note::List(listed()), now),
         ChatCommand::Status => return noted(nothing, at, Note::Status(listed()), now),
         ChatCommand::Use(arg) | ChatCommand::Unlink(arg) => pick(arg, &sessions),
-        ChatCommand::Help | ChatCommand::Link(_) => return noted(nothing, at, Note::Help, now),
+        ChatCommand::Help | ChatCommand::Link(_) | ChatCommand::Changes => {
+            return noted(nothing, at, Note::Help, now);
+        }
     }) else {
         return noted(nothing, at, Note::NoSuchSession, now);
     };
@@ -171,6 +182,24 @@ pub fn command(
             noted(writes, at, Note::Current(name), now)
         }
     }
+}
+
+/// `/changes`: what the agent of the session a message would go to
+/// changed, as its latest report says (the diff left out), or that it
+/// reported nothing.
+fn changes(rows: ChatRows, at: &PairAt, now: i64) -> crate::decide::Decided<LarkIngest> {
+    let Some(target) = rows.target() else {
+        return noted(Writes::default(), at, Note::NoSession, now);
+    };
+    let name = SessionName::of(&target.session);
+    let shown = super::changes::shown(&name.session_id, rows.changes, Vec::new()).ok();
+    let changes = shown.map(|c| {
+        Box::new(crate::model::Changes {
+            diff: String::new(),
+            ..c
+        })
+    });
+    noted(Writes::default(), at, Note::Changes { name, changes }, now)
 }
 
 /// The session `arg` names: its number in the list (from 1), or a prefix
@@ -234,6 +263,7 @@ mod tests {
             ],
             replied: None,
             asked: None,
+            changes: None,
         }
     }
 

@@ -14,6 +14,7 @@
 //! what committed writes change ([`Changed`]); it imports nothing from the
 //! store.
 
+pub mod changes;
 pub mod chat;
 pub mod ingest;
 pub mod lark;
@@ -372,6 +373,9 @@ pub struct Writes {
     /// A Lark turn's download job, started or finished.
     #[serde(skip)]
     pub fetch: Option<FetchWrite>,
+    /// A host's report of its working tree.
+    #[serde(skip)]
+    pub changes: Option<changes::ChangesWrite>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn: Option<Change<TurnRow>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -414,6 +418,7 @@ impl Writes {
             && self.note.is_none()
             && self.sent.is_none()
             && self.fetch.is_none()
+            && self.changes.is_none()
     }
 
     /// What these writes change, once committed: `None` when they log no

@@ -53,6 +53,12 @@ pub enum Note {
     List(Vec<Listed>),
     /// What each of the chat's agents is doing (`/status`).
     Status(Vec<Listed>),
+    /// What the session's agent changed (`/changes`): its latest report
+    /// of the working tree without the diff, or none reported.
+    Changes {
+        name: SessionName,
+        changes: Option<Box<crate::model::Changes>>,
+    },
     /// The session now current (`/use N`).
     Current(SessionName),
     /// The session unlinked from the chat (`/unlink N`).
@@ -86,6 +92,7 @@ impl Note {
             | Note::Closed(name)
             | Note::Stalled(name)
             | Note::Terminal { name, .. }
+            | Note::Changes { name, .. }
             | Note::NeedsAnswers { name, .. } => Some(&name.session_id),
             _ => None,
         }

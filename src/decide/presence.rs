@@ -222,11 +222,72 @@ pub fn report(
     minter: &Minter,
     now: i64,
 ) -> Result<Decided<Reported>> {
-    let session = hosted(rows.session, host)?;
+    let ReportRows {
+        session,
+        terminal,
+        terminal_feed,
+        interrupted,
+    } = rows;
+    let session = hosted(session, host)?;
     open(&session)?;
     let state = report.state;
+    let rows = ReportRows {
+        session: None,
+        terminal,
+        terminal_feed,
+        interrupted,
+    };
+    let (steps, mut session) = steps(session, rows, report, minter, now);
+    let heard = marks(&mut session, report, now);
+    if steps.is_none() && !heard.any() && !is_news(&session, state, now) {
+        return Ok(Decided::nothing(Reported {
+            session,
+            changed: false,
+        }));
+    }
+    // A waker that stopped says nothing of the agent: only its mark goes.
+    let stopped = report.typing_in == Some(false) && state.is_none() && !heard.holder;
+    let wanted = state.unwrap_or(session.agent_state);
+    let changed = !stopped && (heard.unstalled || shown(&session, now).0 != wanted);
+    // Only the agent's own events keep a working agent from stalling: a
+    // waker or a parked claim says only that its process lives.
+    if !stopped && (state.is_some() || session.agent_state != AgentState::Working) {
+        session.agent_heard_at = Some(now);
+    }
+    let event = if changed {
+        session.agent_state = wanted;
+        session.agent_since = Some(now);
+        Some(log(&mut session, Subject::Agent, wanted.as_str(), now))
+    } else {
+        // A new tool is news for the page too: an `agent` event, the state
+        // as it stands (the page reads the tool from the projection).
+        heard
+            .tool
+            .then(|| log(&mut session, Subject::Agent, wanted.as_str(), now))
+    };
+    Ok(Decided {
+        writes: Writes {
+            before: steps,
+            session: Some(session.clone()),
+            event,
+            ..Writes::default()
+        },
+        answer: Reported { session, changed },
+    })
+}
+
+/// The turns a report settles or records before the presence itself (the
+/// session's other rows, `rows`): an interrupt's ([`interrupt`]), then
+/// what the terminal said ([`terminal::said`]), as one chain of steps.
+fn steps(
+    session: SessionRow,
+    rows: ReportRows,
+    report: &Report,
+    minter: &Minter,
+    now: i64,
+) -> (Option<Box<Writes>>, SessionRow) {
     let (interrupted, session) = interrupt(session, rows.interrupted, &rows.terminal, report, now);
-    let (said, mut session) = match &report.said {
+    let (said, session) = match &report.said {
         Some(said) => {
             let (session, writes) = terminal::said(
                 session,
@@ -240,6 +301,32 @@ pub fn report(
         }
         None => (None, session),
     };
+    (chain(interrupted.into_iter().chain(said)), session)
+}
+
+/// What a report marks on the session besides its state, and whether each
+/// is news.
+struct Heard {
+    /// A hook event ended a stall.
+    unstalled: bool,
+    /// The holder of the active claim spoke.
+    holder: bool,
+    /// A waker started or stopped typing in, or is due to be heard again.
+    waker: bool,
+    /// The agent's tool changed (written).
+    tool: bool,
+}
+
+impl Heard {
+    fn any(&self) -> bool {
+        self.unstalled || self.holder || self.waker || self.tool
+    }
+}
+
+/// Marks what the report says besides the state: a stall ended, the
+/// holder heard, the waker's word, the tool.
+fn marks(session: &mut SessionRow, report: &Report, now: i64) -> Heard {
+    let state = report.state;
     // A hook event ends a stall; a waker's word (the process lives) does not.
     let unstalled = state.is_some() && session.stalled_at.take().is_some();
     let holder = state == Some(AgentState::Working)
@@ -248,8 +335,8 @@ pub fn report(
     if holder {
         session.holder_heard_at = Some(now);
     }
-    let waker = waker_news(&session, report.typing_in, now);
-    let tool = tool_change(&session, report.tool.as_deref(), now);
+    let waker = waker_news(session, report.typing_in, now);
+    let tool = tool_change(session, report.tool.as_deref(), now);
     if let Some(tool) = &tool {
         session.agent_tool.clone_from(tool);
         session.tool_since = Some(now);
@@ -264,47 +351,12 @@ pub fn report(
         Some(false) => session.waker_heard_at = None,
         None => {}
     }
-    let said = chain(interrupted.into_iter().chain(said));
-    if said.is_none()
-        && !unstalled
-        && !holder
-        && !waker
-        && tool.is_none()
-        && !is_news(&session, state, now)
-    {
-        return Ok(Decided::nothing(Reported {
-            session,
-            changed: false,
-        }));
+    Heard {
+        unstalled,
+        holder,
+        waker,
+        tool: tool.is_some(),
     }
-    // A waker that stopped says nothing of the agent: only its mark goes.
-    let stopped = report.typing_in == Some(false) && state.is_none() && !holder;
-    let wanted = state.unwrap_or(session.agent_state);
-    let changed = !stopped && (unstalled || shown(&session, now).0 != wanted);
-    // Only the agent's own events keep a working agent from stalling: a
-    // waker or a parked claim says only that its process lives.
-    if !stopped && (state.is_some() || session.agent_state != AgentState::Working) {
-        session.agent_heard_at = Some(now);
-    }
-    let event = if changed {
-        session.agent_state = wanted;
-        session.agent_since = Some(now);
-        Some(log(&mut session, Subject::Agent, wanted.as_str(), now))
-    } else {
-        // A new tool is news for the page too: an `agent` event, the state
-        // as it stands (the page reads the tool from the projection).
-        tool.is_some()
-            .then(|| log(&mut session, Subject::Agent, wanted.as_str(), now))
-    };
-    Ok(Decided {
-        writes: Writes {
-            before: said,
-            session: Some(session.clone()),
-            event,
-            ..Writes::default()
-        },
-        answer: Reported { session, changed },
-    })
 }
 
 /// The person interrupted the agent (a report `interrupted`): if it is

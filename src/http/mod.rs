@@ -6,6 +6,7 @@
 
 pub(crate) mod agent_threads;
 pub mod attachments;
+pub(crate) mod changes;
 pub(crate) mod claims;
 pub(crate) mod devices;
 pub(crate) mod events;
@@ -87,6 +88,7 @@ pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
         .merge(agent_threads::router())
         .merge(sessions::router())
+        .merge(changes::router())
         .merge(claims::router())
         .merge(devices::router())
         .merge(push::router())

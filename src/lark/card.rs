@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 use super::markdown::escape_html;
 use crate::decide::notice::{Ask, Choice, FEED_CHARS, Listed, Missing, Note, Picked, SessionName};
 use crate::model::{
-    AnsweredVia, Behavior, ChosenAnswer, PermissionKind, PermissionState, PlanMode, Question,
+    AgentState, AnsweredVia, Behavior, ChosenAnswer, PermissionKind, PermissionState, PlanMode,
+    Question,
 };
 use crate::permission::{Detail, MAX_QUESTIONS, PermissionRow};
 
@@ -411,6 +412,7 @@ pub fn note(note: &Note) -> Value {
         ),
         Note::List(sessions) => card("Sessions · 会话", "blue", vec![markdown(&listed(sessions))]),
         Note::Status(sessions) => card("Status · 状态", "blue", vec![markdown(&listed(sessions))]),
+        Note::Changes { name, changes } => changed(name, changes.as_deref()),
         Note::Current(name) => about_session(
             "Current · 当前",
             "blue",
@@ -521,10 +523,62 @@ fn about_session(title: &str, template: &str, name: &SessionName, text: &str) ->
     )
 }
 
+/// How many files a `/changes` card lists.
+const CHANGES_LISTED: usize = 30;
+
+/// `/changes`: the branch, ahead and behind, each file with its lines
+/// added and removed (binary and truncated marked), and the totals.
+fn changed(name: &SessionName, changes: Option<&crate::model::Changes>) -> Value {
+    let Some(c) = changes else {
+        return about_session(
+            "Changes · 改动",
+            "grey",
+            name,
+            "{} reported no changes: its hooks report the working tree of a git repository at the end of each turn.
+{} 尚未报告改动：钩子会在每轮结束时报告 git 仓库的工作区。",
+        );
+    };
+    let branch = c.branch.as_deref().unwrap_or("detached HEAD");
+    let mut text = format!(
+        "**{}** · ↑{} ↓{} · {} files changed (+{} −{}) · 共 {} 个文件
+",
+        escape_html(branch),
+        c.ahead,
+        c.behind,
+        c.files.len(),
+        c.added,
+        c.removed,
+        c.files.len(),
+    );
+    for f in c.files.iter().take(CHANGES_LISTED) {
+        let mark = match (f.binary, f.truncated) {
+            (true, _) => " (binary)".to_owned(),
+            (_, true) => format!(" +{} −{} (too long to show)", f.added, f.removed),
+            _ => format!(" +{} −{}", f.added, f.removed),
+        };
+        text.push_str(&format!(
+            "\n`{}` {}{mark}",
+            escape_html(&f.path).replace('`', "'"),
+            crate::model::wire(&f.status),
+        ));
+    }
+    if c.files.len() > CHANGES_LISTED {
+        let more = c.files.len() - CHANGES_LISTED;
+        text.push_str(&format!("\n… and {more} more · 另有 {more} 个"));
+    }
+    text.push_str("\nThe diffs are on the Web page · 差异见网页");
+    card(
+        &named("Changes · 改动", name),
+        "blue",
+        vec![markdown(&text)],
+    )
+}
+
 /// What `/help` says.
 const HELP: &str = "`/list` this chat's sessions · 列出会话\n\
     `/use N` send to session N (or a unique start of its goal or agent) · 切换当前会话\n\
     `/status` what each agent is doing · 各代理的状态\n\
+    `/changes` what the agent changed (git) · 代理的改动\n\
     `/unlink N` unlink session N from this chat · 取消关联\n\
     `/link <code>` link a session by its code (`loopx lark pair`) · 用配对码关联会话\n\
     `//text` sends `/text` to the agent · 发送以 / 开头的文字\n\
@@ -537,7 +591,7 @@ fn listed(sessions: &[Listed]) -> String {
         .iter()
         .map(|s| {
             format!(
-                "{}. **{}** ({}): {}{}{}",
+                "{}. **{}** ({}): {}{}{}{}",
                 s.number,
                 escape_html(&title_of(&s.name)),
                 escape_html(&s.name.host_surface),
@@ -546,6 +600,7 @@ fn listed(sessions: &[Listed]) -> String {
                     .as_deref()
                     .map(|tool| format!(" ({})", escape_html(tool)))
                     .unwrap_or_default(),
+                resume_hint(s),
                 if s.current {
                     " · current · 当前"
                 } else {
@@ -555,6 +610,20 @@ fn listed(sessions: &[Listed]) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// How to bring back an agent that is away (it may have exited: messages
+/// wait for it; HOOKS.md "The terminal's real life").
+fn resume_hint(s: &Listed) -> &'static str {
+    match (s.presence, s.name.host_surface.as_str()) {
+        (AgentState::Away, "claude-code") => {
+            " · if it exited: `claude --resume`, or `claude` again in its pane · 若已退出请恢复"
+        }
+        (AgentState::Away, "codex-cli") => {
+            " · if it exited: `codex resume`, or `codex` again in its pane · 若已退出请恢复"
+        }
+        _ => "",
+    }
 }
 
 /// A session's name as cards show it: goal · agent.

@@ -100,6 +100,9 @@ pub(crate) trait Tx {
     /// The chat the session's link sends terminal turns to.
     async fn terminal_feed(&mut self, session_id: &str) -> Result<Option<String>, Self::Fail>;
     async fn session_link(&mut self, session_id: &str) -> Result<Option<LinkRow>, Self::Fail>;
+    /// The session's latest report of its working tree as kept (its body
+    /// and when).
+    async fn changes(&mut self, session_id: &str) -> Result<Option<(Vec<u8>, i64)>, Self::Fail>;
     async fn chat(&mut self, chat_id: &str) -> Result<Option<ChatRow>, Self::Fail>;
     /// The chat's open sessions (id, approvers), in link order.
     async fn chat_links(&mut self, chat_id: &str) -> Result<Vec<(String, String)>, Self::Fail>;
@@ -232,6 +235,11 @@ pub(crate) async fn command<X: Tx>(
             host,
             kind,
         } => notify(tx, &session_id, &host, kind, now).await,
+        Command::ReportChanges {
+            session_id,
+            host,
+            report,
+        } => report_changes(tx, &session_id, &host, report, now).await,
         Command::LarkLink {
             session_id,
             chat_id,
@@ -569,6 +577,24 @@ async fn notify<X: Tx>(
     Ok(Done::Notify(Box::new(decided(tx, decision).await?)))
 }
 
+async fn report_changes<X: Tx>(
+    tx: &mut X,
+    session_id: &str,
+    host: &HostIdentity,
+    report: crate::model::ReportChanges,
+    now: i64,
+) -> Result<Done, X::Fail> {
+    let session = tx.lock_session(session_id).await?;
+    // The turn it holds a claim on may be the one the agent works on.
+    let claim = match session.as_ref().and_then(|s| s.active_claim_id.clone()) {
+        Some(claim_id) => tx.release_rows(session_id, &claim_id).await?.claim,
+        None => None,
+    };
+    let rows = crate::decide::changes::ReportRows { session, claim };
+    let decision = crate::decide::changes::report(rows, host, report, now)?;
+    Ok(Done::ReportChanges(Box::new(decided(tx, decision).await?)))
+}
+
 async fn lark_link<X: Tx>(
     tx: &mut X,
     session_id: &str,
@@ -809,6 +835,7 @@ async fn chat_rows<X: Tx>(
         sessions: chat_sessions(tx, chat_id).await?,
         replied,
         asked,
+        changes: None,
     };
     loop {
         let Some(target) = rows.target().map(|t| t.session.session_id.clone()) else {
@@ -862,6 +889,10 @@ async fn event_rows<X: Tx>(tx: &mut X, event: &LarkEvent) -> Result<EventRows, X
         Some(request_id) => tx.permission(&session_id, request_id).await?,
         None => None,
     };
+    let mut chat = chat;
+    if event.chat_command == Some(crate::decide::chat::ChatCommand::Changes) {
+        chat.changes = tx.changes(&session_id).await?;
+    }
     Ok(EventRows {
         seen: false,
         earlier: tx.earlier_turn(&session_id, &event.event_id).await?,

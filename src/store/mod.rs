@@ -208,6 +208,10 @@ pub const NEXT_OUTBOX_DUE: &str = "select min(at) from ( \
 /// both backends: a new code (`$1`..`$4`: hash, session, made, expires),
 /// a code spent (`$1` when, `$2` hash), a chat's wrong codes (`$1`..`$3`),
 /// and a note (`$1`..`$4`: message, chat, card, now).
+/// A session's latest report of its working tree, as kept (`$1`): its
+/// body and when it came.
+pub const KEPT_CHANGES: &str =
+    "select body, reported_at from session_changes where session_id = $1";
 /// The Lark chat a session is linked to, if any (`$1`: the session).
 pub const LINKED_CHAT: &str = "select chat_id from lark_links where session_id = $1";
 pub const INSERT_PAIR_CODE: &str = "insert into lark_pair_codes \
@@ -560,6 +564,10 @@ commands! {
     /// The host's agent waits at its terminal ([`crate::decide::presence::notify`]).
     Notify { session_id: String, host: HostIdentity, kind: NotificationKind } -> SessionRow,
         notify, "recording a notification";
+    /// Keeps a host's report of its working tree
+    /// ([`crate::decide::changes::report`]).
+    ReportChanges { session_id: String, host: HostIdentity, report: crate::model::ReportChanges }
+        -> (), report_changes, "recording the agent's changes";
     /// Links a Lark chat to an open session ([`crate::decide::lark::link`]),
     /// replacing the session's link and its approvers (already checked by
     /// [`crate::permission::approvers`]).
@@ -735,6 +743,12 @@ reads! {
         has_client_message_id;
     /// The bytes of the session's turns' files, all together.
     SessionAttachmentBytes { session_id: &'a str } -> u64, session_attachment_bytes;
+    /// The session's latest report of its working tree, with its latest
+    /// turns' files; 404 for an unknown session or none reported.
+    Changes { session_id: &'a str } -> crate::model::Changes, changes;
+    /// One file of the session's latest report, with its diff; 404 for an
+    /// unknown session, none reported, or a file not in it.
+    FileChanges { session_id: &'a str, path: &'a str } -> crate::model::FileChanges, file_changes;
     /// A turn's file at `position`: its name, the type it is served as and
     /// its bytes; `None` when the session, turn or position names none.
     Attachment { session_id: &'a str, turn_id: &'a str, position: u32 } -> Option<AttachmentBytes>,

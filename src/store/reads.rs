@@ -82,6 +82,10 @@ pub(crate) trait Rows: Sync {
     }
 }
 
+/// A session's (`$1`) latest `$2` turns' files, newest first.
+const TURN_CHANGES: &str = "select turn_id, files from turn_changes where session_id = $1 \
+     order by updated_at desc, turn_id desc limit $2";
+
 const SESSION: &str = concat!(
     "select ",
     session_columns!(),
@@ -162,6 +166,24 @@ pub struct HeldSince {
 /// One column.
 type Only<T> = (T,);
 
+/// A session's latest report of its working tree as kept (its body and
+/// when); 404 for an unknown session.
+async fn kept_changes<R>(rows: &R, session_id: &str) -> Result<Option<(Vec<u8>, i64)>>
+where
+    R: Rows,
+    for<'r> (Vec<u8>, i64): FromRow<'r, R::Row>,
+{
+    let session = Statement::new(SESSION).bind(session_id);
+    let session = match unstorable(session_id) {
+        true => None,
+        false => rows.first(session, R::session_row).await?,
+    };
+    decide::existing(session)?;
+    let select = Statement::new(super::KEPT_CHANGES).bind(session_id);
+    rows.first(select, |row| <(Vec<u8>, i64)>::from_row(row))
+        .await
+}
+
 /// The reads, for any store that gives [`Rows`].
 #[async_trait]
 impl<'a, R> Reader<'a> for R
@@ -177,6 +199,8 @@ where
     for<'r> HeldSince: FromRow<'r, R::Row>,
     for<'r> DeviceRow: FromRow<'r, R::Row>,
     for<'r> PushSubscriptionRow: FromRow<'r, R::Row>,
+    for<'r> (Vec<u8>, i64): FromRow<'r, R::Row>,
+    for<'r> (String, Vec<u8>): FromRow<'r, R::Row>,
 {
     async fn all_push_subscriptions(&self) -> Result<Vec<PushSubscriptionRow>> {
         let select = Statement::new(ALL_PUSH_SUBSCRIPTIONS);
@@ -374,6 +398,23 @@ where
         let select = Statement::new(super::SESSION_ATTACHMENT_BYTES).bind(session_id);
         let held = self.first(select, |row| Only::<i64>::from_row(row));
         Ok(held.await?.map_or(0, |(bytes,)| bytes.max(0) as u64))
+    }
+
+    async fn changes(&self, session_id: &'a str) -> Result<crate::model::Changes> {
+        let kept = kept_changes(self, session_id).await?;
+        let select = Statement::new(TURN_CHANGES)
+            .bind(session_id)
+            .bind(i64::from(decide::changes::TURNS_SHOWN));
+        let turns = self.rows(select, |row| <(String, Vec<u8>)>::from_row(row));
+        decide::changes::shown(session_id, kept, turns.await?)
+    }
+
+    async fn file_changes(
+        &self,
+        session_id: &'a str,
+        path: &'a str,
+    ) -> Result<crate::model::FileChanges> {
+        decide::changes::file_shown(kept_changes(self, session_id).await?, path)
     }
 
     async fn attachment(

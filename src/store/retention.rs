@@ -26,7 +26,7 @@ pub const OLDEST_PRUNABLE: &str = "select session_id from sessions \
 
 /// A session's (`$1`) rows, children first; each removes at most 500 rows
 /// (a step stays a few milliseconds), and a step runs them in order until one removes something.
-pub const DELETE_CHILDREN: [&str; 12] = [
+pub const DELETE_CHILDREN: [&str; 14] = [
     "delete from turn_attachments where session_id = $1 and turn_id in \
      (select turn_id from turn_attachments where session_id = $1 limit 50)",
     "delete from claims where turn_id in \
@@ -37,6 +37,9 @@ pub const DELETE_CHILDREN: [&str; 12] = [
      (select event_no from session_events where session_id = $1 order by event_no limit 500)",
     "delete from turns where turn_id in \
      (select turn_id from turns where session_id = $1 order by seq limit 500)",
+    "delete from session_changes where session_id = $1",
+    "delete from turn_changes where turn_id in \
+     (select turn_id from turn_changes where session_id = $1 limit 500)",
     "delete from lark_links where session_id = $1",
     "delete from lark_fetches where session_id = $1",
     "delete from lark_pair_codes where session_id = $1",

@@ -316,6 +316,38 @@ pub(crate) fn side_writes(writes: &Writes) -> Vec<Statement> {
     if let Some(sweep) = &writes.sweep {
         out.extend(sweep_writes(sweep));
     }
+    if let Some(changes) = &writes.changes {
+        out.extend(changes_writes(changes));
+    }
+    out
+}
+
+/// A session's latest report (`$1` session, `$2` body, `$3` now).
+const UPSERT_CHANGES: &str = "insert into session_changes (session_id, body, reported_at) \
+     values ($1, $2, $3) on conflict (session_id) \
+     do update set body = excluded.body, reported_at = excluded.reported_at";
+/// A turn's files (`$1` turn, `$2` session, `$3` files, `$4` now).
+const UPSERT_TURN_CHANGES: &str = "insert into turn_changes \
+     (turn_id, session_id, files, updated_at) values ($1, $2, $3, $4) on conflict (turn_id) \
+     do update set files = excluded.files, updated_at = excluded.updated_at";
+
+/// A report kept: the session's latest, and its turn's files.
+fn changes_writes(changes: &crate::decide::changes::ChangesWrite) -> Vec<Statement> {
+    let mut out = vec![
+        Statement::new(UPSERT_CHANGES)
+            .bind(&changes.session_id)
+            .bind(Arg::Bytes(changes.body.clone().into()))
+            .bind(changes.at),
+    ];
+    if let Some(turn) = &changes.turn {
+        out.push(
+            Statement::new(UPSERT_TURN_CHANGES)
+                .bind(&turn.turn_id)
+                .bind(&turn.session_id)
+                .bind(Arg::Bytes(turn.files.clone().into()))
+                .bind(turn.at),
+        );
+    }
     out
 }
 

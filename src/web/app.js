@@ -8,6 +8,7 @@ import { openEventStream } from './sse.js';
 import { plainText } from './markdown.js';
 import { attention } from './attention.js';
 import { PermissionCards } from './permissions.js';
+import { changesSummary, diffTable, loadChanges, loadFile, turnChanges } from './changes.js';
 import { agentBadge, capabilityList, duration, el, fileSize, msSince, sessionFacts, sessionItem, stateBadge, turnItem } from './view.js';
 
 const $ = (id) => document.getElementById(id);
@@ -78,6 +79,14 @@ const ui = {
   fileList: $('file-list'),
   sendError: $('send-error'),
   announcer: $('announcer'),
+  changesToggle: $('changes-toggle'),
+  changesView: $('changes-view'),
+  changesHeading: $('changes-heading'),
+  changesRefresh: $('changes-refresh'),
+  changesClose: $('changes-close'),
+  changesError: $('changes-error'),
+  changesSummary: $('changes-summary'),
+  changesDiff: $('changes-diff'),
 };
 
 const PAGE_TITLE = document.title;
@@ -397,6 +406,8 @@ function openChat(sessionId) {
     files: [], // File objects to send with the next message
     permissions: null,
     loadingOlder: false,
+    changes: null, // the latest report of the working tree, or null
+    turnChanges: new Map(), // turn_id -> what its tools changed
   };
   chat.permissions = new PermissionCards(sessionId, {
     transcript: ui.transcript,
@@ -429,6 +440,8 @@ function openChat(sessionId) {
   showError(ui.pairError, '');
   show(ui.larkLink, false);
   showError(ui.larkLinkError, '');
+  showChanges(false);
+  ui.changesSummary.replaceChildren();
   ui.text.disabled = true;
   ui.send.disabled = true;
   ui.composer.classList.remove('composer-closed');
@@ -447,6 +460,7 @@ async function loadChat(c) {
     await c.permissions.load();
     if (c.disposed) return;
     loadLarkLink(c);
+    refreshChanges(c);
     renderPaging(c);
     scrollToBottom();
     if (session.state === 'open') {
@@ -488,14 +502,14 @@ function showAsking(n) {
 /** How to bring back an agent that is away (it may have exited): messages
  * wait for it (HOOKS.md "The terminal's real life"). */
 const RESUME = {
-  'claude-code': '“claude --resume” at its terminal, or “claude” again in the same tmux pane or loopx run',
-  'codex-cli': '“codex resume” at its terminal, or “codex” again in the same tmux pane or loopx run',
+  'claude-code': '“claude --resume”',
+  'codex-cli': '“codex resume”',
 };
 
 /** How a message sent now reaches the agent (the presence's `delivery`). */
 function deliveryNote(agent, hostSurface) {
   if (agent?.state === 'away' && RESUME[hostSurface]) {
-    return `; its agent is away, so messages wait for it. If it exited, start it again: ${RESUME[hostSurface]}`;
+    return `; messages wait for the agent (if it exited: ${RESUME[hostSurface]}, or start it in the same pane)`;
   }
   switch (agent?.delivery) {
     case 'typed_now':
@@ -808,6 +822,9 @@ function upsertTurn(c, turn, { quiet = false } = {}) {
     const next = [...ui.transcript.children].find((li) => Number(li.dataset.seq) > turn.seq);
     ui.transcript.insertBefore(node, next || null);
   }
+  decorateTurn(c, turn.turn_id);
+  // The hooks report what the turn changed before it is answered.
+  if (!quiet && turn.state === 'completed' && before?.state !== 'completed') refreshChanges(c);
   show(ui.transcriptEmpty, c.turns.size === 0);
   if (stick) scrollToBottom();
   // A turn first seen already answered (enqueued elsewhere and answered
@@ -824,6 +841,73 @@ function upsertTurn(c, turn, { quiet = false } = {}) {
     }
   }
 }
+
+// --- what the agent changed ---
+
+/** Reads the latest report again: the open view and the answered turns. */
+async function refreshChanges(c) {
+  try {
+    const changes = await loadChanges(c.id);
+    if (c.disposed) return;
+    c.changes = changes;
+    c.turnChanges = new Map((changes?.turns ?? []).map((t) => [t.turn_id, t]));
+    for (const turnId of c.turns.keys()) decorateTurn(c, turnId);
+    ui.changesSummary.replaceChildren(...changesSummary(changes, (path) => openFile(c, path)));
+    showError(ui.changesError, '');
+  } catch (error) {
+    if (c.disposed || error.status === 401) return;
+    showError(ui.changesError, `Could not read the changes: ${error.message}`);
+  }
+}
+
+/** "3 files changed (+40 −12)" under an answered turn whose tools wrote files. */
+function decorateTurn(c, turnId) {
+  const item = document.getElementById(`turn-${turnId}`);
+  if (!item) return;
+  item.querySelector(':scope > .turn-changes')?.remove();
+  const turn = c.turns.get(turnId);
+  const node = turn?.state === 'completed' ? turnChanges(c.turnChanges.get(turnId)) : null;
+  if (node) item.append(node);
+}
+
+/** The Changes view instead of the transcript, or back. */
+function showChanges(open) {
+  show(ui.changesView, open);
+  ui.chat.toggleAttribute('data-changes', open);
+  ui.changesToggle.setAttribute('aria-expanded', String(open));
+  if (!open) {
+    show(ui.changesDiff, false);
+    ui.changesDiff.replaceChildren();
+  }
+}
+
+async function openFile(c, path) {
+  try {
+    const file = await loadFile(c.id, path);
+    if (c.disposed) return;
+    ui.changesDiff.replaceChildren(...diffTable(file));
+    show(ui.changesDiff, true);
+    ui.changesDiff.scrollIntoView({ block: 'nearest' });
+  } catch (error) {
+    if (c.disposed || error.status === 401) return;
+    showError(ui.changesError, `Could not read the file's diff: ${error.message}`);
+  }
+}
+
+ui.changesToggle.addEventListener('click', () => {
+  if (!chat) return;
+  const open = ui.changesView.hidden;
+  showChanges(open);
+  if (open) {
+    refreshChanges(chat);
+    ui.changesHeading.focus();
+  }
+});
+ui.changesRefresh.addEventListener('click', () => chat && refreshChanges(chat));
+ui.changesClose.addEventListener('click', () => {
+  showChanges(false);
+  ui.changesToggle.focus();
+});
 
 /** Remembers a hand-back once per claim (the stream and a re-read may both report it). */
 function noteReleased(c, turnId, claimedAt) {

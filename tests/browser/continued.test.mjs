@@ -77,7 +77,7 @@ describe('a conversation continued after /clear', () => {
   step('an agent away says how to bring it back, its waiting messages kept', async () => {
     const state = page.locator('#chat-state');
     await state.filter({ hasText: 'claude --resume' }).waitFor();
-    assert.match(await state.innerText(), /messages wait for it/);
+    assert.match(await state.innerText(), /messages wait for the agent/);
     await shot('continued-away');
   });
 

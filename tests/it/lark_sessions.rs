@@ -127,6 +127,8 @@ async fn lark_sessions_a_chat_holds_three_and_replies_find_theirs() {
             "{line}"
         );
         assert!(!line.contains("current"), "{line}");
+        // An agent away may have exited: how to bring it back (issue 55).
+        assert!(line.contains("if it exited: `codex resume`"), "{line}");
     }
 
     // Session 1 asks and answers: its answer's card names it.

@@ -7,6 +7,7 @@ mod support;
 mod attachments;
 mod attachments_streaming;
 mod auth_and_errors;
+mod changes;
 mod claims;
 mod cli;
 mod completions;

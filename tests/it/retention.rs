@@ -12,7 +12,7 @@ use crate::support::*;
 const DAY_MS: i64 = 86_400_000;
 
 /// The tables that hold a session's rows.
-const OWNED: [&str; 10] = [
+const OWNED: [&str; 12] = [
     "turns",
     "claims",
     "session_events",
@@ -23,6 +23,8 @@ const OWNED: [&str; 10] = [
     "lark_pair_codes",
     "lark_notes",
     "lark_sent",
+    "session_changes",
+    "turn_changes",
 ];
 
 /// A direct connection to the broker's database, for what the API cannot do
@@ -102,6 +104,21 @@ async fn history(client: &loopx::client::Client, open: bool) -> Host {
     let turn = enqueue(client, &host, "answered").await;
     let claim_id = unique("claim");
     claim(client, &host, &claim_id, 0).await;
+    let changes = loopx::model::ReportChanges {
+        host_surface: HOST_SURFACE.into(),
+        host_session_id: host.host_session_id.clone(),
+        branch: Some("main".into()),
+        head: None,
+        ahead: 0,
+        behind: 0,
+        files: Vec::new(),
+        diff: String::new(),
+        turn_files: vec!["a.rs".into()],
+    };
+    client
+        .report_changes(host.session_id(), &changes)
+        .await
+        .unwrap();
     client
         .complete(
             host.session_id(),
@@ -142,7 +159,7 @@ async fn pruning_removes_exactly_the_sessions_closed_before_the_cutoff_while_the
     db.age(recent.session_id(), 4).await;
     db.age(open.session_id(), 30).await;
     let before = db.rows_of(old.session_id()).await + db.rows_of(older.session_id()).await;
-    assert!(before >= 16, "the old sessions own rows: {before}");
+    assert!(before >= 20, "the old sessions own rows: {before}");
 
     // A host keeps working meanwhile.
     let working = bound_host(c).await;

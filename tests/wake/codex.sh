@@ -354,9 +354,28 @@ turns = json.load(sys.stdin)["turns"]
 mine = [t for t in turns if "Case ten, through the bridge." in t["text"]]
 assert len(mine) == 1 and mine[0]["origin"] == "web", "recorded %r" % [(t["seq"], t["origin"], t["text"][:40]) for t in turns]
 '
-pgrep -f "$(basename "$loopx") codex bridge" >/dev/null || { echo "no codex bridge runs" >&2; exit 1; }
+bridge=$(pgrep -f "$(basename "$loopx") codex bridge" | head -1)
+[ -n "$bridge" ] || { echo "no codex bridge runs" >&2; exit 1; }
 ! tui_screen "$pane" | grep -q "Blocked by hook" || { echo "the message came as a Stop hook's block" >&2; exit 1; }
 echo "10. plain codex: the bridge delivered #$seq with no typing: $answer"
+# The bridge killed mid-turn, then started again (as the next hook would):
+# the message it delivered is answered by that turn, once.
+mapfile -d '' -t argv < "/proc/$bridge/cmdline"
+seq=$(send "$session_plain" "[slowish] Case ten, a bridge restart.")
+tui_wait "$pane" "Working on it, slowly" 20
+kill -9 "$bridge"
+"${argv[@]}" </dev/null >/dev/null 2>&1 &
+answer=$(answers "$session_plain" 60 "$seq")
+python3 - "$STUB_LOG" <<'PY'
+import json, sys
+asked = [l for l in open(sys.argv[1]) if "a bridge restart." in json.dumps(json.loads(l)["texts"][-1:])]
+assert len(asked) == 1, "the message reached the model %d times" % len(asked)
+PY
+case "$answer" in *"Case ten, a bridge restart."*) ;; *) echo "answered with $answer" >&2; exit 1 ;; esac
+open=$("$loopx" worker-bridge attached-session-list --broker-url "$BROKER_URL" --state open \
+  --goal-id g-project-plain --format json | python3 -c 'import json, sys; print(len(json.load(sys.stdin)["sessions"]))')
+[ "$open" = 1 ] || { echo "$open open sessions for one codex thread (a side thread bound?)" >&2; exit 1; }
+echo "10. the bridge killed mid-turn: #$seq answered by its turn, once: $answer"
 fi
 
 latency_report "$STUB_LOG"

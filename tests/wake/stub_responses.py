@@ -12,7 +12,7 @@ does for the Anthropic API. With a GATE path, no answer is sent while that
 file exists (a turn held open, to see the agent busy). A request whose last
 user text holds "[slow]" starts its answer ("Working on it, slowly.") and
 ends it 120 s later, unless the client hangs up first (a slow turn, for a
-test to interrupt).
+test to interrupt); with "[slowish]", 8 s later.
 
 (tests/hooks/stub_responses.py, on its way from the Codex hooks work, is the
 same stub with more; once both are in, this one goes and that one logs.)
@@ -69,9 +69,9 @@ class Handler(BaseHTTPRequestHandler):
 
         event({"type": "response.created", "response": {"id": "resp_1"}})
         event({"type": "response.output_item.added", "item": dict(item, content=[])})
-        if "[slow]" in last:
+        if "[slow]" in last or "[slowish]" in last:
             event({"type": "response.output_text.delta", "item_id": "msg_1", "delta": "Working on it, slowly. "})
-            for _ in range(1200):
+            for _ in range(1200 if "[slow]" in last else 80):
                 time.sleep(0.1)
                 try:
                     self.wfile.write(b": waiting\n\n")

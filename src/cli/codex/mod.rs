@@ -274,6 +274,10 @@ impl Thread {
                 json!({"threadId": self.thread_id, "excludeTurns": true}),
             )
             .await?;
+        if resumed["thread"]["ephemeral"] == true {
+            // Codex's own side threads (a title, say): nobody talks to them.
+            return Ok(());
+        }
         self.idle = resumed["thread"]["status"]["type"]
             .as_str()
             .is_none_or(|status| status == "idle");
@@ -386,6 +390,31 @@ impl Thread {
                 ClaimAnswer::Claimed(c) if c.turn_state == TurnState::Claimed => Ok(Some(c)),
                 _ => Ok(None),
             },
+            // A claim of a bridge before this one (it was stopped): its
+            // message is this bridge's to finish ([`Thread::adopt`]).
+            Err(ClientError::Refused { error, .. })
+                if error
+                    .error
+                    .active_claim_id
+                    .as_deref()
+                    .is_some_and(|id| id.starts_with(CLAIM_PREFIX)) =>
+            {
+                let held = error.error.active_claim_id.unwrap_or_default();
+                let again = ClaimRequest {
+                    claim_id: held,
+                    wait_seconds: 0,
+                    ..request
+                };
+                match self.client.claim(session_id, &again).await {
+                    Ok(answer) => match answer.body {
+                        ClaimAnswer::Claimed(c) if c.turn_state == TurnState::Claimed => {
+                            Ok(Some(c))
+                        }
+                        _ => Ok(None),
+                    },
+                    Err(_) => Ok(None),
+                }
+            }
             Err(ClientError::Refused { reply, .. }) if reply.status == 409 => {
                 // Held by another, or the session closed: look again later.
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -408,10 +437,60 @@ impl Thread {
         let _ = self.client.release(session_id, claim_id, &host).await;
     }
 
+    /// Where a message held by a bridge before this one stands in the
+    /// thread: the Codex turn its `clientUserMessageId` (the LoopX turn id)
+    /// started, with its status and last agent message; None when no turn
+    /// holds it (it was never started).
+    async fn started_before(
+        &self,
+        turn_id: &str,
+    ) -> Result<Option<(String, String, String)>, String> {
+        let read = self
+            .rpc
+            .call(
+                "thread/read",
+                json!({"threadId": self.thread_id, "includeTurns": true}),
+            )
+            .await?;
+        let turns = read["thread"]["turns"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        Ok(turns.iter().find_map(|turn| {
+            let items = turn["items"].as_array()?;
+            items
+                .iter()
+                .any(|i| i["type"] == "userMessage" && i["clientId"] == turn_id)
+                .then(|| {
+                    let last = items
+                        .iter()
+                        .rev()
+                        .find(|i| i["type"] == "agentMessage")
+                        .and_then(|i| i["text"].as_str())
+                        .unwrap_or_default();
+                    (
+                        turn["id"].as_str().unwrap_or_default().to_owned(),
+                        turn["status"].as_str().unwrap_or_default().to_owned(),
+                        last.to_owned(),
+                    )
+                })
+        }))
+    }
+
     /// Starts a turn with the message (marked as the waker marks what it
     /// types, with the record the hooks recognize it by), then answers it
-    /// with the turn's last agent message, or settles it interrupted.
+    /// with the turn's last agent message, or settles it interrupted. A
+    /// message a bridge before this one started is not started again: its
+    /// turn is followed to its end, or answered if it ended.
     async fn deliver(&mut self, session_id: &str, claimed: Claimed) -> Result<(), String> {
+        if let Some((turn, status, last)) = self.started_before(&claimed.turn.turn_id).await? {
+            let (status, last) = match status.as_str() {
+                "inProgress" | "in_progress" | "running" | "" => self.followed(&turn, last).await?,
+                _ => (status, last),
+            };
+            self.settle(session_id, &claimed, &status, last).await;
+            return Ok(());
+        }
         let typed = text::typed(claimed.turn.seq, claimed.turn.origin, &claimed.turn.text);
         let _ = text::Record::of(claimed.turn.seq, &claimed.turn.turn_id, &typed)
             .keep(&self.records, session_id);
@@ -437,7 +516,14 @@ impl Thread {
             }
         };
         self.idle = false;
-        let mut last = String::new();
+        let (status, last) = self.followed(&turn, String::new()).await?;
+        self.settle(session_id, &claimed, &status, last).await;
+        Ok(())
+    }
+
+    /// Follows the thread's events to the end of Codex turn `turn`: its
+    /// status and its last agent message (`last` until one comes).
+    async fn followed(&mut self, turn: &str, mut last: String) -> Result<(String, String), String> {
         let status = loop {
             match self.events.recv().await {
                 Some(Event::Said { turn: t, text }) if t == turn => last = text,
@@ -447,7 +533,13 @@ impl Thread {
             }
         };
         self.idle = true;
-        match status.as_str() {
+        Ok((status, last))
+    }
+
+    /// Answers the claimed message with the turn's last agent message, or
+    /// settles it interrupted.
+    async fn settle(&self, session_id: &str, claimed: &Claimed, status: &str, last: String) {
+        match status {
             "interrupted" => {
                 let settled = ReportAgentState {
                     interrupted: true,
@@ -456,7 +548,7 @@ impl Thread {
                 let _ = self.client.report_agent(session_id, &settled).await;
             }
             _ => {
-                let answer = match (status.as_str(), last.trim().is_empty()) {
+                let answer = match (status, last.trim().is_empty()) {
                     ("completed", false) => last,
                     ("completed", true) => "(The agent ended its turn without a message.)".into(),
                     _ => format!("(The agent's turn ended: {status}.)"),
@@ -476,7 +568,6 @@ impl Thread {
                     .await;
             }
         }
-        Ok(())
     }
 }
 

@@ -26,11 +26,13 @@ use crate::model::{
 };
 
 mod approval;
+mod changes;
 mod codex_trust;
 mod doctor;
 mod failures;
 mod install;
 mod turns;
+pub mod worktree;
 
 /// Each broker request's timeout (a parked wait gets its wait on top).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -235,6 +237,16 @@ fn run_event(
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     runtime.block_on(async {
+        // What the agent changed is reported before its turn is answered,
+        // so that the turn's files are that turn's: an extra, never a failure.
+        let changed = match event {
+            "stop" => changes::at_stop(&hook).await,
+            "user-prompt-submit" => changes::new_turn(&hook),
+            _ => Ok(()),
+        };
+        if let Err(why) = changed {
+            eprintln!("loopx hook {event}: {why}");
+        }
         let output = match event {
             "stop" => turns::stop(&hook).await,
             "session-end" => {
@@ -251,7 +263,13 @@ fn run_event(
                 hook.report_tool(tool).await?;
                 approval::question_before_use(&hook).await
             }
-            "post-tool-use" => hook.report_tool(String::new()).await.map(|_| None),
+            "post-tool-use" => {
+                hook.report_tool(String::new()).await?;
+                if let Err(why) = changes::after_tool(&hook).await {
+                    eprintln!("loopx hook {event}: {why}");
+                }
+                Ok(None)
+            }
             _ => notification(&hook).await,
         }?;
         if matches!(

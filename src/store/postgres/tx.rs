@@ -240,6 +240,13 @@ impl Tx for OnConn<'_> {
             .await?)
     }
 
+    async fn changes(&mut self, session_id: &str) -> Step<Option<(Vec<u8>, i64)>> {
+        Ok(sqlx::query_as(crate::store::KEPT_CHANGES)
+            .bind(session_id)
+            .fetch_optional(self.locked()?)
+            .await?)
+    }
+
     async fn session_link(&mut self, session_id: &str) -> Step<Option<LinkRow>> {
         let link: Option<(String, String, i64, i64)> = sqlx::query_as(crate::store::SESSION_LINK)
             .bind(session_id)

@@ -234,6 +234,12 @@ impl Tx for OnWriter<'_> {
             .fetch_optional(self.0)
     }
 
+    async fn changes(&mut self, session_id: &str) -> Result<Option<(Vec<u8>, i64)>> {
+        sql::query_as(crate::store::KEPT_CHANGES)
+            .bind(session_id)
+            .fetch_optional(self.0)
+    }
+
     async fn chat(&mut self, chat_id: &str) -> Result<Option<ChatRow>> {
         sql::query_as(CHAT).bind(chat_id).fetch_optional(self.0)
     }
