@@ -100,6 +100,11 @@ pub fn check(subscription: &NewPushSubscription) -> Result<()> {
             "`endpoint` is over {MAX_ENDPOINT_BYTES} bytes."
         )));
     }
+    // The URL parser would encode a control character away; the endpoint
+    // is stored as given (PostgreSQL's text refuses U+0000).
+    if endpoint.chars().any(char::is_control) {
+        return Err(Error::invalid("`endpoint` holds a control character."));
+    }
     let url = url::Url::parse(endpoint)
         .map_err(|e| Error::invalid(format!("`endpoint` is not a URL: {e}.")))?;
     let loopback = match url.host() {
@@ -185,6 +190,8 @@ mod tests {
             "ftp://127.0.0.1/x",
             "not a url",
             "https://",
+            "https://push.example.net/a\u{0}b",
+            "https://push.example.net/a\tb",
             long.as_str(),
         ] {
             assert!(check(&subscription(bad)).is_err(), "{bad}");
