@@ -3,7 +3,8 @@
 # broker sends to a fake push service on loopback (fake_push.py), which
 # decrypts every message and checks its VAPID signature with the reference
 # implementations (PyPI http-ece, py-vapid). A pending permission request is
-# told `needs_you` with `Urgency: high`, an answer `answered`; the payload
+# told `needs_you` with `Urgency: high`, an answer `answered`, an agent
+# silent while working `stalled` (--stall-after 1s); the payload
 # names only the session and the kind (no message text); a 429 is retried;
 # a subscription answered 410 is removed.
 #
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/../.."
 loopx=$(realpath "${1:-target/debug/loopx}")
 source tests/support/live_broker.sh
 
-start_broker "$loopx" --data-dir "$work/data"
+start_broker "$loopx" --data-dir "$work/data" --stall-after 1s
 token=$(cat "$work/data/owner.token")
 api() { curl -fsS -X "$1" -H "Authorization: Bearer $token" -H 'Content-Type: application/json' ${3:+-d "$3"} "$BROKER_URL$2"; }
 key=$(api GET /v1/push/key | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
@@ -50,7 +51,8 @@ for r in records:
     assert "private" not in json.dumps(r) and "secret" not in json.dumps(r), r
     assert r["urgency"] == ("high" if r["payload"]["kind"] == "needs_you" else "normal"), r
 def kinds(name, status):
-    return sorted(r["payload"]["kind"] for r in records if r["path"] == f"/push/{name}" and r["status"] == status)
+    return sorted(r["payload"]["kind"] for r in records
+                  if r["path"] == f"/push/{name}" and r["status"] == status and r["payload"]["kind"] != "stalled")
 assert kinds("ok", 201) == ["answered", "needs_you"], records
 assert kinds("busy", 201) == ["answered", "needs_you"], records
 assert len(kinds("busy", 429)) == 1, records
@@ -64,4 +66,9 @@ for _ in $(seq 50); do
   sleep 0.1
 done
 [ "$left" = "busy ok" ] || { echo "subscriptions left: $left"; exit 1; }
-echo "web push: decrypted by http-ece, VAPID verified by py-vapid, 429 retried, 410 removed"
+# An agent working and then silent past --stall-after is told `stalled`.
+api POST "/v1/sessions/$session/agent-state" "{$host, \"state\": \"working\"}" >/dev/null
+for _ in $(seq 100); do grep -q '"kind": "stalled"' "$record" && break; sleep 0.1; done
+grep '"kind": "stalled"' "$record" | grep -q '"path": "/push/ok"' || { echo "no stalled push:"; cat "$record"; exit 1; }
+grep '"kind": "stalled"' "$record" | grep -q '"vapid": "ok"' || { echo "the stalled push:"; cat "$record"; exit 1; }
+echo "web push: needs_you, answered and stalled decrypted by http-ece, VAPID verified by py-vapid, 429 retried, 410 removed"
