@@ -73,6 +73,7 @@ pub async fn make_link(
         (status = 400, description = "`invalid_request`: a bad name.", body = ErrorBody),
         (status = 401, description = "`unauthorized`: the code is wrong, used or expired.", body = ErrorBody),
         (status = 409, description = "`too_many_devices`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
         (status = 429, description = "`too_many_attempts`: too many wrong codes lately.", body = ErrorBody),
     ))]
 pub async fn sign_in(

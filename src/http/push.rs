@@ -54,6 +54,7 @@ pub async fn key(State(state): State<AppState>) -> Json<PushKey> {
         (status = 400, description = "`invalid_request`.", body = ErrorBody),
         (status = 401, description = "`unauthorized`.", body = ErrorBody),
         (status = 409, description = "`too_many_subscriptions`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
     ))]
 pub async fn subscribe(
     State(state): State<AppState>,
