@@ -308,6 +308,28 @@ pub struct ReportAgentState {
     pub interrupted: bool,
 }
 
+impl ReportAgentState {
+    /// A report of the host identity saying `state` and nothing else (the
+    /// other fields set by the caller).
+    pub fn of(
+        host_surface: impl Into<String>,
+        host_session_id: impl Into<String>,
+        state: Option<AgentState>,
+    ) -> Self {
+        ReportAgentState {
+            host_surface: host_surface.into(),
+            host_session_id: host_session_id.into(),
+            state,
+            typing_in: None,
+            tool: None,
+            claim_id: None,
+            prompt: None,
+            answer: None,
+            interrupted: false,
+        }
+    }
+}
+
 /// `POST .../permission-requests/{request_id}/withdraw`, by the host: nobody
 /// answered in time, the agent asks at its terminal instead.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]

@@ -636,17 +636,7 @@ pub(crate) mod tests {
 
     /// A host's report of nothing yet (its fields set by the caller).
     pub fn report_of(id: &str) -> crate::model::ReportAgentState {
-        crate::model::ReportAgentState {
-            host_surface: "claude-code".into(),
-            host_session_id: id.into(),
-            state: None,
-            typing_in: None,
-            tool: None,
-            claim_id: None,
-            prompt: None,
-            answer: None,
-            interrupted: false,
-        }
+        crate::model::ReportAgentState::of("claude-code", id, None)
     }
 
     pub fn host(id: &str) -> HostIdentity {

@@ -222,21 +222,10 @@ pub fn report(
     minter: &Minter,
     now: i64,
 ) -> Result<Decided<Reported>> {
-    let ReportRows {
-        session,
-        terminal,
-        terminal_feed,
-        interrupted,
-    } = rows;
-    let session = hosted(session, host)?;
+    let mut rows = rows;
+    let session = hosted(rows.session.take(), host)?;
     open(&session)?;
     let state = report.state;
-    let rows = ReportRows {
-        session: None,
-        terminal,
-        terminal_feed,
-        interrupted,
-    };
     let (steps, mut session) = steps(session, rows, report, minter, now);
     let heard = marks(&mut session, report, now);
     if steps.is_none() && !heard.any() && !is_news(&session, state, now) {

@@ -129,18 +129,16 @@ fn continued(rows: CloseRows, new: &mut SessionRow, now: i64) -> Result<Writes> 
     let session = existing(rows.session.clone())?;
     let (mut session, before, released) = release_first(session, &rows, true, now)?;
     let moved = rows.queued + released;
+    let from = session.session_id.clone();
     new.next_seq = session.next_seq;
     new.queued_count = moved;
     new.next_event_no = 1 + moved;
-    new.continued_from = Some(session.session_id.clone());
+    new.continued_from = Some(from.clone());
     session.continued_in = Some(new.session_id.clone());
     session.queued_count = 0;
     let (writes, _) = shut(session, 0, rows.pending, CancelReason::Unanswered, now);
     let note = rows.lark_chat.map(|chat_id| NewNote {
-        message_id: format!(
-            "continued-{}",
-            new.continued_from.as_deref().unwrap_or_default()
-        ),
+        message_id: format!("continued-{from}"),
         text: Note::Continued(SessionName::of(new)).to_string(),
         session_id: Some(new.session_id.clone()),
         chat_id,
@@ -151,7 +149,7 @@ fn continued(rows: CloseRows, new: &mut SessionRow, now: i64) -> Result<Writes> 
         before,
         note,
         continuation: Some(Continuation {
-            from: new.continued_from.clone().unwrap_or_default(),
+            from,
             to: new.session_id.clone(),
             events_from: 1,
             at: now,
@@ -217,20 +215,16 @@ pub fn close(rows: CloseRows, how: &CloseRequest, now: i64) -> Result<Decided<Cl
         .lark_chat
         .map(|chat_id| closed_note(&closed.session, chat_id, now));
     Ok(Decided {
-        answer: closed,
         writes: Writes {
             before,
             note,
             link: Some(LinkChange {
-                session_id: writes
-                    .session
-                    .as_ref()
-                    .map(|s| s.session_id.clone())
-                    .unwrap_or_default(),
+                session_id: closed.session.session_id.clone(),
                 link: None,
             }),
             ..writes
         },
+        answer: closed,
     })
 }
 

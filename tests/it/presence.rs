@@ -20,17 +20,7 @@ pub fn withdrawal(host: &Host) -> WithdrawPermission {
 }
 
 pub fn report(host: &Host, state: AgentState) -> ReportAgentState {
-    ReportAgentState {
-        host_surface: HOST_SURFACE.into(),
-        host_session_id: host.host_session_id.clone(),
-        state: Some(state),
-        typing_in: None,
-        tool: None,
-        claim_id: None,
-        prompt: None,
-        answer: None,
-        interrupted: false,
-    }
+    ReportAgentState::of(HOST_SURFACE, &host.host_session_id, Some(state))
 }
 
 #[tokio::test]

@@ -422,17 +422,8 @@ async fn the_agent_is_asking_while_a_request_is_pending() {
     let host = bound_host(c).await;
     let other = bound_host(c).await;
     let sid = host.session_id();
-    let report = |state: AgentState| ReportAgentState {
-        host_surface: HOST_SURFACE.into(),
-        host_session_id: host.host_session_id.clone(),
-        state: Some(state),
-        typing_in: None,
-        tool: None,
-        claim_id: None,
-        prompt: None,
-        answer: None,
-        interrupted: false,
-    };
+    let report =
+        |state: AgentState| ReportAgentState::of(HOST_SURFACE, &host.host_session_id, Some(state));
     c.report_agent(sid, &report(AgentState::Working))
         .await
         .unwrap();

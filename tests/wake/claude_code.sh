@@ -263,12 +263,7 @@ tui send-keys -t "$pane" C-c
 tui_wait "$pane" '^run exited 0$' 20
 tui_wait "$pane" '^wake\$ $' 5
 # Nothing waited: the session closed itself (issue 55).
-for _ in $(seq 150); do
-  closed=$(api "/v1/sessions/$session_run" | python3 -c 'import json, sys; print(json.load(sys.stdin)["state"])')
-  [ "$closed" = closed ] && break
-  sleep 0.1
-done
-[ "$closed" = closed ] || { echo "after claude exited with nothing waiting, its session is $closed" >&2; exit 1; }
+closed_within "$session_run" 15
 echo "6. loopx run: #$seq6 answered: $answer; claude's exit ended loopx run with 0 and closed its idle session"
 fi
 
@@ -372,14 +367,7 @@ interrupted_then_next() {
   sleep 1
   tui send-keys -t "$pane" Escape
   t0=$(date +%s.%N)
-  for _ in $(seq 100); do [ "$(turn_state "$session" "$slow")" = cancelled ] && break; sleep 0.1; done
-  waited=$(python3 -c "import time; print('%.2f' % (time.time() - $t0))")
-  api "/v1/sessions/$session/turns?limit=200" | python3 -c '
-import json, sys
-t = [t for t in json.load(sys.stdin)["turns"] if t["seq"] == int(sys.argv[1])][0]
-assert (t["state"], t["cancel_reason"]) == ("cancelled", "interrupted"), "after Esc the turn is %s/%s" % (t["state"], t["cancel_reason"])
-' "$slow"
-  python3 -c "import sys; sys.exit(0 if $waited <= 5 else 1)" || { echo "settled $waited s after Esc, not within 5 s" >&2; exit 1; }
+  waited=$(interrupted "$session" "$slow" "$t0")
   answer=$(answers "$session" 60 "$next")
   expect_answer "$answer" "$next" "Case ten ($how), after the interrupt."
   echo "10. $how: Esc during #$slow settled it interrupted in ${waited}s; #$next typed in next: $answer"
@@ -410,14 +398,8 @@ cleared_then_message() {
   tui_type "$pane" "/clear"
   sleep 0.3
   tui_enter "$pane"
-  for _ in $(seq 100); do
-    new=$(api "/v1/sessions/$old" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("continued_in") or "")')
-    [ -n "$new" ] && break
-    sleep 0.1
-  done
-  [ -n "$new" ] || { echo "$how: after /clear, $old names no continued_in" >&2; exit 1; }
-  open=$("$loopx" worker-bridge attached-session-list --broker-url "$BROKER_URL" --state open \
-    --goal-id "$goal" --format json | python3 -c 'import json, sys; print(" ".join(s["session_id"] for s in json.load(sys.stdin)["sessions"]))')
+  new=$(continued "$old")
+  open=$(open_sessions "$goal")
   [ "$open" = "$new" ] || { echo "$how: open sessions after /clear: $open (not just $new)" >&2; exit 1; }
   api "/v1/sessions/$new" | python3 -c '
 import json, sys

@@ -264,14 +264,7 @@ tui_wait "$pane" 'Working on it, slowly' 15
 sleep 1
 tui send-keys -t "$pane" Escape
 t0=$(date +%s.%N)
-for _ in $(seq 100); do [ "$(turn_state "$session_esc" "$slow")" = cancelled ] && break; sleep 0.1; done
-waited=$(python3 -c "import time; print('%.2f' % (time.time() - $t0))")
-api "/v1/sessions/$session_esc/turns?limit=200" | python3 -c '
-import json, sys
-t = [t for t in json.load(sys.stdin)["turns"] if t["seq"] == int(sys.argv[1])][0]
-assert (t["state"], t["cancel_reason"]) == ("cancelled", "interrupted"), "after Esc the turn is %s/%s" % (t["state"], t["cancel_reason"])
-' "$slow"
-python3 -c "import sys; sys.exit(0 if $waited <= 5 else 1)" || { echo "settled $waited s after Esc, not within 5 s" >&2; exit 1; }
+waited=$(interrupted "$session_esc" "$slow" "$t0")
 answer=$(answers "$session_esc" 60 "$next")
 expect_answer "$answer" "$next" "Case eight, after the interrupt."
 echo "8. Esc during #$slow settled it interrupted in ${waited}s; #$next typed in next: $answer"
@@ -279,12 +272,7 @@ echo "8. Esc during #$slow settled it interrupted in ${waited}s; #$next typed in
 tui_wait "$pane" "$TUI_CODEX_IDLE" 30
 tui send-keys -t "$pane" C-c
 tui_wait "$pane" '^wake\$ $' 20
-for _ in $(seq 150); do
-  closed=$(api "/v1/sessions/$session_esc" | python3 -c 'import json, sys; print(json.load(sys.stdin)["state"])')
-  [ "$closed" = closed ] && break
-  sleep 0.1
-done
-[ "$closed" = closed ] || { echo "after codex exited with nothing waiting, its session is $closed" >&2; exit 1; }
+closed_within "$session_esc" 15
 echo "8. codex exited with nothing waiting: its session closed itself"
 fi
 
@@ -307,14 +295,8 @@ tui_type "$pane" "$codex_first"
 sleep 0.5
 tui_enter "$pane"
 tui_wait "$pane" "Stub answer\\. \\[$codex_first\\]" 30
-for _ in $(seq 100); do
-  new=$(api "/v1/sessions/$old" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("continued_in") or "")')
-  [ -n "$new" ] && break
-  sleep 0.1
-done
-[ -n "$new" ] || { echo "after /new, $old names no continued_in: $(api "/v1/sessions/$old")" >&2; exit 1; }
-open=$("$loopx" worker-bridge attached-session-list --broker-url "$BROKER_URL" --state open \
-  --goal-id g-project-new --format json | python3 -c 'import json, sys; print(" ".join(s["session_id"] for s in json.load(sys.stdin)["sessions"]))')
+new=$(continued "$old")
+open=$(open_sessions g-project-new)
 [ "$open" = "$new" ] || { echo "open sessions after /new: $open (not just $new)" >&2; exit 1; }
 tui_wait "$pane" "$TUI_CODEX_IDLE" 20
 sleep 2
@@ -372,9 +354,8 @@ asked = [l for l in open(sys.argv[1]) if "a bridge restart." in json.dumps(json.
 assert len(asked) == 1, "the message reached the model %d times" % len(asked)
 PY
 case "$answer" in *"Case ten, a bridge restart."*) ;; *) echo "answered with $answer" >&2; exit 1 ;; esac
-open=$("$loopx" worker-bridge attached-session-list --broker-url "$BROKER_URL" --state open \
-  --goal-id g-project-plain --format json | python3 -c 'import json, sys; print(len(json.load(sys.stdin)["sessions"]))')
-[ "$open" = 1 ] || { echo "$open open sessions for one codex thread (a side thread bound?)" >&2; exit 1; }
+open=$(open_sessions g-project-plain)
+[ "$open" = "$session_plain" ] || { echo "open sessions for one codex thread: $open (a side thread bound?)" >&2; exit 1; }
 echo "10. the bridge killed mid-turn: #$seq answered by its turn, once: $answer"
 fi
 

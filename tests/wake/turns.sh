@@ -7,6 +7,11 @@
 #   answers SESSION SECS SEQ...   wait until those turns are completed; their answers, one a line, in order
 #   turn_state SESSION SEQ        the turn's state
 #   expect_answer ANSWER SEQ TEXT ANSWER is the stub's answer to a request holding TEXT (needs $STUB_LOG)
+#   interrupted SESSION SEQ T0    wait until turn SEQ is cancelled `interrupted` (an Esc pressed at
+#                                 T0, `date +%s.%N`); prints the seconds it took; fails past 5 s
+#   continued SESSION             the session a new host session in its terminal continues it in (10 s)
+#   open_sessions GOAL            the goal's open sessions, space-separated
+#   closed_within SESSION SECS    wait until the session is closed; fails past SECS
 #   latency_report STUB_LOG       per message: send -> the model's request for it (our clock), and the
 #                                 broker's enqueued -> claimed -> completed; min, median, max
 
@@ -78,6 +83,46 @@ assert mine, "no request to the model held message #%s (%r)" % (seq, first)
 made = ["Stub answer. [" + t[-60:].replace("\n", " ") + "]" for t in mine]
 assert answer in made, "turn #%s was answered %r, not by a request holding it: %r" % (seq, answer, made)
 PY
+}
+
+interrupted() {
+  local session=$1 seq=$2 t0=$3 waited
+  for _ in $(seq 100); do [ "$(turn_state "$session" "$seq")" = cancelled ] && break; sleep 0.1; done
+  waited=$(python3 -c "import time; print('%.2f' % (time.time() - $t0))")
+  api "/v1/sessions/$session/turns?limit=200" | python3 -c '
+import json, sys
+t = [t for t in json.load(sys.stdin)["turns"] if t["seq"] == int(sys.argv[1])][0]
+assert (t["state"], t["cancel_reason"]) == ("cancelled", "interrupted"), "after Esc the turn is %s/%s" % (t["state"], t["cancel_reason"])
+' "$seq" || return 1
+  python3 -c "import sys; sys.exit(0 if $waited <= 5 else 1)" || { echo "settled $waited s after Esc, not within 5 s" >&2; return 1; }
+  echo "$waited"
+}
+
+continued() {
+  local new
+  for _ in $(seq 100); do
+    new=$(api "/v1/sessions/$1" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("continued_in") or "")')
+    [ -n "$new" ] && { echo "$new"; return 0; }
+    sleep 0.1
+  done
+  echo "$1 names no continued_in: $(api "/v1/sessions/$1")" >&2
+  return 1
+}
+
+open_sessions() {
+  "$loopx" worker-bridge attached-session-list --broker-url "$BROKER_URL" --state open \
+    --goal-id "$1" --format json | python3 -c 'import json, sys; print(" ".join(s["session_id"] for s in json.load(sys.stdin)["sessions"]))'
+}
+
+closed_within() {
+  local state
+  for _ in $(seq $(($2 * 10))); do
+    state=$(api "/v1/sessions/$1" | python3 -c 'import json, sys; print(json.load(sys.stdin)["state"])')
+    [ "$state" = closed ] && return 0
+    sleep 0.1
+  done
+  echo "session $1 is $state after ${2}s, not closed" >&2
+  return 1
 }
 
 latency_report() {

@@ -333,17 +333,7 @@ impl Thread {
     }
 
     fn report(&self, state: Option<AgentState>) -> ReportAgentState {
-        ReportAgentState {
-            host_surface: HOST_SURFACE.into(),
-            host_session_id: self.thread_id.clone(),
-            state,
-            typing_in: None,
-            tool: None,
-            claim_id: None,
-            prompt: None,
-            answer: None,
-            interrupted: false,
-        }
+        ReportAgentState::of(HOST_SURFACE, &self.thread_id, state)
     }
 
     /// Tells the broker a message sent now reaches the idle agent at once.

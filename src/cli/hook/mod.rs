@@ -465,17 +465,7 @@ impl Hook {
 
     /// A report of `state` and nothing else.
     pub fn report_of(&self, state: AgentState) -> ReportAgentState {
-        ReportAgentState {
-            host_surface: self.host_surface.clone(),
-            host_session_id: self.host_session_id.clone(),
-            state: Some(state),
-            typing_in: None,
-            tool: None,
-            claim_id: None,
-            prompt: None,
-            answer: None,
-            interrupted: false,
-        }
+        ReportAgentState::of(&self.host_surface, &self.host_session_id, Some(state))
     }
 
     pub async fn send_report(&self, report: ReportAgentState) -> Result<(), Failure> {

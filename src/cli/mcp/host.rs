@@ -306,15 +306,12 @@ impl Host {
     /// logged (the next one may pass).
     async fn say_working(&self, held: &Held) {
         let report = ReportAgentState {
-            host_surface: self.host_surface.clone(),
-            host_session_id: self.host_session_id.clone(),
-            state: Some(AgentState::Working),
-            typing_in: None,
-            tool: None,
             claim_id: Some(held.claim_id.clone()),
-            prompt: None,
-            answer: None,
-            interrupted: false,
+            ..ReportAgentState::of(
+                &self.host_surface,
+                &self.host_session_id,
+                Some(AgentState::Working),
+            )
         };
         if let Err(e) = self.client.report_agent(&held.session_id, &report).await {
             tracing::debug!("the heartbeat was not recorded: {}", Problem::from(e));

@@ -466,15 +466,8 @@ impl<T: Terminal> Waker<T> {
     /// A report of this waker's host: `state`, `typing_in`, nothing else.
     fn report(&self, state: Option<AgentState>, typing_in: Option<bool>) -> ReportAgentState {
         ReportAgentState {
-            host_surface: self.host.host_surface.clone(),
-            host_session_id: self.host.host_session_id.clone(),
-            state,
             typing_in,
-            tool: None,
-            claim_id: None,
-            prompt: None,
-            answer: None,
-            interrupted: false,
+            ..ReportAgentState::of(&self.host.host_surface, &self.host.host_session_id, state)
         }
     }
 
