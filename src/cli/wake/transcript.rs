@@ -63,19 +63,16 @@ impl Watch {
     /// Whether an interrupt was written to the transcript since the last
     /// look (the first look only finds where the transcript ends).
     pub fn interrupted(&mut self) -> bool {
-        let named = std::fs::read_to_string(&self.told).ok().map(PathBuf::from);
-        let Some(named) = named else {
-            return false;
-        };
-        let (path, offset) = match self.file.take() {
-            Some((path, offset)) if path == named => (path, offset),
-            // Named now, or anew: what it holds is history.
-            _ => {
+        // A session's transcript is named once (its waker is the
+        // session's): the hooks' file is read until it is.
+        let Some((path, offset)) = self.file.take() else {
+            if let Ok(named) = std::fs::read_to_string(&self.told) {
+                // Named now: what it holds is history.
+                let named = PathBuf::from(named);
                 let end = std::fs::metadata(&named).map_or(0, |m| m.len());
-                self.partial.clear();
                 self.file = Some((named, end));
-                return false;
             }
+            return false;
         };
         let (read, offset) = read_from(&path, offset);
         self.file = Some((path, offset));
